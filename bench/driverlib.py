@@ -1,0 +1,99 @@
+"""The command line shared by the per-system drivers.
+
+Each driver runs inside its own system's virtualenv (the peers must not share
+one with django-rdbtasks), so this module uses the standard library only and
+is imported by putting ``bench/`` on ``sys.path``.
+
+A driver only enqueues; the harness in ``run.py`` owns the database, the
+workers and the clock that times a drain. Results go back as one JSON line on
+stdout, prefixed with ``RESULT_PREFIX`` so that stray output cannot be misread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+RESULT_PREFIX = "BENCH-RESULT "
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What a system provides to enqueue the benchmark's two tasks."""
+
+    #: Open connections/pools so that connecting is not timed as enqueueing.
+    prepare: Callable[[], None]
+    #: Enqueue one no-op task in its own transaction.
+    enqueue_one: Callable[[], None]
+    #: Enqueue this many no-op tasks with one call of the system's bulk API.
+    enqueue_many: Callable[[int], None]
+    #: Enqueue one task that records when it started, under this key.
+    enqueue_keyed: Callable[[int], None]
+    #: Close what ``prepare`` opened.
+    close: Callable[[], None] = lambda: None
+
+
+def time_single(driver: Driver, count: int) -> float:
+    start = time.perf_counter()
+    for _ in range(count):
+        driver.enqueue_one()
+    return time.perf_counter() - start
+
+
+def time_bulk(driver: Driver, count: int, chunk: int) -> float:
+    start = time.perf_counter()
+    remaining = count
+    while remaining > 0:
+        size = min(chunk, remaining)
+        driver.enqueue_many(size)
+        remaining -= size
+    return time.perf_counter() - start
+
+
+def enqueue_for_latency(driver: Driver, keys: Sequence[int], pause: float) -> dict[int, float]:
+    """Enqueue one keyed task at a time; return the wall time just before each call.
+
+    Wall-clock (``time.time``) because the task compares it with its own
+    start time in another process; both run on this machine's clock.
+    """
+    enqueued: dict[int, float] = {}
+    for key in keys:
+        enqueued[key] = time.time()
+        driver.enqueue_keyed(key)
+        time.sleep(pause)
+    return enqueued
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Enqueue benchmark tasks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    enqueue = sub.add_parser("enqueue", help="enqueue no-op tasks and time it")
+    enqueue.add_argument("--mode", choices=["single", "bulk"], required=True)
+    enqueue.add_argument("--count", type=int, required=True)
+    enqueue.add_argument("--chunk", type=int, default=1000, help="tasks per bulk call")
+    latency = sub.add_parser("latency", help="enqueue keyed tasks one at a time")
+    latency.add_argument("--first-key", type=int, required=True)
+    latency.add_argument("--count", type=int, required=True)
+    latency.add_argument("--pause", type=float, default=0.02)
+    return parser.parse_args(argv)
+
+
+def main(driver: Driver, argv: Sequence[str] | None = None) -> None:
+    args = _parse(argv)
+    driver.prepare()
+    try:
+        if args.command == "enqueue":
+            if args.mode == "single":
+                seconds = time_single(driver, args.count)
+            else:
+                seconds = time_bulk(driver, args.count, args.chunk)
+            result: dict[str, object] = {"count": args.count, "seconds": seconds}
+        else:
+            keys = range(args.first_key, args.first_key + args.count)
+            result = {"enqueued": enqueue_for_latency(driver, keys, args.pause)}
+    finally:
+        driver.close()
+    print(RESULT_PREFIX + json.dumps(result), flush=True)

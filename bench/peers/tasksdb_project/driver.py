@@ -1,0 +1,53 @@
+"""Enqueue driver for django-tasks-db (runs in its own virtualenv).
+
+django-tasks-db has no bulk enqueue; "bulk" here is ``bulk_create`` on its
+model with the fields its backend would set, not a public API. Run with
+``python driver.py enqueue|latency ...`` from this directory.
+"""
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import django
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/, for driverlib
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
+from driverlib import Driver, main  # noqa: E402
+
+import tasks  # noqa: E402
+
+
+def enqueue_many(count: int) -> None:
+    task = tasks.noop
+    rows = [
+        DBTaskResult(
+            id=uuid.uuid4(),
+            args_kwargs={"args": [], "kwargs": {}},
+            priority=task.priority,
+            task_path=task.module_path,
+            queue_name=task.queue_name,
+            # The pre_save signal that sets this on enqueue does not fire on bulk_create.
+            run_after=get_date_max(),
+            backend_name="default",
+        )
+        for _ in range(count)
+    ]
+    DBTaskResult.objects.bulk_create(rows)
+
+
+if __name__ == "__main__":
+    main(
+        Driver(
+            prepare=connection.ensure_connection,
+            enqueue_one=tasks.noop.enqueue,
+            enqueue_many=enqueue_many,
+            enqueue_keyed=tasks.record_start.enqueue,
+            close=connection.close,
+        )
+    )

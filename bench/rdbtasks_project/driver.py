@@ -1,0 +1,40 @@
+"""Enqueue driver for django-rdbtasks. Run as ``python driver.py enqueue|latency ...``.
+
+"bulk" is the package's ``bulk_enqueue`` (multi-row inserts, one transaction).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import django
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # bench/, for driverlib
+sys.path.insert(1, str(HERE.parents[1]))  # the checkout, for django_rdbtasks
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django_rdbtasks.backend import bulk_enqueue  # noqa: E402
+from driverlib import Driver, main  # noqa: E402
+
+import tasks  # noqa: E402
+
+NO_CALL: tuple[tuple, dict] = ((), {})
+
+
+def enqueue_many(count: int) -> None:
+    bulk_enqueue(tasks.noop, [NO_CALL] * count, batch_size=count)
+
+
+if __name__ == "__main__":
+    main(
+        Driver(
+            prepare=connection.ensure_connection,
+            enqueue_one=tasks.noop.enqueue,
+            enqueue_many=enqueue_many,
+            enqueue_keyed=tasks.record_start.enqueue,
+            close=connection.close,
+        )
+    )

@@ -1,0 +1,32 @@
+"""Settings of the benchmark's django-rdbtasks project.
+
+The database comes from the ``BENCH_DB_*`` variables that ``run.py`` sets.
+``CONN_MAX_AGE`` is left at Django's default of 0 on purpose: the worker is
+meant to hold its connection for its life whatever this says, and the peer
+(django-tasks-db) is given ``None``, its best case.
+"""
+
+import os
+
+SECRET_KEY = "bench-only-not-secret"
+DEBUG = False  # DEBUG would log every query
+USE_TZ = True
+INSTALLED_APPS = ["django_rdbtasks"]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("BENCH_DB_NAME", "bench_rdbtasks"),
+        "HOST": os.environ.get("BENCH_DB_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("BENCH_DB_PORT", "5432"),
+        "USER": os.environ.get("BENCH_DB_USER", "postgres"),
+        "PASSWORD": os.environ.get("BENCH_DB_PASSWORD", ""),
+    }
+}
+TASKS = {
+    "default": {
+        "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,21 @@
+"""The benchmark's two tasks, declared for django-rdbtasks."""
+
+import time
+
+from django.db import connection
+from django_tasks import task
+
+
+@task()
+def noop() -> None:
+    """The drain benchmark's task: the queue's own cost is all there is."""
+
+
+@task()
+def record_start(key: int) -> None:
+    """Latency probe: write when it started, for the harness to compare."""
+    started = time.time()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO bench_started (key, started_at) VALUES (%s, %s)", [key, started]
+        )

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class RDBTasksConfig(AppConfig):
+    name = "django_rdbtasks"
+    verbose_name = "Tasks"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,239 @@
+"""The Tasks framework backend: enqueue in the caller's transaction, read results."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.core import checks
+from django.db import connections, transaction
+
+from .compat import (
+    SIGNAL_MODULES,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+)
+from .db import dialect_for
+from .exceptions import ArgumentsNotJSON, InvalidTaskPath
+from .loading import load_task
+from .models import Task as TaskRow
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_BACKOFF = 1.0
+DEFAULT_MAX_BACKOFF = 3600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RDBTask(Task):
+    """A framework ``Task`` with this backend's options.
+
+    ``max_attempts`` counts every run, the first included; ``backoff`` is the
+    base of the exponential delay between retries, in seconds. Either left as
+    ``None`` takes the backend's ``OPTIONS``.
+    """
+
+    max_attempts: int | None = None
+    backoff: float | None = None
+
+
+def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list, dict]:
+    """Arguments as JSON will give them back, or ``ArgumentsNotJSON``.
+
+    Tuples become lists as in the framework; anything that would come back
+    different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
+    rather than surprising the task later.
+    """
+    try:
+        normalized = normalize_json([list(args), dict(kwargs)])
+        decoded = json.loads(json.dumps(normalized, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ArgumentsNotJSON(f"Task arguments must be JSON-serializable: {exc}") from exc
+    if decoded != normalized:
+        raise ArgumentsNotJSON(
+            "Task arguments must survive a JSON round trip unchanged "
+            "(dict keys must be strings)."
+        )
+    return decoded[0], decoded[1]
+
+
+class RDBTaskBackend(BaseTaskBackend):
+    task_class = RDBTask
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True
+
+    def __init__(self, alias: str, params: dict) -> None:
+        super().__init__(alias, params)
+        options = self.options
+        self.database: str = options.get("DATABASE", "default")
+        self.max_attempts = int(options.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS))
+        self.backoff = float(options.get("BACKOFF", DEFAULT_BACKOFF))
+        self.max_backoff = float(options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF))
+        self.notify = bool(options.get("NOTIFY", True))
+
+    # -- validation --------------------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        max_attempts = getattr(task, "max_attempts", None)
+        if max_attempts is not None and (
+            not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+        ):
+            raise InvalidTask("max_attempts must be a whole number of at least 1.")
+        backoff = getattr(task, "backoff", None)
+        if backoff is not None and (not isinstance(backoff, int | float) or backoff < 0):
+            raise InvalidTask("backoff must be a number of seconds, 0 or more.")
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        errors = list(super().check(**kwargs))
+        if self.database not in connections:
+            errors.append(
+                checks.Error(
+                    f"Task backend {self.alias!r} uses database {self.database!r}, "
+                    "which is not in DATABASES.",
+                    id="django_rdbtasks.E001",
+                )
+            )
+        elif connections[self.database].vendor not in {"postgresql", "mysql", "sqlite"}:
+            errors.append(
+                checks.Error(
+                    f"django-rdbtasks does not support {connections[self.database].vendor}.",
+                    id="django_rdbtasks.E002",
+                )
+            )
+        return errors
+
+    # -- per-task options --------------------------------------------------------------
+
+    def max_attempts_for(self, task: Task) -> int:
+        value = getattr(task, "max_attempts", None)
+        return self.max_attempts if value is None else value
+
+    def retry_delay(self, task: Task | None, attempt: int) -> float:
+        """Exponential backoff with jitter: about base * 2^(attempt-1), half of it random."""
+        base = getattr(task, "backoff", None)
+        base = self.backoff if base is None else base
+        delay = min(self.max_backoff, base * 2 ** max(attempt - 1, 0))
+        return delay / 2 + random.uniform(0, delay / 2)
+
+    # -- enqueue -----------------------------------------------------------------------
+
+    def _row(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskRow:
+        args_json, kwargs_json = encode_arguments(args, kwargs)
+        row = TaskRow(
+            task_path=task.module_path,
+            queue_name=task.queue_name,
+            backend_name=self.alias,
+            priority=task.priority,
+            args=args_json,
+            kwargs=kwargs_json,
+            max_attempts=self.max_attempts_for(task),
+        )
+        if task.run_after is not None:
+            row.run_after = task.run_after
+        return row
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        row = self._row(task, args, kwargs)
+        # One transaction for the row and its NOTIFY, or the caller's if open:
+        # a rollback then takes the task with it.
+        with transaction.atomic(using=self.database, savepoint=False):
+            row.save(force_insert=True, using=self.database)
+            self._notify([row.queue_name])
+        result = self.result_from_row(row, task)
+        self.send_signal("task_enqueued", result)
+        return result
+
+    def bulk_enqueue(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
+        *, batch_size: int = 1000,
+    ) -> list[TaskResult]:
+        """Enqueue many runs of one task in one transaction, with multi-row inserts."""
+        self.validate_task(task)
+        rows = [self._row(task, args, kwargs) for args, kwargs in calls]
+        with transaction.atomic(using=self.database, savepoint=False):
+            TaskRow.objects.using(self.database).bulk_create(rows, batch_size=batch_size)
+            self._notify({row.queue_name for row in rows})
+        results = [self.result_from_row(row, task) for row in rows]
+        for result in results:
+            self.send_signal("task_enqueued", result)
+        return results
+
+    def _notify(self, queue_names: Iterable[str]) -> None:
+        if self.notify:
+            connection = connections[self.database]
+            with connection.cursor() as cursor:
+                dialect_for(connection).notify(cursor, queue_names)
+
+    # -- results -----------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            row = TaskRow.objects.using(self.database).get(pk=uuid.UUID(str(result_id)))
+        except (ValueError, TaskRow.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        try:
+            task = load_task(row.task_path)
+        except InvalidTaskPath as exc:
+            raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
+        return self.result_from_row(row, task)
+
+    def result_from_row(self, row: TaskRow, task: Task) -> TaskResult:
+        task = task.using(priority=row.priority, queue_name=row.queue_name)
+        if row.run_after is not None and not hasattr(row.run_after, "resolve_expression"):
+            task = task.using(run_after=row.run_after)
+        enqueued_at = row.enqueued_at
+        if hasattr(enqueued_at, "resolve_expression"):  # not read back from the insert
+            enqueued_at = None
+        result = TaskResult(
+            task=task,
+            id=str(row.id),
+            status=TaskResultStatus(row.status),
+            enqueued_at=enqueued_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+            last_attempted_at=row.last_attempted_at,
+            args=row.args,
+            kwargs=row.kwargs,
+            backend=self.alias,
+            errors=[
+                TaskError(
+                    exception_class_path=entry["exception_class_path"],
+                    traceback=entry.get("traceback", ""),
+                )
+                for entry in row.errors
+            ],
+            worker_ids=row.worker_ids,
+        )
+        object.__setattr__(result, "_return_value", row.return_value)
+        return result
+
+    def send_signal(self, name: str, result: TaskResult) -> None:
+        for module in SIGNAL_MODULES:
+            getattr(module, name).send(sender=type(self), task_result=result)
+
+
+def bulk_enqueue(
+    task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, batch_size: int = 1000
+) -> list[TaskResult]:
+    """Enqueue many runs of ``task`` at once: ``[(args, kwargs), ...]``.
+
+    The framework has no bulk API; this one inserts in batches of
+    ``batch_size`` rows in one transaction and wakes the workers once.
+    """
+    backend = task.get_backend()
+    if not isinstance(backend, RDBTaskBackend):
+        raise TypeError(f"bulk_enqueue needs an RDBTaskBackend, not {type(backend).__name__}.")
+    return backend.bulk_enqueue(task, calls, batch_size=batch_size)

@@ -1,0 +1,28 @@
+"""Database-specific SQL of the claim protocol, one module per database."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import Dialect
+
+_dialects: dict[tuple[str, str], Dialect] = {}
+
+
+def dialect_for(connection: Any) -> Dialect:
+    key = (connection.alias, connection.vendor)
+    dialect = _dialects.get(key)
+    if dialect is None:
+        if connection.vendor == "postgresql":
+            from .postgresql import PostgreSQLDialect as cls
+        elif connection.vendor == "mysql":
+            from .mysql import MySQLDialect as cls
+        elif connection.vendor == "sqlite":
+            from .sqlite import SQLiteDialect as cls
+        else:
+            raise NotImplementedError(
+                f"django-rdbtasks does not support the {connection.vendor!r} database."
+            )
+        dialect = _dialects[key] = cls(connection)
+    return dialect

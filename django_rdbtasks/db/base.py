@@ -1,0 +1,354 @@
+"""The claim protocol's statements in portable SQL.
+
+Every statement is built once per connection. A subclass per database supplies
+its clock, interval arithmetic and JSON append, and replaces a statement where
+the database can do the same work in fewer round trips (PostgreSQL's
+``RETURNING`` with ``unnest``).
+
+Fencing: every write a worker makes about a claimed row is conditional on
+``id``, ``version`` (the one its claim produced) and ``worker_id``; a row
+reclaimed by anyone since then has a new version, so the write matches nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+READY, RUNNING, SUCCESSFUL, FAILED = "READY", "RUNNING", "SUCCESSFUL", "FAILED"
+
+#: Columns a claim hands to the worker, in this order.
+CLAIM_COLUMNS = (
+    "id",
+    "version",
+    "task_path",
+    "args",
+    "kwargs",
+    "attempts",
+    "max_attempts",
+    "queue_name",
+    "backend_name",
+    "priority",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
+    "run_after",
+    "history",
+)
+CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
+
+
+@dataclass(slots=True)
+class Candidate:
+    id: Any
+    version: int
+    status: str
+    worker_id: str
+    last_attempted_at: dt.datetime | None
+
+
+@dataclass(slots=True)
+class ClaimedRow:
+    id: Any  # as the database driver returns it
+    version: int  # the version our claim wrote: the fence for every later write
+    task_path: str
+    args: list
+    kwargs: dict
+    attempts: int
+    max_attempts: int
+    queue_name: str
+    backend_name: str
+    priority: int
+    enqueued_at: dt.datetime
+    started_at: dt.datetime
+    claimed_at: dt.datetime
+    run_after: dt.datetime
+    history: list
+    #: Set when the claim took over a RUNNING row whose lease had expired.
+    lost_from: Candidate | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What to write about one claimed row when the worker is done with it."""
+
+    id: Any
+    version: int
+    kind: str  # one of the keys of Dialect.outcome_sql
+    entry: dict | None = None  # appended to the row's history
+    return_value: Any = None
+    delay: float = 0.0  # seconds until a retry may run
+    extra: dict = field(default_factory=dict)
+
+    def entry_json(self) -> str | None:
+        return None if self.entry is None else json.dumps(self.entry, default=str)
+
+    def return_json(self) -> str | None:
+        return None if self.return_value is None else json.dumps(self.return_value)
+
+
+class Dialect:
+    vendor = ""
+    #: The database clock, in the form the DateTimeField columns store.
+    now_sql = "CURRENT_TIMESTAMP"
+
+    def __init__(self, connection: Any) -> None:
+        from ..models import Task
+
+        self.connection = connection
+        qn = connection.ops.quote_name
+        self.table = qn(Task._meta.db_table)
+        self._pk_field = Task._meta.pk
+        self._claim_cols = ", ".join(CLAIM_COLUMNS)
+        self._cand_cols = ", ".join(CANDIDATE_COLUMNS)
+        now = self.now_sql
+        self.claimable_sql = (
+            f"((status = '{READY}' AND run_after <= {now}) OR "
+            f"(status = '{RUNNING}' AND lease_expires_at <= {now}))"
+        )
+        append = self.json_append_sql("history", "%s")
+        common = "version = version + 1, lease_expires_at = NULL"
+        fence = f"WHERE id = %s AND version = %s AND worker_id = %s AND status = '{RUNNING}'"
+        # Param order for each: the SET params, then id, version, worker_id.
+        self.outcome_sql = {
+            "success": (
+                f"UPDATE {self.table} SET status = '{SUCCESSFUL}', {common}, "
+                f"return_value = %s, finished_at = {now}, history = {append} {fence}"
+            ),
+            "failure": (
+                f"UPDATE {self.table} SET status = '{FAILED}', {common}, "
+                f"finished_at = {now}, history = {append} {fence}"
+            ),
+            "retry": (
+                f"UPDATE {self.table} SET status = '{READY}', {common}, "
+                f"run_after = {self.now_plus_sql('%s')}, worker_id = '', history = {append} {fence}"
+            ),
+            # Given back unfinished on shutdown: the attempt does not count.
+            "release": (
+                f"UPDATE {self.table} SET status = '{READY}', {common}, "
+                f"attempts = attempts - 1, worker_id = '' {fence}"
+            ),
+            # Taken over from a lost worker but out of attempts: fail it unrun.
+            "abandon": (
+                f"UPDATE {self.table} SET status = '{FAILED}', {common}, "
+                f"attempts = attempts - 1, finished_at = {now}, history = {append} {fence}"
+            ),
+            # Record the lost attempt's history entry and keep the claim.
+            "note": f"UPDATE {self.table} SET history = {append} {fence}",
+        }
+
+    # -- pieces each database spells its own way -------------------------------------
+
+    def now_plus_sql(self, placeholder: str) -> str:
+        raise NotImplementedError
+
+    def seconds_param(self, seconds: float) -> Any:
+        return seconds
+
+    def json_append_sql(self, column: str, placeholder: str) -> str:
+        """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
+        raise NotImplementedError
+
+    def encode_id(self, value: uuid.UUID) -> Any:
+        return self._pk_field.get_db_prep_value(value, self.connection)
+
+    def decode_id(self, value: Any) -> uuid.UUID:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+    def decode_json(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str | bytes) else value
+
+    def decode_dt(self, value: Any) -> dt.datetime | None:
+        if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
+            return value
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        return value.replace(tzinfo=dt.UTC)
+
+    # -- the protocol ------------------------------------------------------------------
+
+    def candidates_sql(self, queue_count: int) -> str:
+        """Due rows of each queue in claim order, plus expired leases.
+
+        One sub-select per queue so each walks its own index range in order:
+        the cost stays proportional to the limit, never to the backlog.
+        """
+        now = self.now_sql
+        cols = f"{self._cand_cols}, priority, run_after"
+        parts = [
+            f"SELECT * FROM (SELECT {cols} FROM {self.table} WHERE status = '{READY}' "
+            f"AND queue_name = %s AND run_after <= {now} "
+            f"ORDER BY priority DESC, run_after LIMIT %s) q{i}"
+            for i in range(queue_count)
+        ]
+        marks = ", ".join(["%s"] * queue_count)
+        parts.append(
+            f"SELECT * FROM (SELECT {cols} FROM {self.table} WHERE status = '{RUNNING}' "
+            f"AND lease_expires_at <= {now} AND queue_name IN ({marks}) "
+            f"ORDER BY lease_expires_at LIMIT %s) qe"
+        )
+        union = " UNION ALL ".join(parts)
+        return (
+            f"SELECT {self._cand_cols} FROM ({union}) c "
+            "ORDER BY priority DESC, run_after LIMIT %s"
+        )
+
+    def candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
+        params: list[Any] = []
+        for queue in queues:
+            params += [queue, limit]
+        params += [*queues, limit, limit]
+        cursor.execute(self.candidates_sql(len(queues)), params)
+        return [
+            Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]))
+            for row in cursor.fetchall()
+        ]
+
+    def locked_candidates(
+        self, cursor: Any, queues: Sequence[str], limit: int
+    ) -> list[Candidate]:
+        """Pessimistic mode: lock due rows, skipping rows other workers hold locked."""
+        now = self.now_sql
+        marks = ", ".join(["%s"] * len(queues))
+        found: list[Candidate] = []
+        for where, order in (
+            (f"status = '{RUNNING}' AND lease_expires_at <= {now}", "lease_expires_at"),
+            (f"status = '{READY}' AND run_after <= {now}", "priority DESC, run_after"),
+        ):
+            cursor.execute(
+                f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} "
+                f"AND queue_name IN ({marks}) ORDER BY {order} LIMIT %s "
+                "FOR UPDATE SKIP LOCKED",
+                [*queues, limit - len(found)],
+            )
+            found += [
+                Candidate(r[0], r[1], r[2], r[3], self.decode_dt(r[4])) for r in cursor.fetchall()
+            ]
+            if len(found) >= limit:
+                break
+        return found
+
+    def _version_match_sql(self, count: int) -> str:
+        return " OR ".join(["(id = %s AND version = %s)"] * count)
+
+    def _set_claim_sql(self) -> str:
+        now = self.now_sql
+        return (
+            f"status = '{RUNNING}', version = version + 1, worker_id = %s, "
+            f"lease_expires_at = {self.now_plus_sql('%s')}, attempts = attempts + 1, "
+            f"started_at = COALESCE(started_at, {now}), last_attempted_at = {now}"
+        )
+
+    def claim_update_sql(self, count: int) -> str:
+        marks = ", ".join(["%s"] * count)
+        return (
+            f"UPDATE {self.table} SET {self._set_claim_sql()} "
+            f"WHERE id IN ({marks}) AND {self.claimable_sql} "
+            f"AND ({self._version_match_sql(count)})"
+        )
+
+    def claim_update_params(
+        self, candidates: Sequence[Candidate], worker_id: str, lease: float
+    ) -> list[Any]:
+        params: list[Any] = [worker_id, self.seconds_param(lease)]
+        params += [c.id for c in candidates]
+        for c in candidates:
+            params += [c.id, c.version]
+        return params
+
+    def claim(
+        self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
+    ) -> list[ClaimedRow]:
+        """Claim the candidates still unchanged since they were read; return those won."""
+        raise NotImplementedError
+
+    def decode_claimed(self, row: Sequence[Any]) -> ClaimedRow:
+        return ClaimedRow(
+            id=row[0],
+            version=row[1],
+            task_path=row[2],
+            args=self.decode_json(row[3]),
+            kwargs=self.decode_json(row[4]),
+            attempts=row[5],
+            max_attempts=row[6],
+            queue_name=row[7],
+            backend_name=row[8],
+            priority=row[9],
+            enqueued_at=self.decode_dt(row[10]),  # type: ignore[arg-type]
+            started_at=self.decode_dt(row[11]),  # type: ignore[arg-type]
+            claimed_at=self.decode_dt(row[12]),  # type: ignore[arg-type]
+            run_after=self.decode_dt(row[13]),  # type: ignore[arg-type]
+            history=self.decode_json(row[14]) or [],
+        )
+
+    def renew(
+        self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+    ) -> set[Any]:
+        """Extend the leases of claims still ours; return the ids we still hold."""
+        held_ids: set[Any] = set()
+        for chunk in _chunks(held, 500):
+            marks = ", ".join(["%s"] * len(chunk))
+            params: list[Any] = [self.seconds_param(lease), worker_id, *(i for i, _ in chunk)]
+            for i, v in chunk:
+                params += [i, v]
+            cursor.execute(
+                f"UPDATE {self.table} SET lease_expires_at = {self.now_plus_sql('%s')} "
+                f"WHERE worker_id = %s AND status = '{RUNNING}' AND id IN ({marks}) "
+                f"AND ({self._version_match_sql(len(chunk))})",
+                params,
+            )
+            if cursor.rowcount == len(chunk):
+                held_ids.update(i for i, _ in chunk)
+            else:
+                held_ids.update(self._still_held(cursor, chunk, worker_id))
+        return held_ids
+
+    def _still_held(
+        self, cursor: Any, chunk: Sequence[tuple[Any, int]], worker_id: str
+    ) -> set[Any]:
+        versions = dict(chunk)
+        marks = ", ".join(["%s"] * len(chunk))
+        cursor.execute(
+            f"SELECT id, version FROM {self.table} WHERE worker_id = %s "
+            f"AND status = '{RUNNING}' AND id IN ({marks})",
+            [worker_id, *versions],
+        )
+        return {i for i, v in cursor.fetchall() if versions.get(i) == v}
+
+    def outcome_params(self, outcome: Outcome, worker_id: str) -> list[Any]:
+        kind = outcome.kind
+        if kind == "success":
+            head = [outcome.return_json(), outcome.entry_json()]
+        elif kind == "retry":
+            head = [self.seconds_param(outcome.delay), outcome.entry_json()]
+        elif kind == "release":
+            head = []
+        else:
+            head = [outcome.entry_json()]
+        return [*head, outcome.id, outcome.version, worker_id]
+
+    def finish(self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str) -> set[Any]:
+        """Write the outcomes, each fenced by its claim; return the ids written.
+
+        The caller wraps this in one transaction, so a batch costs one commit.
+        """
+        written: set[Any] = set()
+        for outcome in outcomes:
+            cursor.execute(
+                self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id)
+            )
+            if cursor.rowcount == 1:
+                written.add(outcome.id)
+        return written
+
+    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
+        """Wake idle workers of these queues once the transaction commits."""
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,18 @@
+class RDBTasksError(Exception):
+    """Base class of this package's errors."""
+
+
+class ArgumentsNotJSON(RDBTasksError, TypeError):  # noqa: N818 - reads as a sentence
+    """Task arguments that JSON cannot round-trip unchanged."""
+
+
+class InvalidTaskPath(RDBTasksError):
+    """A row names something that is not a framework Task this worker may run."""
+
+
+class WorkerLost(RDBTasksError):  # noqa: N818
+    """Recorded as the error of an attempt whose worker stopped renewing its lease."""
+
+
+class ReturnValueNotJSON(RDBTasksError):  # noqa: N818
+    """A task returned a value that cannot be stored as JSON."""

@@ -1,0 +1,68 @@
+"""LISTEN for enqueue notifications on PostgreSQL and wake idle claim loops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connections
+
+from ..db.postgresql import NOTIFY_CHANNEL
+
+logger = logging.getLogger("django_rdbtasks.worker")
+
+
+class Listener(threading.Thread):
+    """Sets ``wake`` when a task is enqueued on one of ``queues``.
+
+    Runs on its own connection: LISTEN needs one that is never inside a
+    transaction. If it breaks, the claim loops still poll, so nothing is lost
+    but latency; the listener reconnects with backoff.
+    """
+
+    def __init__(
+        self, database: str, queues: Iterable[str], wake: threading.Event, halt: threading.Event
+    ) -> None:
+        super().__init__(name="rdbtasks-listener", daemon=True)
+        self.database = database
+        self.queues = set(queues)
+        self.wake = wake
+        self.halt = halt
+        self.ready = threading.Event()
+
+    def _connect(self) -> Any:
+        wrapper = connections[self.database]
+        raw = wrapper.get_new_connection(wrapper.get_connection_params())
+        raw.autocommit = True
+        raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        return raw
+
+    def run(self) -> None:
+        delay = 0.1
+        while not self.halt.is_set():
+            try:
+                raw = self._connect()
+            except Exception as exc:
+                logger.warning("LISTEN connection failed (%s); polling until it is back", exc)
+                self.halt.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            self.ready.set()
+            # Anything enqueued while we were not listening is found by polling.
+            self.wake.set()
+            try:
+                while not self.halt.is_set():
+                    for notify in raw.notifies(timeout=0.5):
+                        if notify.payload in self.queues:
+                            self.wake.set()
+            except Exception as exc:
+                if not self.halt.is_set():
+                    logger.warning("LISTEN connection lost (%s); reconnecting", exc)
+            finally:
+                try:
+                    raw.close()
+                except Exception:
+                    pass

@@ -1,0 +1,105 @@
+"""Start worker processes, restart the ones that die, pass signals on."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from django.db import connections
+
+from .process import EXIT_RECYCLE, Worker
+
+logger = logging.getLogger("django_rdbtasks.worker")
+
+
+def _child_main(worker_options: dict[str, Any]) -> None:
+    # A process group of its own: Ctrl+C at a terminal reaches only the
+    # supervisor, which passes one SIGTERM on, so the first Ctrl+C is graceful.
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = Worker(**worker_options).run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class Supervisor:
+    """Keeps ``processes`` workers running.
+
+    A child that crashes (or is killed) is restarted, with a growing pause if
+    it keeps dying; one that exits after ``--max-tasks`` is replaced at once.
+    In burst mode children that exit cleanly are done; the supervisor exits 0
+    when all are.
+    """
+
+    def __init__(self, processes: int, worker_options: dict[str, Any]) -> None:
+        self.processes = max(1, processes)
+        self.worker_options = worker_options
+        self.burst = bool(worker_options.get("burst"))
+        self.stopping = False
+        self.children: dict[int, multiprocessing.Process] = {}
+        self.crashes: dict[int, list[float]] = {}
+        self._context = multiprocessing.get_context("fork")
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for slot in range(self.processes):
+            self._start(slot)
+        while self.children:
+            time.sleep(0.1)
+            for slot, process in list(self.children.items()):
+                if process.is_alive():
+                    continue
+                process.join()
+                code = process.exitcode
+                del self.children[slot]
+                if self.stopping:
+                    continue
+                if code == 0 and self.burst:
+                    continue
+                if code == EXIT_RECYCLE:
+                    logger.info("worker process %s recycled after --max-tasks", process.pid)
+                    self._start(slot)
+                    continue
+                logger.error("worker process %s exited with %s; restarting", process.pid, code)
+                self._restart_after_crash(slot)
+        return 0
+
+    def _start(self, slot: int) -> None:
+        connections.close_all()  # never share a connection with a child
+        process = self._context.Process(
+            target=_child_main, args=(self.worker_options,), name=f"rdbtasks-worker-{slot}"
+        )
+        process.start()
+        self.children[slot] = process
+
+    def _restart_after_crash(self, slot: int) -> None:
+        now = time.monotonic()
+        recent = [t for t in self.crashes.get(slot, []) if now - t < 60] + [now]
+        self.crashes[slot] = recent
+        pause = min(30.0, 0.5 * 2 ** (len(recent) - 1)) if len(recent) > 1 else 0.0
+        deadline = now + pause
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(0.1)
+        if not self.stopping:
+            self._start(slot)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        again = self.stopping
+        self.stopping = True
+        logger.info(
+            "supervisor got %s: %s", signal.Signals(signum).name,
+            "stopping workers now" if again else "stopping workers gracefully",
+        )
+        for process in self.children.values():
+            if process.pid is not None:
+                try:
+                    os.kill(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass

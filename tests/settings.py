@@ -1,0 +1,38 @@
+"""Test settings: the database comes from DATABASE_URL (SQLite when unset)."""
+
+import os
+
+import environ
+
+env = environ.Env()
+DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite:///" + os.path.join(os.path.dirname(__file__), "test.sqlite3"))
+DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+DATABASES["default"].setdefault("TEST", {})
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Worker processes must share the test database, so it lives in a file.
+    DATABASES["default"]["TEST"]["NAME"] = os.path.join(os.path.dirname(__file__), "test_db.sqlite3")
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+
+SECRET_KEY = "tests"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django_rdbtasks",
+    "tests.testapp",
+]
+TASKS = {
+    "default": {
+        "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
+        "QUEUES": ["default", "emails", "other"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": 0.05},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_rdbtasks": {"handlers": ["console"], "level": "INFO"}},
+}

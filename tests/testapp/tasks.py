@@ -1,0 +1,78 @@
+"""Tasks the tests enqueue; their bodies leave countable side effects."""
+
+import os
+import time
+
+from django_rdbtasks.compat import HAS_DJANGO_TASKS
+
+from .models import SideEffect
+
+if HAS_DJANGO_TASKS:
+    from django.tasks import task
+else:
+    from django_tasks import task
+
+
+@task()
+def add(a, b):
+    return a + b
+
+
+@task()
+def noop():
+    return None
+
+
+@task()
+def record(key):
+    SideEffect.objects.create(key=key, pid=os.getpid())
+    return key
+
+
+@task(max_attempts=3, backoff=0)
+def record_then_sleep(key, seconds):
+    SideEffect.objects.create(key=key, pid=os.getpid())
+    time.sleep(seconds)
+    return key
+
+
+@task(max_attempts=2, backoff=0)
+def always_fails(message):
+    raise ValueError(message)
+
+
+@task(max_attempts=3, backoff=0)
+def fails_until(key, successes_needed_after):
+    """Fails while fewer than ``successes_needed_after`` earlier runs exist."""
+    runs = SideEffect.objects.filter(key=key).count()
+    SideEffect.objects.create(key=key, pid=os.getpid())
+    if runs < successes_needed_after:
+        raise RuntimeError(f"run {runs + 1} fails on purpose")
+    return runs + 1
+
+
+@task(takes_context=True)
+def with_context(context, value):
+    return {"attempt": context.attempt, "id": context.task_result.id, "value": value}
+
+
+@task()
+async def async_add(a, b):
+    return a + b
+
+
+@task()
+def returns_object():
+    return object()
+
+
+@task(priority=10, queue_name="emails")
+def send_email(to):
+    SideEffect.objects.create(key=f"email:{to}", pid=os.getpid())
+
+
+not_a_task = record.func
+
+
+def plain_function():
+    return "must never run"
