@@ -5,13 +5,20 @@ import os
 import environ
 
 env = environ.Env()
-DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite:///" + os.path.join(os.path.dirname(__file__), "test.sqlite3"))
+DATABASE_URL = os.environ.get(
+    "DATABASE_URL", "sqlite:///" + os.path.join(os.path.dirname(__file__), "test.sqlite3")
+)
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
-DATABASES["default"].setdefault("TEST", {})
+# Worker processes started by the tests must open the test database, so its
+# name is fixed here and RDBTASKS_TEST_WORKER makes it the one they use.
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # Worker processes must share the test database, so it lives in a file.
-    DATABASES["default"]["TEST"]["NAME"] = os.path.join(os.path.dirname(__file__), "test_db.sqlite3")
+    TEST_DB_NAME = os.path.join(os.path.dirname(__file__), "test_db.sqlite3")
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+else:
+    TEST_DB_NAME = "test_rdbtasks"
+DATABASES["default"]["TEST"] = {"NAME": TEST_DB_NAME}
+if os.environ.get("RDBTASKS_TEST_WORKER"):
+    DATABASES["default"]["NAME"] = TEST_DB_NAME
 
 SECRET_KEY = "tests"
 USE_TZ = True

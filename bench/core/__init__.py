@@ -1,0 +1,1 @@
+"""The benchmark harness: databases, virtualenvs, worker processes, measurements."""

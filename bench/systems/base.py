@@ -1,0 +1,116 @@
+"""What the harness needs from each system under comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from core.pg import PgServer
+from driverlib import RESULT_PREFIX
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Context:
+    """Where the run keeps things, and how it was asked to behave."""
+
+    server: PgServer
+    envs_dir: Path
+    logs_dir: Path
+    reinstall_envs: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class System(ABC):
+    key: ClassVar[str]  # short name, used on the command line and in the JSON
+    label: ClassVar[str]  # name in the table
+    distribution: ClassVar[str]  # the PyPI name whose version is reported
+    database: ClassVar[str]
+    #: Tables emptied between runs (their dependants go too, by CASCADE).
+    job_tables: ClassVar[list[str]]
+    #: Count of tasks neither finished nor failed; a drain ends when it is 0.
+    unfinished_sql: ClassVar[str]
+    failed_sql: ClassVar[str]
+    #: What "bulk" enqueue means for this system, for the report.
+    bulk_api: ClassVar[str]
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.python: Path | None = None
+
+    # -- set-up ----------------------------------------------------------------------
+
+    @abstractmethod
+    def prepare_env(self) -> None:
+        """Make ``self.python`` an interpreter that has the system installed."""
+
+    @abstractmethod
+    def create_schema(self) -> None:
+        """Create the system's tables in its freshly created database."""
+
+    @property
+    @abstractmethod
+    def project_dir(self) -> Path:
+        """The working directory of its workers and driver."""
+
+    @property
+    @abstractmethod
+    def driver_argv(self) -> list[str]:
+        """The command (without arguments) that runs its ``driverlib`` driver."""
+
+    def notes(self) -> list[str]:
+        """How it was configured, for the report."""
+        return []
+
+    def version(self) -> str:
+        from core.envs import package_version
+
+        return package_version(self.interpreter, self.distribution)
+
+    # -- workers ---------------------------------------------------------------------
+
+    @abstractmethod
+    def drain_commands(self, workers: int) -> list[list[str]]:
+        """Commands that start ``workers`` worker processes to drain the queue."""
+
+    @abstractmethod
+    def idle_worker_commands(self) -> list[list[str]]:
+        """Commands that start one long-running worker, as in production."""
+
+    # -- helpers ---------------------------------------------------------------------
+
+    @property
+    def interpreter(self) -> str:
+        if self.python is None:
+            raise RuntimeError(f"{self.key}: prepare_env() has not run")
+        return str(self.python)
+
+    def env(self) -> dict[str, str]:
+        environ = {**os.environ, **self.context.server.env(self.database)}
+        environ["PYTHONUNBUFFERED"] = "1"  # worker logs in order, if it dies
+        return environ
+
+    def run(self, argv: list[str], *, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run a set-up command in the project dir; raise with its output if it fails."""
+        result = subprocess.run(
+            argv, cwd=self.project_dir, env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"{self.key}: {' '.join(argv)} exited {result.returncode}\n{result.stdout}{result.stderr}"
+            )
+        return result
+
+    def drive(self, *args: str, timeout: float = 600) -> dict[str, Any]:
+        """Run the driver and return the JSON result it printed."""
+        result = self.run([*self.driver_argv, *args], timeout=timeout)
+        for line in reversed(result.stdout.splitlines()):
+            if line.startswith(RESULT_PREFIX):
+                return json.loads(line[len(RESULT_PREFIX):])
+        raise RuntimeError(f"{self.key}: the driver printed no result\n{result.stdout}{result.stderr}")

@@ -1,0 +1,111 @@
+"""django-rdbtasks, from this checkout."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import psycopg
+
+from core.pg import scalar
+
+from .base import BENCH_DIR, System
+
+REPO_DIR = BENCH_DIR.parent
+TABLE = "django_rdbtasks_task"
+
+
+class RDBTasks(System):
+    key = "rdbtasks"
+    label = "django-rdbtasks"
+    distribution = "django-rdbtasks"
+    database = "bench_rdbtasks"
+    job_tables = [TABLE]
+    # Two counts, so that each matches one of the partial indexes on status: a
+    # count over the whole table would cost the harness a scan per poll in the
+    # backlog mode, where the table has a million finished rows.
+    unfinished_sql = (
+        f"SELECT (SELECT count(*) FROM {TABLE} WHERE status = 'READY')"
+        f" + (SELECT count(*) FROM {TABLE} WHERE status = 'RUNNING')"
+    )
+    failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"
+    bulk_api = "django_rdbtasks.backend.bulk_enqueue"
+
+    @property
+    def project_dir(self) -> Path:
+        return BENCH_DIR / "rdbtasks_project"
+
+    @property
+    def driver_argv(self) -> list[str]:
+        return [self.interpreter, "driver.py"]
+
+    @property
+    def worker_args(self) -> list[str]:
+        """Extra ``runworkers`` options from ``--rdbtasks-worker-args`` (e.g. ``--batch 50``)."""
+        return shlex.split(self.context.options.get("rdbtasks_worker_args", ""))
+
+    def prepare_env(self) -> None:
+        # The project's own virtualenv; the package is imported from the checkout.
+        self.python = Path(self.context.options.get("rdbtasks_python") or REPO_DIR / ".venv/bin/python")
+        if not self.python.exists():
+            raise RuntimeError(f"{self.key}: no interpreter at {self.python} (see --rdbtasks-python)")
+
+    def version(self) -> str:
+        installed = super().version()
+        return installed if installed != "not installed" else "checkout"
+
+    def create_schema(self) -> None:
+        self.run([self.interpreter, "manage.py", "migrate", "--verbosity", "0"])
+
+    def drain_commands(self, workers: int) -> list[list[str]]:
+        # One supervisor that forks the worker processes; --burst exits once
+        # nothing is runnable.
+        return [
+            [self.interpreter, "manage.py", "runworkers", "--processes", str(workers), "--burst", *self.worker_args]
+        ]
+
+    def idle_worker_commands(self) -> list[list[str]]:
+        return [[self.interpreter, "manage.py", "runworkers", "--processes", "1", *self.worker_args]]
+
+    def notes(self) -> list[str]:
+        args = " ".join(self.worker_args) or "defaults"
+        return [
+            f"runworkers --processes N ({args}), CONN_MAX_AGE left at 0",
+            "bulk enqueue: bulk_enqueue, 1 call (multi-row INSERT) per chunk",
+        ]
+
+    def insert_backlog(self, conn: psycopg.Connection, rows: int) -> None:
+        """Add ``rows`` finished tasks, as a table that has run for a while would have.
+
+        The rows are copies of a task that a worker really ran (so they have
+        the shape and width the package gives them, whatever the model grows
+        into), made with one INSERT ... SELECT generate_series. Their primary
+        keys are built like the model's UUIDv7 but dated a day back, so that
+        they sort before the tasks enqueued next, as old rows would.
+        """
+        template = scalar(conn, f"SELECT count(*) FROM {TABLE} WHERE status = 'SUCCESSFUL'")
+        if template == 0:
+            raise RuntimeError(f"{self.key}: insert_backlog needs one finished task to copy")
+        columns = [
+            name
+            for (name,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_name = %s AND table_schema = current_schema() ORDER BY ordinal_position",
+                (TABLE,),
+            )
+            if name != "id"
+        ]
+        copied = ", ".join(f"t.{name}" for name in columns)
+        conn.execute(
+            f"""
+            INSERT INTO {TABLE} (id, {", ".join(columns)})
+            SELECT
+                (lpad(to_hex(base.ms + g / 1000), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0')
+                    || '8' || lpad(to_hex(g), 15, '0'))::uuid,
+                {copied}
+            FROM (SELECT * FROM {TABLE} WHERE status = 'SUCCESSFUL' LIMIT 1) AS t,
+                 (SELECT (extract(epoch FROM now() - interval '1 day') * 1000)::bigint AS ms) AS base,
+                 generate_series(1, %s) AS g
+            """,
+            (rows,),
+        )

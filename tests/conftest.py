@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import django
+
+    return f"database: {connection.vendor}, Django {django.get_version()}"
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something true; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {predicate.__name__}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """``manage.py runworkers`` in a real process against the test database."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        env = {
+            **os.environ,
+            "RDBTASKS_TEST_WORKER": "1",
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+        }
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in wait()/kill()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworkers", *args],
+            env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 120.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._log.close()
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            # The supervisor runs the workers in their own process groups.
+            for child in _children(self.pid):
+                _kill(child)
+            _kill(self.pid)
+            self.process.wait(10)
+        self._log.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def worker_children(supervisor_pid: int) -> list[int]:
+    return _children(supervisor_pid)
+
+
+@pytest.fixture
+def run_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    counter = iter(range(1000))
+
+    def start(*args: str) -> WorkerProcess:
+        worker = WorkerProcess(list(args), tmp_path / f"worker-{next(counter)}.log")
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def vendor() -> str:
+    return connection.vendor
