@@ -44,8 +44,12 @@ test: venvs lint
 test-quick: .venv/.installed
 	.venv/bin/pytest $(PYTEST_ARGS)
 
+# The example project: create invoices (their e-mails enqueued in the same
+# transactions), then run workers until Ctrl+C. DATABASE_URL picks the database.
 worker: .venv/.installed
-	cd example_project && ../.venv/bin/python manage.py migrate -v0 && ../.venv/bin/python manage.py runworkers
+	cd example_project && ../.venv/bin/python manage.py migrate -v0 \
+	  && ../.venv/bin/python manage.py create_invoices \
+	  && ../.venv/bin/python manage.py runworkers --processes 2 --threads 4
 
 clean:
 	rm -rf .venv .venv-dj61 tests/*.sqlite3 example_project/*.sqlite3

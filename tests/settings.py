@@ -5,8 +5,8 @@ import os
 import environ
 
 env = environ.Env()
-DATABASE_URL = os.environ.get(
-    "DATABASE_URL", "sqlite:///" + os.path.join(os.path.dirname(__file__), "test.sqlite3")
+DATABASE_URL = os.environ.get("DATABASE_URL") or (
+    "sqlite:///" + os.path.join(os.path.dirname(__file__), "test.sqlite3")
 )
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 # Worker processes started by the tests must open the test database, so its

@@ -264,6 +264,13 @@ class Dialect:
         self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
         """Claim the candidates still unchanged since they were read; return those won."""
+        if not candidates:
+            return []
+        return self._claim(cursor, candidates, worker_id, lease)
+
+    def _claim(
+        self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
+    ) -> list[ClaimedRow]:
         raise NotImplementedError
 
     def decode_claimed(self, row: Sequence[Any]) -> ClaimedRow:

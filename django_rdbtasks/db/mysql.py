@@ -27,7 +27,7 @@ class MySQLDialect(Dialect):
         # value rather than a string, on MySQL and MariaDB alike.
         return f"JSON_ARRAY_APPEND({column}, '$', JSON_EXTRACT({placeholder}, '$'))"
 
-    def claim(
+    def _claim(
         self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
         ordered = sorted(candidates, key=lambda c: c.id)

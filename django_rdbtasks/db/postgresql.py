@@ -80,7 +80,7 @@ class PostgreSQLDialect(Dialect):
     def encode_id(self, value: Any) -> Any:
         return value
 
-    def claim(
+    def _claim(
         self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
         ordered = sorted(candidates, key=lambda c: c.id)

@@ -22,7 +22,7 @@ class SQLiteDialect(Dialect):
     def json_append_sql(self, column: str, placeholder: str) -> str:
         return f"json_insert({column}, '$[#]', json({placeholder}))"
 
-    def claim(
+    def _claim(
         self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
         cursor.execute(

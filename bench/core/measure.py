@@ -1,0 +1,197 @@
+"""The three measurements, the same for every system.
+
+Every timed phase starts from emptied job tables, fresh planner statistics
+and a checkpoint (see ``pg.settle``), so that one system does not inherit
+another's (or its own previous run's) state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from systems.base import System
+
+from .pg import CREATE_STARTED_TABLE, scalar, settle, truncate
+from .procs import WorkerGroup
+
+#: How often the harness counts unfinished tasks during a drain. The error
+#: this adds to a drain's time is at most one interval.
+POLL_INTERVAL = 0.05
+#: After its warm-up task, how long the latency worker is left alone, so that
+#: it is idle (asleep, or waiting on LISTEN) when the probes arrive.
+IDLE_SETTLE = 1.5
+
+
+@dataclass(frozen=True)
+class DrainRun:
+    tasks: int
+    workers: int
+    seconds: float  # from starting the worker processes to the last task finished
+    first_done_seconds: float  # until the first task was seen finished: start-up cost
+    failed: int
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tasks_per_second": self.rate}
+
+
+@dataclass(frozen=True)
+class EnqueueRun:
+    single_count: int
+    single_seconds: float
+    bulk_count: int
+    bulk_seconds: float
+    chunk: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "single_per_second": self.single_count / self.single_seconds,
+            "bulk_per_second": self.bulk_count / self.bulk_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class LatencyRun:
+    delays_ms: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "count": len(self.delays_ms),
+            "p50_ms": percentile(self.delays_ms, 50),
+            "p99_ms": percentile(self.delays_ms, 99),
+            "mean_ms": statistics.fmean(self.delays_ms),
+            "max_ms": max(self.delays_ms),
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (as numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# -- shared steps -------------------------------------------------------------------------
+
+
+def reset(system: System, conn: psycopg.Connection) -> None:
+    conn.execute(CREATE_STARTED_TABLE)
+    truncate(conn, [*system.job_tables, "bench_started"])
+
+
+def enqueue_bulk(system: System, tasks: int, chunk: int) -> float:
+    result = system.drive("enqueue", "--mode", "bulk", "--count", str(tasks), "--chunk", str(chunk))
+    return float(result["seconds"])
+
+
+def time_drain(system: System, conn: psycopg.Connection, tasks: int, workers: int, log: Path) -> DrainRun:
+    """Start the workers and time them until no task of the ``tasks`` queued is left."""
+    left = scalar(conn, system.unfinished_sql)
+    if left != tasks:
+        raise RuntimeError(f"{system.key}: {left} tasks queued before the drain, expected {tasks}")
+    timeout = 60 + tasks / 20  # far beyond the slowest peer's rate
+    first_done: float | None = None
+    start = time.perf_counter()
+    with WorkerGroup(system.drain_commands(workers), cwd=system.project_dir, env=system.env(), log=log) as group:
+        while True:
+            left = scalar(conn, system.unfinished_sql)
+            elapsed = time.perf_counter() - start
+            if first_done is None and left < tasks:
+                first_done = elapsed
+            if left == 0:
+                break
+            if not group.running() and scalar(conn, system.unfinished_sql) > 0:
+                raise RuntimeError(f"{system.key}: workers exited with {left} tasks left; see {log}")
+            if elapsed > timeout:
+                raise RuntimeError(f"{system.key}: drain timed out with {left} tasks left; see {log}")
+            time.sleep(POLL_INTERVAL)
+        # Burst-mode workers exit by themselves: let them, rather than signal them mid-exit.
+        group.wait_exit(10.0)
+    failed = scalar(conn, system.failed_sql)
+    return DrainRun(tasks, workers, elapsed, first_done if first_done is not None else elapsed, failed)
+
+
+# -- the measurements ---------------------------------------------------------------------
+
+
+def measure_drain(
+    system: System, conn: psycopg.Connection, *, tasks: int, workers: int, chunk: int, log: Path
+) -> DrainRun:
+    reset(system, conn)
+    enqueue_bulk(system, tasks, chunk)  # not timed here; see measure_enqueue
+    settle(conn, system.job_tables)
+    return time_drain(system, conn, tasks, workers, log)
+
+
+def measure_enqueue(
+    system: System, conn: psycopg.Connection, *, single: int, bulk: int, chunk: int
+) -> EnqueueRun:
+    reset(system, conn)
+    settle(conn, [])
+    single_seconds = system.drive("enqueue", "--mode", "single", "--count", str(single))["seconds"]
+    reset(system, conn)
+    settle(conn, [])
+    bulk_seconds = enqueue_bulk(system, bulk, chunk)
+    reset(system, conn)
+    return EnqueueRun(single, single_seconds, bulk, bulk_seconds, chunk)
+
+
+def measure_latency(
+    system: System, conn: psycopg.Connection, *, count: int, pause: float, log: Path
+) -> LatencyRun:
+    """Probe tasks enqueued one at a time to one idle worker: delay from enqueue call to start."""
+    reset(system, conn)
+    settle(conn, [])
+    with WorkerGroup(system.idle_worker_commands(), cwd=system.project_dir, env=system.env(), log=log) as group:
+        # Key 0 is a warm-up: once it has run, the worker is up and connected.
+        system.drive("latency", "--first-key", "0", "--count", "1", "--pause", "0")
+        wait_for_probes(system, conn, group, 1, timeout=60, log=log)
+        time.sleep(IDLE_SETTLE)
+        result = system.drive("latency", "--first-key", "1", "--count", str(count), "--pause", str(pause))
+        wait_for_probes(system, conn, group, count + 1, timeout=60 + count * pause, log=log)
+    started = dict(conn.execute("SELECT key, started_at FROM bench_started WHERE key >= 1").fetchall())
+    enqueued = {int(key): at for key, at in result["enqueued"].items()}
+    return LatencyRun([(started[key] - at) * 1000 for key, at in sorted(enqueued.items())])
+
+
+def wait_for_probes(
+    system: System, conn: psycopg.Connection, group: WorkerGroup, count: int, *, timeout: float, log: Path
+) -> None:
+    deadline = time.monotonic() + timeout
+    while scalar(conn, "SELECT count(*) FROM bench_started") < count:
+        if not group.running():
+            raise RuntimeError(f"{system.key}: the latency worker exited; see {log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{system.key}: probe tasks did not all start in {timeout:g} s; see {log}")
+        time.sleep(POLL_INTERVAL)
+
+
+def measure_backlog_drain(
+    system: Any, conn: psycopg.Connection, *, backlog: int, tasks: int, workers: int, chunk: int, log: Path
+) -> DrainRun:
+    """A drain of ``tasks`` with ``backlog`` finished rows already in the table.
+
+    ``system`` must have ``insert_backlog`` (django-rdbtasks does). Its first
+    backlog row is a task a worker really ran, which the rest copy.
+    """
+    reset(system, conn)
+    system.drive("enqueue", "--mode", "single", "--count", "1")
+    time_drain(system, conn, 1, 1, log)
+    system.insert_backlog(conn, backlog - 1)
+    # VACUUM too: old finished rows of a live table have long been vacuumed.
+    settle(conn, system.job_tables, vacuum=True)
+    enqueue_bulk(system, tasks, chunk)
+    settle(conn, system.job_tables)
+    return time_drain(system, conn, tasks, workers, log)
