@@ -43,8 +43,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog", action="store_true",
                         help="measure django-rdbtasks' drain with old finished rows in the table instead")
-    parser.add_argument("--systems", default=",".join(ALL),
-                        help="comma-separated, from: %(default)s (default: all; --backlog: rdbtasks only)")
+    parser.add_argument("--systems", default=None,
+                        help=f"comma-separated, from: {','.join(ALL)} (default: all; --backlog: rdbtasks only)")
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks per drain (default: %(default)s)")
     parser.add_argument("--workers", default=None,
                         help="worker process counts to drain with (default: 1,2,4; --backlog: 1)")
@@ -73,9 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON file to write (default: bench/results/<timestamp>.json)")
     args = parser.parse_args(argv)
-    if args.backlog and "--systems" not in (argv or sys.argv):
-        args.systems = "rdbtasks"
-    args.systems = [key.strip() for key in args.systems.split(",") if key.strip()]
+    default_systems = "rdbtasks" if args.backlog else ",".join(ALL)
+    args.systems = [key.strip() for key in (args.systems or default_systems).split(",") if key.strip()]
     unknown = [key for key in args.systems if key not in ALL]
     if unknown:
         parser.error(f"unknown systems: {', '.join(unknown)}")

@@ -76,3 +76,8 @@ not_a_task = record.func
 
 def plain_function():
     return "must never run"
+
+
+@task(max_attempts=2)
+def fails_with_default_backoff():
+    raise ConnectionError("try again later")
