@@ -63,7 +63,8 @@ class WorkerProcess:
             self._log.close()
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def stop(self) -> None:

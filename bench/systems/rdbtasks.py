@@ -13,6 +13,8 @@ from .base import BENCH_DIR, System
 
 REPO_DIR = BENCH_DIR.parent
 TABLE = "django_rdbtasks_task"
+# Logging every task costs CPU in the worker; every system runs with warnings only.
+QUIET = ["--log-level", "WARNING"]
 
 
 class RDBTasks(System):
@@ -61,16 +63,17 @@ class RDBTasks(System):
         # One supervisor that forks the worker processes; --burst exits once
         # nothing is runnable.
         return [
-            [self.interpreter, "manage.py", "runworkers", "--processes", str(workers), "--burst", *self.worker_args]
+            [self.interpreter, "manage.py", "runworkers", "--processes", str(workers), "--burst", *QUIET,
+             *self.worker_args]
         ]
 
     def idle_worker_commands(self) -> list[list[str]]:
-        return [[self.interpreter, "manage.py", "runworkers", "--processes", "1", *self.worker_args]]
+        return [[self.interpreter, "manage.py", "runworkers", "--processes", "1", *QUIET, *self.worker_args]]
 
     def notes(self) -> list[str]:
         args = " ".join(self.worker_args) or "defaults"
         return [
-            f"runworkers --processes N ({args}), CONN_MAX_AGE left at 0",
+            f"runworkers --processes N ({args}), log level WARNING, CONN_MAX_AGE left at 0",
             "bulk enqueue: bulk_enqueue, 1 call (multi-row INSERT) per chunk",
         ]
 

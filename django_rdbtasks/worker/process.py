@@ -528,7 +528,8 @@ class Worker:
             try:
                 connection = connections[self.database]
                 with transaction.atomic(using=self.database), connection.cursor() as cursor:
-                    dialect_for(connection).finish(cursor, outcomes, worker_id)
+                    written = dialect_for(connection).finish(cursor, outcomes, worker_id)
+                logger.info("released %d unfinished tasks", len(written))
             except DatabaseError as exc:
                 logger.warning("could not release claims (%s); their leases will expire", exc)
         logging.shutdown()

@@ -1,0 +1,215 @@
+"""``manage.py runworkers`` in real processes: races, crashes, signals, outages."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from django_rdbtasks.backend import bulk_enqueue
+from django_rdbtasks.models import Task
+from tests.conftest import ROOT, wait_until, worker_children
+from tests.testapp import tasks
+from tests.testapp.models import SideEffect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def statuses():
+    return {
+        status: Task.objects.filter(status=status).count()
+        for status in ("READY", "RUNNING", "SUCCESSFUL", "FAILED")
+    }
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "skip-locked"])
+def test_racing_processes_run_each_task_exactly_once(run_workers, vendor, mode):
+    if vendor == "sqlite":
+        if mode == "skip-locked":
+            pytest.skip("refused on SQLite; see test_skip_locked_is_refused_on_sqlite")
+        count, processes = 1000, 4  # one writer at a time: a smaller race
+    else:
+        count, processes = 5000, 8
+    bulk_enqueue(tasks.record, [((f"race-{i}",), {}) for i in range(count)])
+    workers = run_workers(
+        "--processes", str(processes), "--mode", mode, "--batch", "10", "--burst",
+        "--log-level", "WARNING",
+    )
+    assert workers.wait(timeout=600) == 0, workers.log()
+    # Count side effects, not statuses: each task body ran exactly once.
+    assert SideEffect.objects.count() == count
+    assert SideEffect.objects.values("key").distinct().count() == count
+    assert Task.objects.filter(status="SUCCESSFUL", attempts=1).count() == count
+    assert SideEffect.objects.values("pid").distinct().count() > 1  # it was a race
+
+
+def test_skip_locked_is_refused_on_sqlite(run_workers, vendor):
+    if vendor != "sqlite":
+        pytest.skip("SQLite only")
+    workers = run_workers("--mode", "skip-locked", "--burst")
+    assert workers.wait(timeout=60) != 0
+    assert "SQLite" in workers.log() and "skip-locked" in workers.log()
+
+
+def test_burst_exits_zero_once_drained(run_workers):
+    for i in range(30):
+        tasks.record.enqueue(f"b{i}")
+    workers = run_workers("--processes", "2", "--burst")
+    assert workers.wait(timeout=120) == 0, workers.log()
+    assert statuses()["SUCCESSFUL"] == 30
+    assert "succeeded in" in workers.log()  # one INFO line per task
+
+
+def test_sigkilled_worker_task_is_reclaimed_after_its_lease(run_workers):
+    result = tasks.slow_first_attempt.enqueue("crash", 60)
+    workers = run_workers("--lease", "1", "--poll-interval", "0.2")
+    first = wait_until(lambda: SideEffect.objects.filter(key="crash").first(), timeout=60)
+    os.kill(first.pid, signal.SIGKILL)  # mid-task: it sleeps for a minute
+
+    # The supervisor starts a new process; it reclaims the task once the lease is over.
+    wait_until(lambda: Task.objects.get(pk=result.id).status == "SUCCESSFUL", timeout=60)
+    row = Task.objects.get(pk=result.id)
+    assert row.attempts == 2
+    lost, done = row.history
+    assert lost["outcome"] == "LOST" and lost["worker_id"] == first.worker_id
+    assert done["outcome"] == "SUCCESSFUL" and done["worker_id"] != first.worker_id
+    assert row.return_value["attempt"] == 2 and row.return_value["pid"] != first.pid
+    assert SideEffect.objects.filter(key="crash").count() == 2  # one per start
+    assert first.pid not in worker_children(workers.pid)  # replaced by the supervisor
+    result.refresh()
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_rdbtasks.exceptions.WorkerLost"
+    ]
+
+
+def test_stale_worker_that_finishes_after_the_reclaim_writes_nothing(run_workers):
+    result = tasks.slow_first_attempt.enqueue("stale", 2)
+    stale = run_workers("--lease", "1")
+    first = wait_until(lambda: SideEffect.objects.filter(key="stale").first(), timeout=60)
+    os.kill(first.pid, signal.SIGSTOP)  # frozen mid-task: no heartbeat, lease runs out
+    try:
+        fresh = run_workers("--lease", "30", "--poll-interval", "0.2")
+        wait_until(lambda: Task.objects.get(pk=result.id).status == "SUCCESSFUL", timeout=60)
+        fresh.stop()
+        after_reclaim = Task.objects.get(pk=result.id)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    # The stale process wakes, finishes its sleep and tries to write its result.
+    wait_until(lambda: "result discarded" in stale.log(), timeout=60)
+    row = Task.objects.get(pk=result.id)
+    assert (row.status, row.version, row.worker_id, row.return_value, row.history) == (
+        after_reclaim.status, after_reclaim.version, after_reclaim.worker_id,
+        after_reclaim.return_value, after_reclaim.history,
+    )
+    assert row.return_value["attempt"] == 2
+
+
+def test_graceful_shutdown_releases_claims_without_spending_attempts(run_workers):
+    for i in range(3):
+        tasks.record_then_sleep.enqueue(f"g{i}", 5)
+    workers = run_workers("--batch", "3", "--grace", "0.5")
+    wait_until(lambda: SideEffect.objects.exists(), timeout=60)
+    workers.signal(signal.SIGTERM)
+    assert workers.wait(timeout=60) == 0, workers.log()
+    rows = list(Task.objects.all())
+    assert [(r.status, r.attempts, r.worker_id, r.history) for r in rows] == [
+        ("READY", 0, "", [])
+    ] * 3
+    assert "released" in workers.log()
+
+
+def test_graceful_shutdown_lets_running_tasks_finish_within_grace(run_workers):
+    for i in range(3):
+        tasks.record_then_sleep.enqueue(f"f{i}", 1)
+    workers = run_workers("--batch", "3", "--grace", "30")
+    wait_until(lambda: SideEffect.objects.exists(), timeout=60)
+    workers.signal(signal.SIGTERM)
+    assert workers.wait(timeout=60) == 0, workers.log()
+    assert statuses() == {"READY": 2, "RUNNING": 0, "SUCCESSFUL": 1, "FAILED": 0}
+    assert set(Task.objects.filter(status="READY").values_list("attempts", flat=True)) == {0}
+
+
+def test_second_signal_exits_at_once(run_workers):
+    tasks.record_then_sleep.enqueue("long", 60)
+    workers = run_workers("--grace", "60", "--lease", "5")
+    wait_until(lambda: SideEffect.objects.exists(), timeout=60)
+    workers.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    workers.signal(signal.SIGTERM)
+    workers.wait(timeout=20)
+    # The claim is left to its lease: still RUNNING, claimable when it expires.
+    assert Task.objects.get().status == "RUNNING"
+
+
+def _kill_other_connections(vendor):
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        else:
+            cursor.execute(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+            for (thread_id,) in cursor.fetchall():
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(thread_id)}")
+                except Exception:
+                    pass  # already gone
+
+
+def test_lost_database_connections_are_survived(run_workers, vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no server connection to lose")
+    count = 300
+    bulk_enqueue(tasks.record_then_sleep, [((f"c{i}", 0.01), {}) for i in range(count)])
+    workers = run_workers("--processes", "2", "--poll-interval", "0.2", "--burst")
+    for _ in range(4):
+        wait_until(lambda: SideEffect.objects.count() > 0, timeout=60)
+        time.sleep(0.3)
+        _kill_other_connections(vendor)
+    assert workers.wait(timeout=300) == 0, workers.log()
+    assert "database error" in workers.log()
+    assert statuses()["SUCCESSFUL"] == count
+    # At least once: every task ran; a run whose result was lost with its
+    # connection may run again, never zero times.
+    assert SideEffect.objects.values("key").distinct().count() == count
+
+
+def test_notify_wakes_an_idle_worker(run_workers, vendor):
+    if vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other databases poll")
+    run_workers("--poll-interval", "3600")
+
+    def listening():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN rdbtasks'"
+            )
+            return cursor.fetchone()[0]
+
+    wait_until(listening, timeout=60)
+    time.sleep(0.5)  # past its first, empty poll: now only a NOTIFY can wake it
+    result = tasks.add.enqueue(2, 2)
+    # Arrives long before the hour-long poll would; latency figures are in bench/.
+    wait_until(lambda: Task.objects.get(pk=result.id).status == "SUCCESSFUL", timeout=30)
+
+
+def test_command_refuses_bad_options():
+    env = {**os.environ, "RDBTASKS_TEST_WORKER": "1", "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    for args, message in [
+        (["--queue", "missing"], "not among"),
+        (["--backend", "nope"], "nope"),
+        (["--processes", "0"], "at least 1"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "django", "runworkers", *args, "--burst"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode != 0
+        assert message in proc.stderr, proc.stderr
