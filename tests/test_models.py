@@ -1,0 +1,111 @@
+import datetime as dt
+import time
+import uuid
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_rdbtasks.db import dialect_for
+from django_rdbtasks.models import Task, uuid7
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_uuid7_is_time_ordered():
+    ids = []
+    for _ in range(5):
+        ids.append(uuid7())
+        time.sleep(0.002)
+    assert ids == sorted(ids)
+    assert all(isinstance(i, uuid.UUID) and i.version == 7 for i in ids)
+    assert len({uuid7() for _ in range(10_000)}) == 10_000
+
+
+def test_querysets_use_the_database_clock():
+    past = timezone.now() - dt.timedelta(minutes=1)
+    future = timezone.now() + dt.timedelta(minutes=1)
+    due = Task.objects.create(task_path="a.b", run_after=past)
+    Task.objects.create(task_path="a.b", run_after=future)
+    expired = Task.objects.create(
+        task_path="a.b", status="RUNNING", worker_id="w", lease_expires_at=past
+    )
+    live = Task.objects.create(
+        task_path="a.b", status="RUNNING", worker_id="w", lease_expires_at=future
+    )
+    done = Task.objects.create(task_path="a.b", status="SUCCESSFUL")
+    assert list(Task.objects.runnable()) == [due]
+    assert list(Task.objects.expired()) == [expired]
+    assert set(Task.objects.claimable()) == {due, expired}
+    assert set(Task.objects.held_by("w")) == {expired, live}
+    assert list(Task.objects.finished()) == [done]
+    assert Task.objects.ready().count() == 2
+
+
+def test_db_defaults_come_from_the_database():
+    row = Task.objects.create(task_path="a.b")
+    row.refresh_from_db()
+    assert abs(row.enqueued_at - timezone.now()) < dt.timedelta(seconds=5)
+    assert row.run_after == row.enqueued_at
+
+
+def _explain(sql, params):
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN " + sql, params)
+        elif connection.vendor == "mysql":
+            cursor.execute("EXPLAIN " + sql, params)
+            columns = [c[0] for c in cursor.description]
+            return "\n".join(str(dict(zip(columns, row, strict=True))) for row in cursor.fetchall())
+        else:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        return "\n".join(str(row[-1]) for row in cursor.fetchall())
+
+
+def test_finding_runnable_tasks_uses_the_index_not_a_scan():
+    finished = [
+        Task(task_path="a.b", status="SUCCESSFUL", queue_name="default") for _ in range(20_000)
+    ]
+    Task.objects.bulk_create(finished, batch_size=2000)
+    Task.objects.bulk_create([Task(task_path="a.b") for _ in range(20)])
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE django_rdbtasks_task")
+        elif connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE django_rdbtasks_task")
+            cursor.fetchall()
+        else:
+            cursor.execute("ANALYZE")
+    dialect = dialect_for(connection)
+    sql = dialect.candidates_sql(2)
+    plan = _explain(sql, ["default", 40, "emails", 40, "default", "emails", 40, 40])
+    assert "rdbtasks_task_ready" in plan, plan
+    assert "rdbtasks_task_lease" in plan, plan
+    if connection.vendor == "postgresql":
+        assert "Seq Scan" not in plan, plan
+    elif connection.vendor == "mysql":
+        assert "'table': 'django_rdbtasks_task', 'type': 'ALL'" not in plan, plan
+    else:
+        assert "SCAN django_rdbtasks_task" not in plan, plan
+
+
+def test_status_index_is_partial_where_possible():
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'rdbtasks_task_ready'"
+            )
+            assert "WHERE ((status)::text = 'READY'::text)" in cursor.fetchone()[0]
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT column_name FROM information_schema.statistics "
+                "WHERE table_schema = DATABASE() AND index_name = 'rdbtasks_task_ready' "
+                "ORDER BY seq_in_index"
+            )
+            columns = [row[0].lower() for row in cursor.fetchall()]
+            assert columns == ["status", "queue_name", "priority", "run_after"]
+        else:
+            cursor.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'rdbtasks_task_ready'"
+            )
+            assert "WHERE" in cursor.fetchone()[0]
