@@ -60,8 +60,7 @@ def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list,
         raise ArgumentsNotJSON(f"Task arguments must be JSON-serializable: {exc}") from exc
     if decoded != normalized:
         raise ArgumentsNotJSON(
-            "Task arguments must survive a JSON round trip unchanged "
-            "(dict keys must be strings)."
+            "Task arguments must survive a JSON round trip unchanged (dict keys must be strings)."
         )
     return decoded[0], decoded[1]
 
@@ -157,8 +156,11 @@ class RDBTaskBackend(BaseTaskBackend):
         return result
 
     def bulk_enqueue(
-        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
-        *, batch_size: int = 1000,
+        self,
+        task: Task,
+        calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
+        *,
+        batch_size: int = 1000,
     ) -> list[TaskResult]:
         """Enqueue many runs of one task in one transaction, with multi-row inserts."""
         self.validate_task(task)

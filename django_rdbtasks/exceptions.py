@@ -2,7 +2,7 @@ class RDBTasksError(Exception):
     """Base class of this package's errors."""
 
 
-class ArgumentsNotJSON(RDBTasksError, TypeError):  # noqa: N818 - reads as a sentence
+class ArgumentsNotJSON(RDBTasksError, TypeError):
     """Task arguments that JSON cannot round-trip unchanged."""
 
 
@@ -10,9 +10,9 @@ class InvalidTaskPath(RDBTasksError):
     """A row names something that is not a framework Task this worker may run."""
 
 
-class WorkerLost(RDBTasksError):  # noqa: N818
+class WorkerLost(RDBTasksError):
     """Recorded as the error of an attempt whose worker stopped renewing its lease."""
 
 
-class ReturnValueNotJSON(RDBTasksError):  # noqa: N818
+class ReturnValueNotJSON(RDBTasksError):
     """A task returned a value that cannot be stored as JSON."""

@@ -11,14 +11,26 @@ def main(pg_url: str, mysql_url: str) -> int:
     failures = []
     pg = Env.db_url_config(pg_url)
     try:
-        psycopg.connect(host=pg["HOST"], port=pg["PORT"] or 5432, user=pg["USER"],
-                        password=pg["PASSWORD"], dbname=pg["NAME"], connect_timeout=5).close()
+        psycopg.connect(
+            host=pg["HOST"],
+            port=pg["PORT"] or 5432,
+            user=pg["USER"],
+            password=pg["PASSWORD"],
+            dbname=pg["NAME"],
+            connect_timeout=5,
+        ).close()
     except Exception as exc:
         failures.append(f"PostgreSQL at {pg_url}: {exc}")
     my = Env.db_url_config(mysql_url)
     try:
-        MySQLdb.connect(host=my["HOST"], port=int(my["PORT"] or 3306), user=my["USER"],
-                        password=my["PASSWORD"], database=my["NAME"], connect_timeout=5).close()
+        MySQLdb.connect(
+            host=my["HOST"],
+            port=int(my["PORT"] or 3306),
+            user=my["USER"],
+            password=my["PASSWORD"],
+            database=my["NAME"],
+            connect_timeout=5,
+        ).close()
     except Exception as exc:
         failures.append(f"MySQL/MariaDB at {mysql_url}: {exc}")
     for failure in failures:

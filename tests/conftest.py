@@ -43,10 +43,13 @@ class WorkerProcess:
             "DJANGO_SETTINGS_MODULE": "tests.settings",
         }
         self.log_path = log_path
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in wait()/kill()
+        self._log = open(log_path, "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "django", "runworkers", *args],
-            env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
 
     @property

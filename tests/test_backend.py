@@ -42,7 +42,9 @@ def test_enqueue_writes_one_row_and_returns_a_ready_result():
     row = Task.objects.get()
     assert str(row.id) == result.id
     assert (row.task_path, row.queue_name, row.status) == (
-        "tests.testapp.tasks.add", "default", "READY",
+        "tests.testapp.tasks.add",
+        "default",
+        "READY",
     )
     assert row.max_attempts == 3  # OPTIONS["MAX_ATTEMPTS"] in tests/settings.py
     assert row.version == 0 and row.attempts == 0
@@ -161,7 +163,9 @@ def test_signals_are_sent(django_capture_on_commit_callbacks):
         for name in ("task_enqueued", "task_started", "task_finished"):
             getattr(signals, name).disconnect(receiver)
     assert [status for _, status in seen] == [
-        TaskResultStatus.READY, TaskResultStatus.RUNNING, TaskResultStatus.SUCCESSFUL,
+        TaskResultStatus.READY,
+        TaskResultStatus.RUNNING,
+        TaskResultStatus.SUCCESSFUL,
     ]
     assert all(sender is RDBTaskBackend for sender, _ in seen)
 
@@ -183,8 +187,9 @@ def test_notify_is_delivered_on_commit_only(vendor):
     if vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other databases poll")
     params = connection.get_connection_params()
-    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"},
-                         autocommit=True) as listener:
+    with psycopg.connect(
+        **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
+    ) as listener:
         listener.execute("LISTEN rdbtasks")
         received = []
 

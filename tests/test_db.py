@@ -72,16 +72,22 @@ def test_expired_lease_is_claimable_and_fences_the_old_holder():
         assert finish("old", [outcome]) == set()
     task = Task.objects.get()
     assert (task.status, task.worker_id, task.version, task.history) == (
-        "RUNNING", "new", new.version, [],
+        "RUNNING",
+        "new",
+        new.version,
+        [],
     )
     # The new holder's writes land.
     assert renew("new", [new]) == {new.id}
-    done = Outcome(new.id, new.version, "success", entry={"outcome": "SUCCESSFUL"},
-                   return_value={"sum": 3})
+    done = Outcome(
+        new.id, new.version, "success", entry={"outcome": "SUCCESSFUL"}, return_value={"sum": 3}
+    )
     assert finish("new", [done]) == {new.id}
     task.refresh_from_db()
     assert (task.status, task.return_value, task.history) == (
-        "SUCCESSFUL", {"sum": 3}, [{"outcome": "SUCCESSFUL"}],
+        "SUCCESSFUL",
+        {"sum": 3},
+        [{"outcome": "SUCCESSFUL"}],
     )
 
 
@@ -89,7 +95,7 @@ def test_same_worker_id_with_an_old_version_is_fenced_too():
     tasks.add.enqueue(1, 2)
     [first] = claim("w", lease=0.2)
     time.sleep(0.4)
-    [second] = claim("w", lease=30)
+    [_second] = claim("w", lease=30)
     stale = Outcome(first.id, first.version, "success", entry={}, return_value=0)
     assert finish("w", [stale]) == set()
     assert Task.objects.get().status == "RUNNING"
@@ -100,14 +106,16 @@ def test_release_gives_the_attempt_back_and_retry_defers():
     tasks.add.enqueue(3, 4)
     rows = claim("w")
     assert len(rows) == 2
-    written = finish("w", [
-        Outcome(rows[0].id, rows[0].version, "release"),
-        Outcome(rows[1].id, rows[1].version, "retry", entry={"outcome": "RETRY"}, delay=60),
-    ])
+    written = finish(
+        "w",
+        [
+            Outcome(rows[0].id, rows[0].version, "release"),
+            Outcome(rows[1].id, rows[1].version, "retry", entry={"outcome": "RETRY"}, delay=60),
+        ],
+    )
     assert written == {rows[0].id, rows[1].id}
     assert set(Task.objects.values_list("status", flat=True)) == {"READY"}
-    released, retried = (Task.objects.get(pk=dialect_for(connection).decode_id(r.id))
-                         for r in rows)
+    released, retried = (Task.objects.get(pk=dialect_for(connection).decode_id(r.id)) for r in rows)
     assert (released.attempts, released.worker_id, released.history) == (0, "", [])
     assert retried.attempts == 1 and retried.history == [{"outcome": "RETRY"}]
     assert Task.objects.runnable().count() == 1  # the retry waits a minute

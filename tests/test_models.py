@@ -105,7 +105,5 @@ def test_status_index_is_partial_where_possible():
             columns = [row[0].lower() for row in cursor.fetchall()]
             assert columns == ["status", "queue_name", "priority", "run_after"]
         else:
-            cursor.execute(
-                "SELECT sql FROM sqlite_master WHERE name = 'rdbtasks_task_ready'"
-            )
+            cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'rdbtasks_task_ready'")
             assert "WHERE" in cursor.fetchone()[0]

@@ -35,8 +35,15 @@ def test_racing_processes_run_each_task_exactly_once(run_workers, vendor, mode):
         count, processes = 5000, 8
     bulk_enqueue(tasks.record, [((f"race-{i}",), {}) for i in range(count)])
     workers = run_workers(
-        "--processes", str(processes), "--mode", mode, "--batch", "10", "--burst",
-        "--log-level", "WARNING",
+        "--processes",
+        str(processes),
+        "--mode",
+        mode,
+        "--batch",
+        "10",
+        "--burst",
+        "--log-level",
+        "WARNING",
     )
     assert workers.wait(timeout=600) == 0, workers.log()
     # Count side effects, not statuses: each task body ran exactly once.
@@ -101,8 +108,11 @@ def test_stale_worker_that_finishes_after_the_reclaim_writes_nothing(run_workers
     wait_until(lambda: "result discarded" in stale.log(), timeout=60)
     row = Task.objects.get(pk=result.id)
     assert (row.status, row.version, row.worker_id, row.return_value, row.history) == (
-        after_reclaim.status, after_reclaim.version, after_reclaim.worker_id,
-        after_reclaim.return_value, after_reclaim.history,
+        after_reclaim.status,
+        after_reclaim.version,
+        after_reclaim.worker_id,
+        after_reclaim.return_value,
+        after_reclaim.history,
     )
     assert row.return_value["attempt"] == 2
 
@@ -188,9 +198,7 @@ def test_notify_wakes_an_idle_worker(run_workers, vendor):
 
     def listening():
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN rdbtasks'"
-            )
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN rdbtasks'")
             return cursor.fetchone()[0]
 
     wait_until(listening, timeout=60)
@@ -209,7 +217,11 @@ def test_command_refuses_bad_options():
     ]:
         proc = subprocess.run(
             [sys.executable, "-m", "django", "runworkers", *args, "--burst"],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode != 0
         assert message in proc.stderr, proc.stderr

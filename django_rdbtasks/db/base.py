@@ -163,7 +163,7 @@ class Dialect:
         return json.loads(value) if isinstance(value, str | bytes) else value
 
     def decode_dt(self, value: Any) -> dt.datetime | None:
-        if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
+        if value is None or (isinstance(value, dt.datetime) and value.tzinfo is not None):
             return value
         if isinstance(value, str):
             value = dt.datetime.fromisoformat(value)
@@ -193,8 +193,7 @@ class Dialect:
         )
         union = " UNION ALL ".join(parts)
         return (
-            f"SELECT {self._cand_cols} FROM ({union}) c "
-            "ORDER BY priority DESC, run_after LIMIT %s"
+            f"SELECT {self._cand_cols} FROM ({union}) c ORDER BY priority DESC, run_after LIMIT %s"
         )
 
     def candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
@@ -208,9 +207,7 @@ class Dialect:
             for row in cursor.fetchall()
         ]
 
-    def locked_candidates(
-        self, cursor: Any, queues: Sequence[str], limit: int
-    ) -> list[Candidate]:
+    def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
         """Pessimistic mode: lock due rows, skipping rows other workers hold locked."""
         now = self.now_sql
         marks = ", ".join(["%s"] * len(queues))
@@ -345,9 +342,7 @@ class Dialect:
         """
         written: set[Any] = set()
         for outcome in outcomes:
-            cursor.execute(
-                self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id)
-            )
+            cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
             if cursor.rowcount == 1:
                 written.add(outcome.id)
         return written

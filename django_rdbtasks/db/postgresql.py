@@ -19,9 +19,11 @@ class PostgreSQLDialect(Dialect):
         t = self.table
         now = self.now_sql
         returning = ", ".join(f"t.{c}" for c in CLAIM_COLUMNS)
-        claimable = self.claimable_sql.replace("status", "t.status").replace(
-            "run_after", "t.run_after"
-        ).replace("lease_expires_at", "t.lease_expires_at")
+        claimable = (
+            self.claimable_sql.replace("status", "t.status")
+            .replace("run_after", "t.run_after")
+            .replace("lease_expires_at", "t.lease_expires_at")
+        )
         # Rows are locked in the order of the id array, which the caller sorts,
         # so two workers claiming overlapping batches cannot deadlock.
         self.claim_sql = (

@@ -134,7 +134,12 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         logger.info(
             "worker %s started: queues=%s mode=%s threads=%d batch=%d lease=%.1fs",
-            self.name, ",".join(self.queues), self.mode, self.threads, self.batch, self.lease,
+            self.name,
+            ",".join(self.queues),
+            self.mode,
+            self.threads,
+            self.batch,
+            self.lease,
         )
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat_loop, name="rdbtasks-heartbeat", daemon=True)
@@ -178,7 +183,8 @@ class Worker:
             os._exit(1)
         logger.info(
             "signal %s: finishing running tasks (grace %.0fs), claiming no more",
-            signal.Signals(signum).name, self.grace,
+            signal.Signals(signum).name,
+            self.grace,
         )
         self.stop()
 
@@ -266,7 +272,9 @@ class Worker:
         for position, row in enumerate(rows):
             if self.stopping.is_set():
                 for rest in rows[position:]:
-                    pending.append((Outcome(rest.id, rest.version, "release"), self._running(worker_id, rest)))
+                    pending.append(
+                        (Outcome(rest.id, rest.version, "release"), self._running(worker_id, rest))
+                    )
                 break
             running = self._running(worker_id, row)
             pending.append((self._execute(worker_id, running), running))
@@ -340,7 +348,11 @@ class Worker:
         )
 
     def _entry(
-        self, worker_id: str, row: ClaimedRow, duration: float, outcome: str,
+        self,
+        worker_id: str,
+        row: ClaimedRow,
+        duration: float,
+        outcome: str,
         exc: BaseException | None = None,
     ) -> dict[str, Any]:
         # Both ends come from the database clock: the claim's time plus the
@@ -358,18 +370,31 @@ class Worker:
         return entry
 
     def _failure(
-        self, worker_id: str, row: ClaimedRow, exc: BaseException, started: float,
-        *, task: Any = None, retry: bool = True,
+        self,
+        worker_id: str,
+        row: ClaimedRow,
+        exc: BaseException,
+        started: float,
+        *,
+        task: Any = None,
+        retry: bool = True,
     ) -> Outcome:
         duration = time.monotonic() - started
         if retry and row.attempts < row.max_attempts:
             delay = self.backend.retry_delay(task, row.attempts)
             entry = self._entry(worker_id, row, duration, "RETRY", exc)
-            return Outcome(row.id, row.version, "retry", entry=entry, delay=delay,
-                           extra={"duration": duration, "error": exc})
+            return Outcome(
+                row.id,
+                row.version,
+                "retry",
+                entry=entry,
+                delay=delay,
+                extra={"duration": duration, "error": exc},
+            )
         entry = self._entry(worker_id, row, duration, "FAILED", exc)
-        return Outcome(row.id, row.version, "failure", entry=entry,
-                       extra={"duration": duration, "error": exc})
+        return Outcome(
+            row.id, row.version, "failure", entry=entry, extra={"duration": duration, "error": exc}
+        )
 
     def _take_over_lost(self, worker_id: str, row: ClaimedRow) -> Outcome | None:
         """Record the lost attempt; fail the task unrun if that was its last one."""
@@ -436,15 +461,21 @@ class Worker:
         if not written:
             logger.warning(
                 "task %s %s: result discarded, this worker no longer holds the task "
-                "(its lease expired and it was reclaimed)", task_id, row.task_path,
+                "(its lease expired and it was reclaimed)",
+                task_id,
+                row.task_path,
             )
             return
         duration = outcome.extra.get("duration", 0.0)
         error = outcome.extra.get("error")
         logger.info(
             "task %s %s %s in %.1fms (attempt %d/%d)%s",
-            task_id, row.task_path, _outcome_word(outcome.kind), duration * 1000,
-            row.attempts, row.max_attempts,
+            task_id,
+            row.task_path,
+            _outcome_word(outcome.kind),
+            duration * 1000,
+            row.attempts,
+            row.max_attempts,
             f": {_error_path(error)}: {error}" if error is not None else "",
         )
         result = running.result
@@ -513,7 +544,8 @@ class Worker:
                             running.lost = True
                             logger.warning(
                                 "task %s: lease lost (reclaimed or changed by someone else); "
-                                "its result will not be written", task_id,
+                                "its result will not be written",
+                                task_id,
                             )
 
     def _give_up_running(self) -> None:
@@ -553,8 +585,13 @@ class Worker:
             except DatabaseError as exc:
                 failures += 1
                 log = logger.warning if failures == 1 or failures % 20 == 0 else logger.debug
-                log("database error during %s (%s: %s); retrying in %.1fs",
-                    what, type(exc).__name__, exc, delay)
+                log(
+                    "database error during %s (%s: %s); retrying in %.1fs",
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
                 _close_quietly(self.database)
             if give_up_when_stopping and self.stopping.is_set():
                 return None

@@ -94,7 +94,8 @@ class Supervisor:
         again = self.stopping
         self.stopping = True
         logger.info(
-            "supervisor got %s: %s", signal.Signals(signum).name,
+            "supervisor got %s: %s",
+            signal.Signals(signum).name,
             "stopping workers now" if again else "stopping workers gracefully",
         )
         for process in self.children.values():

@@ -1,7 +1,7 @@
 """Example project: SQLite by default, any database through DATABASE_URL.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
-    DATABASE_URL=mysql://root@127.0.0.1:3306/test
+DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
+DATABASE_URL=mysql://root@127.0.0.1:3306/test
 """
 
 from pathlib import Path

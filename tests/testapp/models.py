@@ -9,6 +9,12 @@ class SideEffect(models.Model):
     worker_id = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"{self.key} by {self.pid}"
+
 
 class Invoice(models.Model):
     number = models.CharField(max_length=50)
+
+    def __str__(self) -> str:
+        return self.number

@@ -86,7 +86,9 @@ def fails_with_default_backoff():
 @task(takes_context=True, max_attempts=3, backoff=0)
 def slow_first_attempt(context, key, seconds):
     """Records each start; only the first attempt is slow, so a rerun finishes fast."""
-    SideEffect.objects.create(key=key, pid=os.getpid(), worker_id=context.task_result.worker_ids[-1])
+    SideEffect.objects.create(
+        key=key, pid=os.getpid(), worker_id=context.task_result.worker_ids[-1]
+    )
     if context.attempt == 1:
         time.sleep(seconds)
     return {"attempt": context.attempt, "pid": os.getpid()}

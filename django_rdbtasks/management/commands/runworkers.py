@@ -14,40 +14,55 @@ class Command(BaseCommand):
     help = "Run worker processes that claim and execute tasks from the database."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--processes", type=int, default=1, help="Worker processes (default 1).")
+        parser.add_argument(
+            "--processes", type=int, default=1, help="Worker processes (default 1)."
+        )
         parser.add_argument(
             "--threads", type=int, default=1, help="Tasks run at once per process (default 1)."
         )
         parser.add_argument(
-            "--queue", action="append", dest="queues", metavar="NAME",
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
             help="A queue to serve; repeat for more (default: all the backend's QUEUES).",
         )
         parser.add_argument(
-            "--mode", choices=["optimistic", "skip-locked"], default="optimistic",
+            "--mode",
+            choices=["optimistic", "skip-locked"],
+            default="optimistic",
             help="Claim by version compare-and-set (default) or SELECT ... FOR UPDATE SKIP LOCKED.",
         )
         parser.add_argument(
-            "--batch", type=int, default=1,
+            "--batch",
+            type=int,
+            default=1,
             help="Tasks claimed per round trip by each thread (default 1; raise it for short "
             "tasks: a claimed task waits for the ones before it in its batch).",
         )
         parser.add_argument(
-            "--lease", type=float, default=30.0,
+            "--lease",
+            type=float,
+            default=30.0,
             help="Seconds a claim lasts without a heartbeat (default 30; renewed every third).",
         )
         parser.add_argument(
-            "--poll-interval", type=float, default=1.0,
+            "--poll-interval",
+            type=float,
+            default=1.0,
             help="Seconds between polls when idle (default 1; PostgreSQL also wakes on NOTIFY).",
         )
+        parser.add_argument("--burst", action="store_true", help="Exit 0 once nothing is runnable.")
         parser.add_argument(
-            "--burst", action="store_true", help="Exit 0 once nothing is runnable."
-        )
-        parser.add_argument(
-            "--max-tasks", type=int, default=None,
+            "--max-tasks",
+            type=int,
+            default=None,
             help="Replace a worker process after it has run this many tasks.",
         )
         parser.add_argument(
-            "--grace", type=float, default=30.0,
+            "--grace",
+            type=float,
+            default=30.0,
             help="Seconds running tasks get to finish after SIGTERM/SIGINT (default 30).",
         )
         parser.add_argument(

@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Invoice',
+            name="Invoice",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('customer', models.EmailField(max_length=254)),
-                ('amount_cents', models.PositiveIntegerField()),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("customer", models.EmailField(max_length=254)),
+                ("amount_cents", models.PositiveIntegerField()),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
     ]
