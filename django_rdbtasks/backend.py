@@ -24,9 +24,11 @@ from .compat import (
     normalize_json,
 )
 from .db import dialect_for
+from .db.base import NewTask
 from .exceptions import ArgumentsNotJSON, InvalidTaskPath
 from .loading import load_task
 from .models import Task as TaskRow
+from .models import uuid7
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
@@ -46,8 +48,8 @@ class RDBTask(Task):
     backoff: float | None = None
 
 
-def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list, dict]:
-    """Arguments as JSON will give them back, or ``ArgumentsNotJSON``.
+def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, str]:
+    """Arguments as JSON text that decodes to equal values, or ``ArgumentsNotJSON``.
 
     Tuples become lists as in the framework; anything that would come back
     different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
@@ -55,14 +57,15 @@ def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list,
     """
     try:
         normalized = normalize_json([list(args), dict(kwargs)])
-        decoded = json.loads(json.dumps(normalized, allow_nan=False))
+        args_json = json.dumps(normalized[0], allow_nan=False)
+        kwargs_json = json.dumps(normalized[1], allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ArgumentsNotJSON(f"Task arguments must be JSON-serializable: {exc}") from exc
-    if decoded != normalized:
+    if [json.loads(args_json), json.loads(kwargs_json)] != normalized:
         raise ArgumentsNotJSON(
             "Task arguments must survive a JSON round trip unchanged (dict keys must be strings)."
         )
-    return decoded[0], decoded[1]
+    return args_json, kwargs_json
 
 
 class RDBTaskBackend(BaseTaskBackend):
@@ -128,30 +131,52 @@ class RDBTaskBackend(BaseTaskBackend):
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def _row(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskRow:
+    def _new_task(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> NewTask:
         args_json, kwargs_json = encode_arguments(args, kwargs)
-        row = TaskRow(
+        return NewTask(
+            id=uuid7(),
             task_path=task.module_path,
             queue_name=task.queue_name,
             backend_name=self.alias,
             priority=task.priority,
-            args=args_json,
-            kwargs=kwargs_json,
+            args_json=args_json,
+            kwargs_json=kwargs_json,
             max_attempts=self.max_attempts_for(task),
+            run_after=task.run_after,
         )
-        if task.run_after is not None:
-            row.run_after = task.run_after
-        return row
+
+    def _insert(self, tasks: Sequence[NewTask]) -> Any:
+        connection = connections[self.database]
+        dialect = dialect_for(connection)
+        # The rows and their NOTIFY commit with the caller's transaction if one
+        # is open, so a rollback takes the tasks with it; else in their own.
+        if dialect.insert_is_one_statement and not connection.in_atomic_block:
+            with connection.cursor() as cursor:
+                return dialect.insert_tasks(cursor, tasks, self.notify)
+        with transaction.atomic(using=self.database, savepoint=False):
+            with connection.cursor() as cursor:
+                return dialect.insert_tasks(cursor, tasks, self.notify)
+
+    def _new_result(self, task: Task, new: NewTask, enqueued_at: Any) -> TaskResult:
+        return TaskResult(
+            task=task,
+            id=str(new.id),
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=json.loads(new.args_json),
+            kwargs=json.loads(new.kwargs_json),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        row = self._row(task, args, kwargs)
-        # One transaction for the row and its NOTIFY, or the caller's if open:
-        # a rollback then takes the task with it.
-        with transaction.atomic(using=self.database, savepoint=False):
-            row.save(force_insert=True, using=self.database)
-            self._notify([row.queue_name])
-        result = self.result_from_row(row, task)
+        new = self._new_task(task, args, kwargs)
+        result = self._new_result(task, new, self._insert([new]))
         self.send_signal("task_enqueued", result)
         return result
 
@@ -160,24 +185,19 @@ class RDBTaskBackend(BaseTaskBackend):
         task: Task,
         calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
         *,
-        batch_size: int = 1000,
+        batch_size: int = 5000,
     ) -> list[TaskResult]:
-        """Enqueue many runs of one task in one transaction, with multi-row inserts."""
+        """Enqueue many runs of one task in one transaction, a batch per statement."""
         self.validate_task(task)
-        rows = [self._row(task, args, kwargs) for args, kwargs in calls]
+        new = [self._new_task(task, args, kwargs) for args, kwargs in calls]
+        enqueued_at = None
         with transaction.atomic(using=self.database, savepoint=False):
-            TaskRow.objects.using(self.database).bulk_create(rows, batch_size=batch_size)
-            self._notify({row.queue_name for row in rows})
-        results = [self.result_from_row(row, task) for row in rows]
+            for start in range(0, len(new), batch_size):
+                enqueued_at = self._insert(new[start : start + batch_size])
+        results = [self._new_result(task, item, enqueued_at) for item in new]
         for result in results:
             self.send_signal("task_enqueued", result)
         return results
-
-    def _notify(self, queue_names: Iterable[str]) -> None:
-        if self.notify:
-            connection = connections[self.database]
-            with connection.cursor() as cursor:
-                dialect_for(connection).notify(cursor, queue_names)
 
     # -- results -----------------------------------------------------------------------
 
@@ -193,17 +213,12 @@ class RDBTaskBackend(BaseTaskBackend):
         return self.result_from_row(row, task)
 
     def result_from_row(self, row: TaskRow, task: Task) -> TaskResult:
-        task = task.using(priority=row.priority, queue_name=row.queue_name)
-        if row.run_after is not None and not hasattr(row.run_after, "resolve_expression"):
-            task = task.using(run_after=row.run_after)
-        enqueued_at = row.enqueued_at
-        if hasattr(enqueued_at, "resolve_expression"):  # not read back from the insert
-            enqueued_at = None
+        task = task.using(priority=row.priority, queue_name=row.queue_name, run_after=row.run_after)
         result = TaskResult(
             task=task,
             id=str(row.id),
             status=TaskResultStatus(row.status),
-            enqueued_at=enqueued_at,
+            enqueued_at=row.enqueued_at,
             started_at=row.started_at,
             finished_at=row.finished_at,
             last_attempted_at=row.last_attempted_at,
@@ -228,7 +243,7 @@ class RDBTaskBackend(BaseTaskBackend):
 
 
 def bulk_enqueue(
-    task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, batch_size: int = 1000
+    task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, batch_size: int = 5000
 ) -> list[TaskResult]:
     """Enqueue many runs of ``task`` at once: ``[(args, kwargs), ...]``.
 

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .base import CLAIM_COLUMNS, RUNNING, Candidate, ClaimedRow, Dialect, Outcome
+from .base import (
+    CLAIM_COLUMNS,
+    INSERT_COLUMNS,
+    READY,
+    RUNNING,
+    Candidate,
+    ClaimedRow,
+    Dialect,
+    NewTask,
+    Outcome,
+)
 
 NOTIFY_CHANNEL = "rdbtasks"
 
@@ -72,6 +83,45 @@ class PostgreSQLDialect(Dialect):
                 f"AS c(id, version) {batch_fence}"
             ),
         }
+
+        # One statement for a whole batch of new rows: arrays in, rows out.
+        self.insert_sql = (
+            f"WITH n AS (SELECT {now} AS now), inserted AS ("
+            f"INSERT INTO {t} ({', '.join(INSERT_COLUMNS)}) "
+            "SELECT c.id, c.task_path, c.queue_name, c.backend_name, c.priority, c.args, "
+            f"c.kwargs, c.max_attempts, COALESCE(c.run_after, n.now), n.now, '{READY}', 0, '', "
+            "0, '[]'::jsonb FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], "
+            "%s::int[], %s::jsonb[], %s::jsonb[], %s::int[], %s::timestamptz[]) "
+            "AS c(id, task_path, queue_name, backend_name, priority, args, kwargs, "
+            "max_attempts, run_after), n), "
+            # NOTIFY in the same statement: an enqueue outside a transaction
+            # is one round trip. PostgreSQL delivers it at commit.
+            f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) q) "
+            "SELECT n.now, (SELECT count(*) FROM notified) FROM n"
+        )
+
+    insert_is_one_statement = True
+
+    def insert_tasks(
+        self, cursor: Any, tasks: Sequence[NewTask], notify: bool = False
+    ) -> dt.datetime:
+        queues = sorted({t.queue_name for t in tasks}) if notify else []
+        cursor.execute(
+            self.insert_sql,
+            [
+                [t.id for t in tasks],
+                [t.task_path for t in tasks],
+                [t.queue_name for t in tasks],
+                [t.backend_name for t in tasks],
+                [t.priority for t in tasks],
+                [t.args_json for t in tasks],
+                [t.kwargs_json for t in tasks],
+                [t.max_attempts for t in tasks],
+                [t.run_after for t in tasks],
+                queues,
+            ],
+        )
+        return cursor.fetchone()[0]
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
