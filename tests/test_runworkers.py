@@ -225,3 +225,57 @@ def test_command_refuses_bad_options():
         )
         assert proc.returncode != 0
         assert message in proc.stderr, proc.stderr
+
+
+def _restart_database_server(vendor):
+    """Stop and start the real server, as an operator or a crash would."""
+    if vendor == "postgresql":
+        version = sorted(os.listdir("/etc/postgresql"))[-1]
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    else:
+        subprocess.run(["mariadb-admin", "-uroot", "shutdown"], check=True, timeout=120)
+        time.sleep(1)
+        subprocess.run(
+            [
+                "start-stop-daemon",
+                "--start",
+                "--oknodo",
+                "--background",
+                "--exec",
+                "/usr/sbin/mariadbd",
+            ],
+            check=True,
+            timeout=60,
+        )
+    connection.close()
+
+    def reachable():
+        try:
+            connection.ensure_connection()
+            return True
+        except Exception:
+            connection.close()
+            return False
+
+    wait_until(reachable, timeout=120, interval=0.5)
+
+
+def test_database_restart_is_survived(run_workers, vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no server to restart")
+    if os.geteuid() != 0:
+        pytest.skip("restarting the database server needs root")
+    count = 200
+    bulk_enqueue(tasks.record_then_sleep, [((f"r{i}", 0.02), {}) for i in range(count)])
+    workers = run_workers("--processes", "2", "--poll-interval", "0.2", "--burst")
+    wait_until(lambda: SideEffect.objects.count() > 10, timeout=60)
+    _restart_database_server(vendor)
+    assert workers.wait(timeout=300) == 0, workers.log()
+    assert "database error" in workers.log()
+    assert statuses()["SUCCESSFUL"] == count
+    assert SideEffect.objects.values("key").distinct().count() == count
