@@ -279,3 +279,14 @@ def test_database_restart_is_survived(run_workers, vendor):
     assert "database error" in workers.log()
     assert statuses()["SUCCESSFUL"] == count
     assert SideEffect.objects.values("key").distinct().count() == count
+
+
+def test_max_tasks_recycles_worker_processes(run_workers):
+    for i in range(12):
+        tasks.record.enqueue(f"m{i}")
+    workers = run_workers("--max-tasks", "5", "--burst")
+    assert workers.wait(timeout=120) == 0, workers.log()
+    assert SideEffect.objects.count() == 12
+    # 5 + 5 + 2: the supervisor replaced the process twice.
+    assert SideEffect.objects.values("pid").distinct().count() == 3
+    assert workers.log().count("recycled after --max-tasks") == 2
