@@ -212,3 +212,16 @@ def test_bad_options_are_refused_clearly(vendor):
         tasks.record.enqueue("locked")
         drain(mode="skip-locked")
         assert SideEffect.objects.count() == 1
+
+
+def test_worker_keeps_its_connection_whatever_conn_max_age():
+    from django.db import connections
+
+    # Django's default: close after every request. A worker has no requests and
+    # must not reconnect per task either.
+    assert connections["default"].settings_dict["CONN_MAX_AGE"] == 0
+    for _ in range(20):
+        tasks.connection_identity.enqueue()
+    drain(batch=1)
+    identities = {row.return_value for row in Task.objects.all()}
+    assert len(identities) == 1

@@ -92,3 +92,18 @@ def slow_first_attempt(context, key, seconds):
     if context.attempt == 1:
         time.sleep(seconds)
     return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task()
+def connection_identity():
+    """Which server connection ran this task body."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT CONNECTION_ID()")
+            return cursor.fetchone()[0]
+    return id(connection.connection)
