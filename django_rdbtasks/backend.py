@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.core import checks
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from .compat import (
     SIGNAL_MODULES,
@@ -46,6 +47,31 @@ class RDBTask(Task):
 
     max_attempts: int | None = None
     backoff: float | None = None
+    #: At most one READY or RUNNING task per key: a format string over the
+    #: task's arguments (``"invoice:{invoice_id}"``) or a callable taking them.
+    dedup_key: str | Callable[..., str] | None = None
+    #: Run the body inside ``once(<task path>, key)``: its effects commit with a
+    #: JobRecord for the key, so a second run with the same key does nothing.
+    once_key: str | Callable[..., str] | None = None
+    #: Never run two of this task at once, cluster-wide (a leased lock).
+    singleton: bool = False
+
+
+def task_key(
+    template: str | Callable[..., str], task: Task, args: Sequence[Any], kwargs: dict[str, Any]
+) -> str:
+    """A key computed from a task's arguments, by format string or callable."""
+    if callable(template):
+        return str(template(*args, **kwargs))
+    parameters = list(inspect.signature(task.func).parameters)
+    if task.takes_context:
+        parameters = parameters[1:]
+    bound = dict(zip(parameters, args, strict=False))
+    bound.update(kwargs)
+    try:
+        return template.format(**bound)
+    except (KeyError, IndexError) as exc:
+        raise InvalidTask(f"Key {template!r} names {exc}, which is not an argument.") from exc
 
 
 def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, str]:
@@ -96,6 +122,10 @@ class RDBTaskBackend(BaseTaskBackend):
         backoff = getattr(task, "backoff", None)
         if backoff is not None and (not isinstance(backoff, int | float) or backoff < 0):
             raise InvalidTask("backoff must be a number of seconds, 0 or more.")
+        for option in ("dedup_key", "once_key"):
+            value = getattr(task, option, None)
+            if value is not None and not (isinstance(value, str) or callable(value)):
+                raise InvalidTask(f"{option} must be a format string or a callable.")
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         errors = list(super().check(**kwargs))
@@ -131,8 +161,11 @@ class RDBTaskBackend(BaseTaskBackend):
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def _new_task(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> NewTask:
+    def _new_task(
+        self, task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, job_name: str = ""
+    ) -> NewTask:
         args_json, kwargs_json = encode_arguments(args, kwargs)
+        dedup = getattr(task, "dedup_key", None)
         return NewTask(
             id=uuid7(),
             task_path=task.module_path,
@@ -143,6 +176,8 @@ class RDBTaskBackend(BaseTaskBackend):
             kwargs_json=kwargs_json,
             max_attempts=self.max_attempts_for(task),
             run_after=task.run_after,
+            job_name=job_name,
+            dedup_key=None if dedup is None else task_key(dedup, task, args, kwargs),
         )
 
     def _insert(self, tasks: Sequence[NewTask]) -> Any:
@@ -175,10 +210,43 @@ class RDBTaskBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        new = self._new_task(task, args, kwargs)
+        return self._enqueue_one(task, self._new_task(task, args, kwargs))
+
+    def enqueue_job_task(self, task: Task, kwargs: dict[str, Any], *, job_name: str) -> TaskResult:
+        """Enqueue a Job's tick, marked so its JobRecord follows the task."""
+        self.validate_task(task)
+        return self._enqueue_one(task, self._new_task(task, [], kwargs, job_name=job_name))
+
+    def _enqueue_one(self, task: Task, new: NewTask) -> TaskResult:
+        if new.dedup_key is not None:
+            return self._enqueue_deduplicated(task, new)
         result = self._new_result(task, new, self._insert([new]))
         self.send_signal("task_enqueued", result)
         return result
+
+    def _enqueue_deduplicated(self, task: Task, new: NewTask) -> TaskResult:
+        """Insert unless a READY or RUNNING task has the key; then return that one.
+
+        The unique index on the active key decides, not a read before the
+        write, so concurrent producers cannot both get in.
+        """
+        for _ in range(5):
+            try:
+                with transaction.atomic(using=self.database):
+                    enqueued_at = self._insert([new])
+            except IntegrityError:
+                active = (
+                    TaskRow.objects.using(self.database)
+                    .filter(active_dedup_key=new.dedup_key)
+                    .first()
+                )
+                if active is not None:
+                    return self.result_from_row(active, task)
+                continue  # it finished in between: try again
+            result = self._new_result(task, new, enqueued_at)
+            self.send_signal("task_enqueued", result)
+            return result
+        raise IntegrityError(f"Could not enqueue with dedup key {new.dedup_key!r}.")
 
     def bulk_enqueue(
         self,
@@ -189,6 +257,8 @@ class RDBTaskBackend(BaseTaskBackend):
     ) -> list[TaskResult]:
         """Enqueue many runs of one task in one transaction, a batch per statement."""
         self.validate_task(task)
+        if getattr(task, "dedup_key", None) is not None:
+            return [self.enqueue(task, args, kwargs) for args, kwargs in calls]
         new = [self._new_task(task, args, kwargs) for args, kwargs in calls]
         enqueued_at = None
         with transaction.atomic(using=self.database, savepoint=False):

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from .compat import TaskResultStatus
@@ -102,6 +102,23 @@ class Task(models.Model):
     #: One entry per finished attempt: worker, start, end, outcome and error.
     history = models.JSONField(default=list, blank=True)
 
+    #: The Job that enqueued this task, if any: its JobRecord follows the task.
+    job_name = models.CharField(max_length=200, blank=True, default="")
+    #: "At most one active task for this key": the database enforces it through
+    #: ``active_dedup_key``, which is the key while READY or RUNNING, else NULL.
+    dedup_key = models.CharField(  # noqa: DJ001 - NULL is "no key": unique indexes skip it
+        max_length=255, null=True, blank=True
+    )
+    active_dedup_key = models.GeneratedField(
+        expression=Case(
+            When(status__in=["READY", "RUNNING"], then=F("dedup_key")),
+            default=Value(None),
+            output_field=models.CharField(max_length=255, null=True),
+        ),
+        output_field=models.CharField(max_length=255, null=True),
+        db_persist=True,
+    )
+
     objects = TaskQuerySet.as_manager()
 
     class Meta:
@@ -119,6 +136,9 @@ class Task(models.Model):
                 name="rdbtasks_task_lease",
             ),
         ]
+        constraints = [
+            models.UniqueConstraint(fields=["active_dedup_key"], name="rdbtasks_task_one_active"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_path} ({self.id})"
@@ -133,3 +153,111 @@ class Task(models.Model):
     @property
     def errors(self) -> list[dict]:
         return [entry for entry in self.history if entry.get("exception_class_path")]
+
+
+class MisfirePolicy(models.TextChoices):
+    RUN_ONCE = "run_once", _("Run once for the missed ticks, then continue")
+    SKIP = "skip", _("Skip missed ticks; wait for the next one")
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def due(self) -> JobQuerySet:
+        return self.filter(enabled=True, next_run_at__lte=DbNow())
+
+
+class Job(models.Model):
+    """A cron schedule that enqueues a task once per tick, whatever the number of schedulers."""
+
+    name = models.CharField(max_length=200, unique=True)
+    task_path = models.CharField(_("task"), max_length=255)
+    kwargs = models.JSONField(default=dict, blank=True)
+    cron = models.CharField(
+        max_length=100, help_text=_("Five fields: minute hour day month weekday.")
+    )
+    timezone = models.CharField(max_length=64, default="UTC")
+    enabled = models.BooleanField(default=True)
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE
+    )
+    queue_name = models.CharField(
+        max_length=100, blank=True, default="", help_text=_("Empty: the task's own queue.")
+    )
+    priority = models.SmallIntegerField(
+        null=True, blank=True, help_text=_("Empty: the task's own priority.")
+    )
+    next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    #: Bumped by every fire and every edit; a fire is a compare-and-set on it.
+    version = models.PositiveBigIntegerField(default=0)
+    #: Declared in code (settings or decorator) and synced at worker start.
+    from_code = models.BooleanField(default=False, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from .jobs import validate_job_fields
+
+        validate_job_fields(self.cron, self.timezone, self.task_path)
+
+
+class JobRecord(models.Model):
+    """One execution of a Job tick or of a ``once()`` key: the idempotency ledger.
+
+    The unique ``(job_name, key)`` pair is inserted in the same transaction as
+    the work it stands for, so the same key can never be done twice.
+    """
+
+    job_name = models.CharField(max_length=200)
+    key = models.CharField(max_length=255)
+    status = models.CharField(
+        max_length=16, choices=TaskResultStatus.choices, default=TaskResultStatus.READY
+    )
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="job_records"
+    )
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=DbNow())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration = models.DurationField(null=True, blank=True)
+    worker_id = models.CharField(max_length=100, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = _("job record")
+        verbose_name_plural = _("job records")
+        constraints = [
+            models.UniqueConstraint(fields=["job_name", "key"], name="rdbtasks_jobrecord_once"),
+        ]
+        indexes = [
+            models.Index(fields=["job_name", "-created_at"], name="rdbtasks_jobrecord_recent")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_name} [{self.key}]"
+
+
+class Lock(models.Model):
+    """A named lease held by one process at a time; ``token`` grows on every takeover."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True, default="")
+    token = models.PositiveBigIntegerField(default=0)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("lock")
+        verbose_name_plural = _("locks")
+
+    def __str__(self) -> str:
+        return self.name

@@ -38,6 +38,7 @@ CLAIM_COLUMNS = (
     "last_attempted_at",
     "run_after",
     "history",
+    "job_name",
 )
 CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
 #: Columns an enqueue writes; the rest keep their database default (NULL).
@@ -57,6 +58,8 @@ INSERT_COLUMNS = (
     "worker_id",
     "attempts",
     "history",
+    "job_name",
+    "dedup_key",
 )
 
 
@@ -73,6 +76,8 @@ class NewTask:
     kwargs_json: str
     max_attempts: int
     run_after: dt.datetime | None
+    job_name: str = ""
+    dedup_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +106,7 @@ class ClaimedRow:
     claimed_at: dt.datetime
     run_after: dt.datetime
     history: list
+    job_name: str = ""
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
 
@@ -164,6 +170,12 @@ class Dialect:
             "release": (
                 f"UPDATE {self.table} SET status = '{READY}', {common}, "
                 f"attempts = attempts - 1, worker_id = '' {fence}"
+            ),
+            # Could not start now (a singleton already running): later, unspent.
+            "postpone": (
+                f"UPDATE {self.table} SET status = '{READY}', {common}, "
+                f"attempts = attempts - 1, worker_id = '', run_after = {self.now_plus_sql('%s')} "
+                f"{fence}"
             ),
             # Taken over from a lost worker but out of attempts: fail it unrun.
             "abandon": (
@@ -320,6 +332,7 @@ class Dialect:
             claimed_at=self.decode_dt(row[12]),  # type: ignore[arg-type]
             run_after=self.decode_dt(row[13]),  # type: ignore[arg-type]
             history=self.decode_json(row[14]) or [],
+            job_name=row[15],
         )
 
     def renew(
@@ -362,6 +375,8 @@ class Dialect:
             head = [outcome.return_json(), outcome.entry_json()]
         elif kind == "retry":
             head = [self.seconds_param(outcome.delay), outcome.entry_json()]
+        elif kind == "postpone":
+            head = [self.seconds_param(outcome.delay)]
         elif kind == "release":
             head = []
         else:
@@ -407,6 +422,8 @@ class Dialect:
             "",
             0,
             "[]",
+            task.job_name,
+            task.dedup_key,
         )
 
     #: Whether insert_tasks is a single statement, atomic without a transaction.

@@ -90,10 +90,11 @@ class PostgreSQLDialect(Dialect):
             f"INSERT INTO {t} ({', '.join(INSERT_COLUMNS)}) "
             "SELECT c.id, c.task_path, c.queue_name, c.backend_name, c.priority, c.args, "
             f"c.kwargs, c.max_attempts, COALESCE(c.run_after, n.now), n.now, '{READY}', 0, '', "
-            "0, '[]'::jsonb FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], "
-            "%s::int[], %s::jsonb[], %s::jsonb[], %s::int[], %s::timestamptz[]) "
+            "0, '[]'::jsonb, c.job_name, c.dedup_key FROM unnest(%s::uuid[], %s::text[], "
+            "%s::text[], %s::text[], %s::int[], %s::jsonb[], %s::jsonb[], %s::int[], "
+            "%s::timestamptz[], %s::text[], %s::text[]) "
             "AS c(id, task_path, queue_name, backend_name, priority, args, kwargs, "
-            "max_attempts, run_after), n), "
+            "max_attempts, run_after, job_name, dedup_key), n), "
             # NOTIFY in the same statement: an enqueue outside a transaction
             # is one round trip. PostgreSQL delivers it at commit.
             f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) q) "
@@ -118,6 +119,8 @@ class PostgreSQLDialect(Dialect):
                 [t.kwargs_json for t in tasks],
                 [t.max_attempts for t in tasks],
                 [t.run_after for t in tasks],
+                [t.job_name for t in tasks],
+                [t.dedup_key for t in tasks],
                 queues,
             ],
         )

@@ -26,12 +26,14 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections, transaction
 from django.utils.crypto import get_random_string
 
-from ..backend import RDBTaskBackend
+from ..backend import RDBTaskBackend, task_key
 from ..compat import TaskContext, TaskResult, TaskResultStatus, normalize_json, task_backends
 from ..db import dialect_for
 from ..db.base import Candidate, ClaimedRow, Outcome
 from ..exceptions import InvalidTaskPath, ReturnValueNotJSON, WorkerLost
+from ..idempotency import AlreadyDone, current_task, once
 from ..loading import load_task
+from ..locks import LeasedLock
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -322,14 +324,35 @@ class Worker:
         )
         running.result = result
         self.backend.send_signal("task_started", result)
+        lock = None
+        if getattr(task, "singleton", False):
+            lock = LeasedLock(f"task:{row.task_path}", lease=self.lease, using=self.database)
+            if not self._with_db(lock.acquire, "singleton lock"):
+                # One is running elsewhere: try again later, attempt not spent.
+                return Outcome(row.id, row.version, "postpone", delay=self.poll_interval)
+            lock.start_renewing()
+        token = current_task.set((result.id, worker_id))
         try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *row.args, **row.kwargs)
-            else:
-                value = task.call(*row.args, **row.kwargs)
+            value = self._call(task, result, row)
+        except AlreadyDone as done:
+            duration = time.monotonic() - started
+            entry = self._entry(worker_id, row, duration, "ALREADY_DONE")
+            entry["detail"] = str(done)
+            return Outcome(
+                row.id,
+                row.version,
+                "success",
+                entry=entry,
+                return_value=None,
+                extra={"duration": duration},
+            )
         except BaseException as exc:  # a task's SystemExit must not end the worker
             return self._failure(worker_id, row, exc, started, task=task)
         finally:
+            current_task.reset(token)
+            if lock is not None:
+                lock.stop_renewing()
+                self._with_db(lock.release, "singleton lock release")
             _reset_connections()
         try:
             value = normalize_json(value)
@@ -346,6 +369,17 @@ class Worker:
             return_value=value,
             extra={"duration": duration},
         )
+
+    def _call(self, task: Any, result: TaskResult, row: ClaimedRow) -> Any:
+        args: list[Any] = list(row.args)
+        if task.takes_context:
+            args.insert(0, TaskContext(task_result=result))
+        template = getattr(task, "once_key", None)
+        if template is None:
+            return task.call(*args, **row.kwargs)
+        key = task_key(template, task, row.args, row.kwargs)
+        with once(task.module_path, key, using=self.database):
+            return task.call(*args, **row.kwargs)
 
     def _entry(
         self,
@@ -438,7 +472,9 @@ class Worker:
         def write() -> set[Any]:
             connection = connections[self.database]
             with transaction.atomic(using=self.database), connection.cursor() as cursor:
-                return dialect_for(connection).finish(cursor, outcomes, worker_id)
+                written = dialect_for(connection).finish(cursor, outcomes, worker_id)
+                self._update_job_records(worker_id, pending, written)
+                return written
 
         written = self._with_db(write, "write results")
         if written is None:
@@ -449,6 +485,30 @@ class Worker:
                 held.pop(outcome.id, None)
         for outcome, running in pending:
             self._report(worker_id, outcome, running, outcome.id in written)
+
+    def _update_job_records(
+        self, worker_id: str, pending: list[tuple[Outcome, Running]], written: set[Any]
+    ) -> None:
+        """A Job's record follows its task, in the transaction that ends the attempt."""
+        from ..models import JobRecord
+
+        for outcome, running in pending:
+            row = running.row
+            if not row.job_name or outcome.id not in written or outcome.kind == "release":
+                continue
+            duration = timedelta(seconds=outcome.extra.get("duration", 0.0))
+            error = outcome.extra.get("error")
+            status = {"success": "SUCCESSFUL", "retry": "READY"}.get(outcome.kind, "FAILED")
+            JobRecord.objects.using(self.database).filter(
+                task_id=self._public_id(row.id), job_name=row.job_name
+            ).update(
+                status=status,
+                started_at=row.started_at,
+                finished_at=row.claimed_at + duration,
+                duration=duration,
+                worker_id=worker_id,
+                error="" if error is None else f"{_error_path(error)}: {error}",
+            )
 
     def _report(self, worker_id: str, outcome: Outcome, running: Running, written: bool) -> None:
         row = running.row

@@ -12,17 +12,28 @@ from typing import Any
 
 from django.db import connections
 
+from ..compat import task_backends
+from ..jobs import fire_due_jobs, sync_declared_jobs
 from .process import EXIT_RECYCLE, Worker
+from .scheduler import Scheduler
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
 
-def _child_main(worker_options: dict[str, Any]) -> None:
+SCHEDULER = "scheduler"
+
+
+def _child_main(worker_options: dict[str, Any], kind: str) -> None:
     # A process group of its own: Ctrl+C at a terminal reaches only the
     # supervisor, which passes one SIGTERM on, so the first Ctrl+C is graceful.
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    code = Worker(**worker_options).run()
+    if kind == SCHEDULER:
+        code = Scheduler(
+            database=_database(worker_options), interval=worker_options["poll_interval"]
+        ).run()
+    else:
+        code = Worker(**worker_options).run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -37,18 +48,28 @@ class Supervisor:
     when all are.
     """
 
-    def __init__(self, processes: int, worker_options: dict[str, Any]) -> None:
+    def __init__(
+        self, processes: int, worker_options: dict[str, Any], *, scheduler: bool = True
+    ) -> None:
         self.processes = max(1, processes)
         self.worker_options = worker_options
         self.burst = bool(worker_options.get("burst"))
+        self.scheduler = scheduler
         self.stopping = False
-        self.children: dict[int, multiprocessing.Process] = {}
-        self.crashes: dict[int, list[float]] = {}
+        self.children: dict[int | str, multiprocessing.Process] = {}
+        self.crashes: dict[int | str, list[float]] = {}
         self._context = multiprocessing.get_context("fork")
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        if self.scheduler and self.burst:
+            # Burst: fire what is due now, once, then drain; no scheduler process.
+            database = _database(self.worker_options)
+            sync_declared_jobs(database)
+            fire_due_jobs(using=database)
+        elif self.scheduler:
+            self._start(SCHEDULER)
         for slot in range(self.processes):
             self._start(slot)
         while self.children:
@@ -71,15 +92,16 @@ class Supervisor:
                 self._restart_after_crash(slot)
         return 0
 
-    def _start(self, slot: int) -> None:
+    def _start(self, slot: int | str) -> None:
         connections.close_all()  # never share a connection with a child
+        kind = SCHEDULER if slot == SCHEDULER else "worker"
         process = self._context.Process(
-            target=_child_main, args=(self.worker_options,), name=f"rdbtasks-worker-{slot}"
+            target=_child_main, args=(self.worker_options, kind), name=f"rdbtasks-{kind}-{slot}"
         )
         process.start()
         self.children[slot] = process
 
-    def _restart_after_crash(self, slot: int) -> None:
+    def _restart_after_crash(self, slot: int | str) -> None:
         now = time.monotonic()
         recent = [t for t in self.crashes.get(slot, []) if now - t < 60] + [now]
         self.crashes[slot] = recent
@@ -104,3 +126,7 @@ class Supervisor:
                     os.kill(process.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+
+
+def _database(worker_options: dict[str, Any]) -> str:
+    return task_backends[worker_options.get("backend", "default")].database

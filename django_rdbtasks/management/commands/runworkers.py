@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.module_loading import autodiscover_modules
 
 from ...worker import Supervisor, Worker
 
@@ -71,6 +72,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-listen", action="store_true", help="Poll only; do not LISTEN on PostgreSQL."
         )
+        parser.add_argument(
+            "--no-scheduler",
+            action="store_true",
+            help="Do not fire cron Jobs from this host (by default every host may take part).",
+        )
         parser.add_argument("--log-level", default="INFO", help="Log level (default INFO).")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -96,7 +102,13 @@ class Command(BaseCommand):
             Worker(**worker_options)  # refuse bad options before any process starts
         except (ValueError, KeyError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from exc
-        sys.exit(Supervisor(options["processes"], worker_options).run())
+        # Tasks modules hold @task and @periodic declarations: load them once,
+        # before the processes fork.
+        autodiscover_modules("tasks")
+        supervisor = Supervisor(
+            options["processes"], worker_options, scheduler=not options["no_scheduler"]
+        )
+        sys.exit(supervisor.run())
 
     def _setup_logging(self, level: str) -> None:
         logger = logging.getLogger("django_rdbtasks")

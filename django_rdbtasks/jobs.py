@@ -1,0 +1,312 @@
+"""Cron jobs: declared in code or in the admin, fired once per tick by any number of schedulers.
+
+A due job is fired by a compare-and-set on its ``version`` that also moves
+``next_run_at`` to the following tick; only the scheduler whose update matched
+writes the tick's ``JobRecord`` and enqueues the task, all in one transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import F
+
+from .compat import Task
+from .db import dialect_for
+from .exceptions import InvalidTaskPath
+from .loading import load_task
+from .models import Job, JobRecord, MisfirePolicy
+
+logger = logging.getLogger("django_rdbtasks.scheduler")
+
+#: How late a tick may fire under the "skip" policy before it counts as missed.
+DEFAULT_MISFIRE_GRACE = 60.0
+
+
+# -- validation and cron arithmetic ----------------------------------------------------
+
+
+def validate_cron(expression: str) -> None:
+    try:
+        CronSim(expression, dt.datetime.now(dt.UTC))
+    except (CronSimError, ValueError, TypeError) as exc:
+        raise ValidationError(f"Invalid cron expression {expression!r}: {exc}") from exc
+
+
+def validate_timezone(name: str) -> None:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValidationError(f"Unknown time zone {name!r}.") from exc
+
+
+def validate_task_path(path: str) -> None:
+    try:
+        load_task(path)
+    except InvalidTaskPath as exc:
+        raise ValidationError(str(exc)) from exc
+
+
+def validate_job_fields(cron: str, timezone: str, task_path: str) -> None:
+    errors: dict[str, list[str]] = {}
+    for name, check, value in (
+        ("cron", validate_cron, cron),
+        ("timezone", validate_timezone, timezone),
+        ("task_path", validate_task_path, task_path),
+    ):
+        try:
+            check(value)
+        except ValidationError as exc:
+            errors[name] = exc.messages
+    if errors:
+        raise ValidationError(errors)
+
+
+def next_tick(cron: str, timezone: str, after: dt.datetime) -> dt.datetime:
+    """The first tick strictly after ``after``, in UTC.
+
+    Ticks are computed in the job's time zone, so "every day at 02:30" follows
+    local time across DST changes: a skipped 02:30 fires at 03:00, a repeated
+    hour fires once.
+    """
+    local = after.astimezone(ZoneInfo(timezone))
+    return next(iter(CronSim(cron, local))).astimezone(dt.UTC)
+
+
+def upcoming_ticks(cron: str, timezone: str, after: dt.datetime, count: int) -> list[dt.datetime]:
+    ticks = CronSim(cron, after.astimezone(ZoneInfo(timezone)))
+    return [next(ticks).astimezone(dt.UTC) for _ in range(count)]
+
+
+def tick_key(tick: dt.datetime) -> str:
+    """The JobRecord key of a tick: its UTC time, to the second."""
+    return tick.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def database_now(using: str) -> dt.datetime:
+    connection = connections[using]
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        return dialect.decode_dt(dialect.current_time(cursor))  # type: ignore[return-value]
+
+
+# -- jobs declared in code ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    task_path: str
+    cron: str
+    timezone: str = "UTC"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    misfire_policy: str = MisfirePolicy.RUN_ONCE
+    queue_name: str = ""
+    priority: int | None = None
+    enabled: bool = True
+
+    def validate(self) -> None:
+        validate_cron(self.cron)
+        validate_timezone(self.timezone)
+        if self.misfire_policy not in MisfirePolicy.values:
+            raise ValidationError(
+                f"misfire_policy must be one of {MisfirePolicy.values}, "
+                f"not {self.misfire_policy!r}."
+            )
+
+
+_decorated: dict[str, JobSpec] = {}
+
+
+def periodic(
+    cron: str,
+    *,
+    name: str | None = None,
+    timezone: str = "UTC",
+    kwargs: dict[str, Any] | None = None,
+    misfire_policy: str = MisfirePolicy.RUN_ONCE,
+    queue_name: str = "",
+    priority: int | None = None,
+) -> Callable[[Task], Task]:
+    """Declare a Job for the task below it (put it above ``@task``)::
+
+    @periodic("0 3 * * *", timezone="Europe/Berlin")
+    @task()
+    def nightly_report(): ...
+    """
+
+    def declare(task: Task) -> Task:
+        spec = JobSpec(
+            name=name or task.module_path,
+            task_path=task.module_path,
+            cron=cron,
+            timezone=timezone,
+            kwargs=dict(kwargs or {}),
+            misfire_policy=misfire_policy,
+            queue_name=queue_name,
+            priority=priority,
+        )
+        try:
+            spec.validate()
+        except ValidationError as exc:
+            raise ImproperlyConfigured(
+                f"@periodic on {task.module_path}: {exc.messages[0]}"
+            ) from exc
+        _decorated[spec.name] = spec
+        return task
+
+    return declare
+
+
+def declared_jobs() -> dict[str, JobSpec]:
+    """Jobs from the ``RDBTASKS_JOBS`` setting and from ``@periodic``; the setting wins."""
+    jobs = dict(_decorated)
+    for name, options in getattr(settings, "RDBTASKS_JOBS", {}).items():
+        options = dict(options)
+        task_path = options.pop("task", None) or options.pop("task_path", None)
+        jobs[name] = JobSpec(name=name, task_path=task_path, **options)
+    return jobs
+
+
+def sync_declared_jobs(using: str = "default") -> None:
+    """Create or update the Job rows of jobs declared in code.
+
+    An operator's pause (``enabled``) is never overwritten; a changed schedule
+    takes effect from the next tick.
+    """
+    now = database_now(using)
+    for spec in declared_jobs().values():
+        job = Job.objects.using(using).filter(name=spec.name).first()
+        if job is None:
+            try:
+                with transaction.atomic(using=using):
+                    Job.objects.using(using).create(
+                        name=spec.name,
+                        task_path=spec.task_path,
+                        cron=spec.cron,
+                        timezone=spec.timezone,
+                        kwargs=spec.kwargs,
+                        misfire_policy=spec.misfire_policy,
+                        queue_name=spec.queue_name,
+                        priority=spec.priority,
+                        enabled=spec.enabled,
+                        next_run_at=next_tick(spec.cron, spec.timezone, now),
+                        from_code=True,
+                    )
+                logger.info("job %s created from code", spec.name)
+            except IntegrityError:
+                pass  # another worker created it at the same moment
+            continue
+        wanted = {
+            "task_path": spec.task_path,
+            "cron": spec.cron,
+            "timezone": spec.timezone,
+            "kwargs": spec.kwargs,
+            "misfire_policy": spec.misfire_policy,
+            "queue_name": spec.queue_name,
+            "priority": spec.priority,
+        }
+        changed = {k: v for k, v in wanted.items() if getattr(job, k) != v}
+        if not changed and job.from_code:
+            continue
+        if "cron" in changed or "timezone" in changed or job.next_run_at is None:
+            changed["next_run_at"] = next_tick(spec.cron, spec.timezone, now)
+        Job.objects.using(using).filter(pk=job.pk, version=job.version).update(
+            **changed, from_code=True, version=F("version") + 1
+        )
+        logger.info("job %s updated from code: %s", spec.name, ", ".join(sorted(changed)))
+
+
+# -- firing ------------------------------------------------------------------------------
+
+
+def fire_due_jobs(*, using: str | None = None, limit: int = 100) -> int:
+    """Fire every due job this scheduler wins; return how many ticks it fired."""
+    alias = using or router.db_for_write(Job)
+    due = list(Job.objects.using(alias).due().order_by("next_run_at")[:limit])
+    random.shuffle(due)  # schedulers racing over the same jobs mostly pick different ones
+    return sum(fire(job, using=alias) for job in due)
+
+
+def fire(job: Job, *, using: str) -> bool:
+    """Preempt one due tick of ``job`` by CAS and, if won, record and enqueue it.
+
+    All in one transaction: a crash anywhere leaves the tick as it was, for
+    another scheduler to fire.
+    """
+    grace = float(getattr(settings, "RDBTASKS_MISFIRE_GRACE", DEFAULT_MISFIRE_GRACE))
+    with transaction.atomic(using=using):
+        now = database_now(using)
+        tick = job.next_run_at
+        assert tick is not None
+        following = next_tick(job.cron, job.timezone, tick)
+        missed_several = following <= now
+        late = (now - tick).total_seconds() > grace
+        if missed_several:
+            next_run = next_tick(job.cron, job.timezone, now)
+        else:
+            next_run = following
+        run = not (job.misfire_policy == MisfirePolicy.SKIP and (missed_several or late))
+        won = (
+            Job.objects.using(using)
+            .filter(pk=job.pk, version=job.version, enabled=True)
+            .update(
+                next_run_at=next_run,
+                last_run_at=tick if run else F("last_run_at"),
+                version=F("version") + 1,
+            )
+        )
+        if not won:
+            return False
+        if not run:
+            logger.info(
+                "job %s: tick %s missed, skipped (next %s)", job.name, tick_key(tick), next_run
+            )
+            return False
+        return _record_and_enqueue(job, tick, using)
+
+
+def _record_and_enqueue(job: Job, tick: dt.datetime, using: str) -> bool:
+    from .backend import RDBTaskBackend
+
+    try:
+        with transaction.atomic(using=using):
+            record = JobRecord.objects.using(using).create(
+                job_name=job.name, key=tick_key(tick), scheduled_for=tick
+            )
+    except IntegrityError:
+        # Already fired (the job was edited back to an old tick): once only.
+        logger.warning("job %s: tick %s was already fired", job.name, tick_key(tick))
+        return False
+    try:
+        task = load_task(job.task_path)
+        backend = task.get_backend()
+        if not isinstance(backend, RDBTaskBackend):
+            raise InvalidTaskPath(f"{job.task_path!r} does not use an RDBTaskBackend.")
+        overrides: dict[str, Any] = {}
+        if job.queue_name:
+            overrides["queue_name"] = job.queue_name
+        if job.priority is not None:
+            overrides["priority"] = job.priority
+        task = task.using(**overrides) if overrides else task
+        result = backend.enqueue_job_task(task, job.kwargs, job_name=job.name)
+    except Exception as exc:
+        # The tick is spent either way; say why nothing ran, in its record.
+        JobRecord.objects.using(using).filter(pk=record.pk).update(
+            status="FAILED", error=f"{type(exc).__name__}: {exc}"
+        )
+        logger.error("job %s: tick %s could not enqueue: %s", job.name, tick_key(tick), exc)
+        return True
+    JobRecord.objects.using(using).filter(pk=record.pk).update(task_id=result.id)
+    logger.info("job %s: tick %s fired, task %s", job.name, tick_key(tick), result.id)
+    return True
