@@ -213,7 +213,9 @@ def test_command_refuses_bad_options():
     for args, message in [
         (["--queue", "missing"], "not among"),
         (["--backend", "nope"], "nope"),
-        (["--processes", "0"], "at least 1"),
+        (["--processes", "-1"], "at least 0"),
+        (["--threads", "0"], "at least 1"),
+        (["--processes", "0", "--no-scheduler"], "run nothing"),
     ]:
         proc = subprocess.run(
             [sys.executable, "-m", "django", "runworkers", *args, "--burst"],

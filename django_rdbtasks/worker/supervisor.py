@@ -51,7 +51,7 @@ class Supervisor:
     def __init__(
         self, processes: int, worker_options: dict[str, Any], *, scheduler: bool = True
     ) -> None:
-        self.processes = max(1, processes)
+        self.processes = max(0, processes)
         self.worker_options = worker_options
         self.burst = bool(worker_options.get("burst"))
         self.scheduler = scheduler

@@ -107,3 +107,36 @@ def connection_identity():
             cursor.execute("SELECT CONNECTION_ID()")
             return cursor.fetchone()[0]
     return id(connection.connection)
+
+
+@task()
+def record_job(job):
+    SideEffect.objects.create(key=f"job:{job}", pid=os.getpid())
+
+
+@task(once_key="order:{order_id}")
+def charge_order(order_id, amount):
+    SideEffect.objects.create(key=f"charge:{order_id}", pid=os.getpid())
+    return amount
+
+
+@task(dedup_key="sync:{account}")
+def sync_account(account):
+    SideEffect.objects.create(key=f"sync:{account}", pid=os.getpid())
+
+
+_singleton_running = 0
+_singleton_peak = 0
+
+
+@task(singleton=True)
+def exclusive(key, seconds):
+    global _singleton_running, _singleton_peak
+    _singleton_running += 1
+    _singleton_peak = max(_singleton_peak, _singleton_running)
+    try:
+        SideEffect.objects.create(key=key, pid=os.getpid())
+        time.sleep(seconds)
+    finally:
+        _singleton_running -= 1
+    return _singleton_peak

@@ -81,8 +81,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._setup_logging(options["log_level"])
-        if options["processes"] < 1 or options["threads"] < 1 or options["batch"] < 1:
-            raise CommandError("--processes, --threads and --batch must be at least 1.")
+        if options["processes"] < 0 or options["threads"] < 1 or options["batch"] < 1:
+            raise CommandError("--threads and --batch must be at least 1, --processes at least 0.")
+        if options["processes"] == 0 and options["no_scheduler"]:
+            raise CommandError("--processes 0 with --no-scheduler would run nothing.")
         if options["lease"] <= 0 or options["poll_interval"] <= 0:
             raise CommandError("--lease and --poll-interval must be positive.")
         worker_options = {

@@ -1,0 +1,274 @@
+"""Cron arithmetic, the CAS fire of a tick, misfires, declared jobs, checks."""
+
+import datetime as dt
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.utils import timezone
+
+from django_rdbtasks.jobs import (
+    database_now,
+    fire,
+    fire_due_jobs,
+    next_tick,
+    sync_declared_jobs,
+    tick_key,
+    upcoming_ticks,
+    validate_cron,
+)
+from django_rdbtasks.models import Job, JobRecord, Task
+from django_rdbtasks.worker import Worker
+from tests.testapp.models import SideEffect
+
+UTC = dt.UTC
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+# -- cron ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("expression", ["61 * * * *", "* * *", "every minute", "", "* * * * * * *"])
+def test_invalid_cron_is_refused(expression):
+    with pytest.raises(ValidationError, match="cron"):
+        validate_cron(expression)
+
+
+def test_every_minute_and_hourly():
+    start = dt.datetime(2026, 5, 1, 10, 0, 30, tzinfo=UTC)
+    assert upcoming_ticks("* * * * *", "UTC", start, 3) == [
+        dt.datetime(2026, 5, 1, 10, m, tzinfo=UTC) for m in (1, 2, 3)
+    ]
+    assert upcoming_ticks("0 * * * *", "UTC", start, 2) == [
+        dt.datetime(2026, 5, 1, 11, tzinfo=UTC),
+        dt.datetime(2026, 5, 1, 12, tzinfo=UTC),
+    ]
+    # Strictly after: a tick is never fired twice by asking again at the tick.
+    tick = dt.datetime(2026, 5, 1, 11, tzinfo=UTC)
+    assert next_tick("0 * * * *", "UTC", tick) == dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
+
+
+def test_daily_job_across_spring_forward_in_berlin():
+    # 2026-03-29: 02:00 local becomes 03:00; 02:30 does not exist that day.
+    start = dt.datetime(2026, 3, 27, 12, tzinfo=BERLIN)
+    ticks = [t.astimezone(BERLIN) for t in upcoming_ticks("30 2 * * *", "Europe/Berlin", start, 3)]
+    assert [t.isoformat() for t in ticks] == [
+        "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",  # fired once, at the first time that exists
+        "2026-03-30T02:30:00+02:00",
+    ]
+
+
+def test_hourly_job_across_fall_back_in_berlin():
+    # 2026-10-25: 03:00 local becomes 02:00; the hour 02:00-03:00 happens twice.
+    start = dt.datetime(2026, 10, 25, 0, 30, tzinfo=BERLIN)
+    ticks = upcoming_ticks("0 * * * *", "Europe/Berlin", start, 4)
+    # Every real hour once: four ticks one hour apart in UTC, none repeated.
+    assert [t.isoformat() for t in ticks] == [
+        "2026-10-24T23:00:00+00:00",
+        "2026-10-25T00:00:00+00:00",
+        "2026-10-25T01:00:00+00:00",
+        "2026-10-25T02:00:00+00:00",
+    ]
+
+
+def test_daily_job_across_fall_back_fires_once():
+    start = dt.datetime(2026, 10, 24, 12, tzinfo=BERLIN)
+    ticks = [t.astimezone(BERLIN) for t in upcoming_ticks("30 2 * * *", "Europe/Berlin", start, 2)]
+    assert [t.date().isoformat() for t in ticks] == ["2026-10-25", "2026-10-26"]
+
+
+# -- firing ----------------------------------------------------------------------------
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+
+def make_job(name="j", cron="* * * * *", next_run_at=None, **fields):
+    now = database_now("default")
+    return Job.objects.create(
+        name=name,
+        task_path="tests.testapp.tasks.record_job",
+        kwargs={"job": name},
+        cron=cron,
+        next_run_at=next_run_at or now - dt.timedelta(seconds=5),
+        **fields,
+    )
+
+
+@pytestmark_db
+def test_a_due_tick_fires_once_and_moves_on():
+    job = make_job()
+    tick = job.next_run_at
+    assert fire(job, using="default") is True
+    assert fire(job, using="default") is False  # stale version: someone else's tick now
+    job.refresh_from_db()
+    assert job.version == 1 and job.last_run_at == tick
+    assert job.next_run_at == next_tick(job.cron, job.timezone, tick)
+    record = JobRecord.objects.get()
+    assert (record.job_name, record.key, record.scheduled_for) == ("j", tick_key(tick), tick)
+    task = Task.objects.get()
+    assert str(record.task_id) == str(task.id) and task.job_name == "j"
+    assert task.kwargs == {"job": "j"}
+
+
+@pytestmark_db
+def test_job_record_follows_its_task():
+    make_job(name="ok")
+    fire_due_jobs()
+    Worker(burst=True).run(install_signals=False)
+    record = JobRecord.objects.get(job_name="ok")
+    assert record.status == "SUCCESSFUL"
+    assert record.worker_id and record.started_at <= record.finished_at
+    assert record.duration is not None and record.error == ""
+    assert SideEffect.objects.filter(key="job:ok").count() == 1
+
+
+@pytestmark_db
+def test_failing_job_task_marks_its_record_failed():
+    job = make_job(name="fails")
+    Job.objects.filter(pk=job.pk).update(
+        task_path="tests.testapp.tasks.always_fails", kwargs={"message": "nope"}
+    )
+    fire_due_jobs()
+    Worker(burst=True).run(install_signals=False)
+    record = JobRecord.objects.get()
+    assert record.status == "FAILED"
+    assert "ValueError: nope" in record.error
+
+
+@pytestmark_db
+def test_job_naming_no_task_spends_the_tick_and_says_why():
+    job = make_job(name="ghost")
+    Job.objects.filter(pk=job.pk).update(task_path="tests.testapp.tasks.plain_function")
+    assert fire_due_jobs() == 1
+    record = JobRecord.objects.get()
+    assert record.status == "FAILED" and "not a task" in record.error
+    assert not Task.objects.exists()
+
+
+@pytestmark_db
+def test_queue_and_priority_overrides():
+    make_job(name="prio", queue_name="other", priority=42)
+    fire_due_jobs()
+    task = Task.objects.get()
+    assert (task.queue_name, task.priority) == ("other", 42)
+
+
+@pytestmark_db
+def test_paused_job_does_not_fire():
+    make_job(enabled=False)
+    assert fire_due_jobs() == 0
+    assert not JobRecord.objects.exists()
+
+
+@pytestmark_db
+def test_misfire_run_once_after_downtime():
+    now = database_now("default")
+    missed = (now - dt.timedelta(minutes=30)).replace(second=0, microsecond=0)
+    job = make_job(next_run_at=missed)
+    assert fire_due_jobs() == 1
+    job.refresh_from_db()
+    assert job.next_run_at > now  # the other 29 missed ticks are not run
+    assert list(JobRecord.objects.values_list("key", flat=True)) == [tick_key(missed)]
+    assert fire_due_jobs() == 0
+
+
+@pytestmark_db
+def test_misfire_skip_after_downtime():
+    now = database_now("default")
+    missed = (now - dt.timedelta(minutes=30)).replace(second=0, microsecond=0)
+    job = make_job(next_run_at=missed, misfire_policy="skip")
+    assert fire_due_jobs() == 0
+    job.refresh_from_db()
+    assert job.next_run_at > now
+    assert not JobRecord.objects.exists() and not Task.objects.exists()
+
+
+@pytestmark_db
+def test_skip_policy_still_fires_a_tick_that_is_only_a_little_late():
+    now = database_now("default")
+    make_job(cron="0 0 1 1 *", next_run_at=now - dt.timedelta(seconds=5), misfire_policy="skip")
+    assert fire_due_jobs() == 1
+
+
+@pytestmark_db
+def test_an_already_fired_tick_is_not_fired_again():
+    job = make_job()
+    tick = job.next_run_at
+    fire(job, using="default")
+    # An operator moves the job back to a tick that already ran.
+    Job.objects.filter(pk=job.pk).update(next_run_at=tick, version=job.version + 5)
+    assert fire_due_jobs() == 0
+    assert JobRecord.objects.count() == 1 and Task.objects.count() == 1
+
+
+# -- validation and declared jobs ------------------------------------------------------
+
+
+@pytestmark_db
+def test_job_model_validation():
+    job = Job(name="x", task_path="os.system", cron="99 * * * *", timezone="Mars/Olympus")
+    with pytest.raises(ValidationError) as error:
+        job.full_clean()
+    assert set(error.value.message_dict) >= {"cron", "timezone", "task_path"}
+    Job(name="y", task_path="tests.testapp.tasks.noop", cron="*/5 * * * *").full_clean()
+
+
+@pytestmark_db
+def test_declared_jobs_are_synced_without_clobbering_a_pause(settings):
+    settings.RDBTASKS_JOBS = {
+        "nightly": {
+            "task": "tests.testapp.tasks.noop",
+            "cron": "0 3 * * *",
+            "timezone": "Europe/Berlin",
+        },
+    }
+    sync_declared_jobs()
+    job = Job.objects.get(name="nightly")
+    assert job.from_code and job.enabled
+    assert job.next_run_at.astimezone(BERLIN).hour == 3
+
+    Job.objects.filter(pk=job.pk).update(enabled=False)  # an operator pauses it
+    settings.RDBTASKS_JOBS["nightly"]["cron"] = "0 4 * * *"
+    sync_declared_jobs()
+    job.refresh_from_db()
+    assert job.enabled is False  # the pause stands
+    assert job.cron == "0 4 * * *" and job.next_run_at.astimezone(BERLIN).hour == 4
+
+
+@pytestmark_db
+def test_periodic_decorator_declares_a_job():
+    from tests.testapp import periodic_tasks  # noqa: F401 - declares on import
+
+    sync_declared_jobs()
+    job = Job.objects.get(name="tests.testapp.periodic_tasks.heartbeat")
+    assert job.cron == "*/5 * * * *" and job.task_path == job.name
+
+
+def test_bad_declared_jobs_fail_the_system_check(settings):
+    settings.RDBTASKS_JOBS = {
+        "bad-cron": {"task": "tests.testapp.tasks.noop", "cron": "* * * 13 *"},
+        "bad-task": {"task": "tests.testapp.tasks.plain_function", "cron": "* * * * *"},
+        "bad-zone": {"task": "tests.testapp.tasks.noop", "cron": "* * * * *", "timezone": "X/Y"},
+    }
+    with pytest.raises(SystemCheckError) as error:
+        call_command("check")
+    message = str(error.value)
+    assert "'bad-cron'" in message and "'bad-task'" in message and "'bad-zone'" in message
+
+
+def test_periodic_refuses_a_bad_cron_at_import():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_rdbtasks.jobs import periodic
+    from tests.testapp.tasks import noop
+
+    with pytest.raises(ImproperlyConfigured, match="cron"):
+        periodic("not a cron")(noop)
+
+
+def test_tick_key_is_utc_to_the_second():
+    tick = timezone.make_aware(dt.datetime(2026, 3, 29, 3, 0), BERLIN)
+    assert tick_key(tick) == "2026-03-29T01:00:00Z"

@@ -1,0 +1,94 @@
+"""Leased locks: one holder, renewal, takeover after a lapse with a larger fencing token."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from django_rdbtasks.locks import LeasedLock, LockLost, LockNotAcquired
+from django_rdbtasks.models import Lock, Task
+from django_rdbtasks.worker import Worker
+from tests.conftest import ROOT, wait_until
+from tests.testapp import tasks
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_one_holder_at_a_time_and_tokens_grow():
+    first = LeasedLock("ranking", lease=0.5)
+    second = LeasedLock("ranking", lease=0.5)
+    assert first.acquire() and first.token == 1
+    assert not second.acquire()
+    time.sleep(0.7)  # first stops renewing: the lease lapses
+    assert second.acquire() and second.token == 2
+    assert not first.renew() and first.lost.is_set()
+    with pytest.raises(LockLost):
+        first.check()
+    second.release()
+    assert first.acquire() and first.token == 3
+
+
+def test_context_manager_renews_while_held():
+    with LeasedLock("long", lease=0.3) as lock:
+        time.sleep(1.0)  # three leases long: renewal keeps it
+        lock.check()
+        with pytest.raises(LockNotAcquired), LeasedLock("long", lease=0.3):
+            pass
+    assert Lock.objects.get(name="long").holder == ""
+
+
+HOLDER = """
+import time, django
+django.setup()
+from django_rdbtasks.locks import LeasedLock
+with LeasedLock("hot-ranking", lease=1.0):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_killed_holder_is_taken_over_after_the_lease():
+    env = {
+        **os.environ,
+        "RDBTASKS_TEST_WORKER": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        old = Lock.objects.get(name="hot-ranking")
+        contender = LeasedLock("hot-ranking", lease=5)
+        time.sleep(1.5)  # the holder renews: still held past its first lease
+        assert not contender.acquire()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        wait_until(contender.acquire, timeout=10, interval=0.1)
+        assert contender.token == old.token + 1
+        assert Lock.objects.get(name="hot-ranking").holder == contender.holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_singleton_task_never_runs_twice_at_once():
+    for i in range(3):
+        tasks.exclusive.enqueue(f"x{i}", 0.3)
+    worker = Worker(threads=3, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: Task.objects.filter(status="SUCCESSFUL").count() == 3, timeout=60)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert SideEffect.objects.count() == 3
+    assert max(Task.objects.values_list("return_value", flat=True)) == 1  # peak concurrency
+    assert set(Task.objects.values_list("attempts", flat=True)) == {1}  # waiting spent nothing
