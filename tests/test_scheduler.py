@@ -1,0 +1,127 @@
+"""Scheduler processes racing over due jobs, and a scheduler killed mid-fire."""
+
+import datetime as dt
+import os
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+
+from django_rdbtasks.jobs import database_now, tick_key
+from django_rdbtasks.models import Job, JobRecord, Task
+from tests.conftest import wait_until, worker_children
+from tests.testapp.models import SideEffect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_racing_schedulers_fire_each_tick_exactly_once(run_workers, vendor):
+    jobs, schedulers, rounds = (200, 8, 3) if vendor != "sqlite" else (50, 4, 3)
+    now = database_now("default")
+    base = (now - dt.timedelta(minutes=30)).replace(second=0, microsecond=0)
+    Job.objects.bulk_create(
+        Job(
+            name=f"job-{i}",
+            task_path="tests.testapp.tasks.record_job",
+            kwargs={"job": f"job-{i}"},
+            cron="* * * * *",
+            next_run_at=None,
+        )
+        for i in range(jobs)
+    )
+    for _ in range(schedulers):
+        run_workers("--processes", "0", "--poll-interval", "0.1", "--log-level", "WARNING")
+
+    for round_ in range(rounds):
+        tick = base + dt.timedelta(minutes=round_)
+        # Time "passes": every job is due at this round's tick, as after an edit.
+        Job.objects.update(next_run_at=tick, version=round_ * 10 + 1)
+        wait_until(lambda n=round_ + 1: JobRecord.objects.count() == jobs * n, timeout=120)
+        wait_until(lambda: not Job.objects.due().exists(), timeout=60)
+    time.sleep(1)  # a late duplicate would show up now
+
+    assert JobRecord.objects.count() == jobs * rounds
+    keys = {tick_key(base + dt.timedelta(minutes=r)) for r in range(rounds)}
+    assert set(JobRecord.objects.values_list("key", flat=True)) == keys
+    assert Task.objects.count() == jobs * rounds
+
+    # Run the enqueued tasks and count their side effects: one per job and tick.
+    drain = run_workers(
+        "--burst", "--no-scheduler", "--processes", "2", "--batch", "50", "--log-level", "WARNING"
+    )
+    assert drain.wait(timeout=300) == 0, drain.log()
+    for i in range(jobs):
+        assert SideEffect.objects.filter(key=f"job:job-{i}").count() == rounds
+
+
+def _block_the_ledger_row(job_name, key, ready, release):
+    """Hold an uncommitted JobRecord with this key: the scheduler's insert waits on it."""
+    from django.db import transaction
+
+    from django_rdbtasks.models import JobRecord
+
+    try:
+        with transaction.atomic():
+            JobRecord.objects.create(job_name=job_name, key=key)
+            ready.set()
+            release.wait(120)
+            transaction.set_rollback(True)
+    finally:
+        connections.close_all()
+
+
+def _scheduler_waiting_on_the_ledger(vendor):
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'INSERT INTO \"django_rdbtasks_jobrecord\"%%'"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE info LIKE 'INSERT INTO `django_rdbtasks_jobrecord`%%'"
+            )
+        return cursor.fetchone()[0]
+
+
+def test_scheduler_killed_between_preempting_and_committing(run_workers, vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite's single writer lock blocks before the preemption, not after")
+    now = database_now("default")
+    tick = (now - dt.timedelta(seconds=10)).replace(microsecond=0)
+    job = Job.objects.create(
+        name="nightly",
+        task_path="tests.testapp.tasks.record_job",
+        kwargs={"job": "nightly"},
+        cron="0 0 * * *",
+        next_run_at=tick,
+    )
+    ready, release = threading.Event(), threading.Event()
+    blocker = threading.Thread(
+        target=_block_the_ledger_row, args=("nightly", tick_key(tick), ready, release)
+    )
+    blocker.start()
+    try:
+        assert ready.wait(30)
+        doomed = run_workers("--processes", "0", "--poll-interval", "0.1")
+        # It has preempted the tick (CAS done, uncommitted) and waits on the ledger row.
+        wait_until(lambda: _scheduler_waiting_on_the_ledger(vendor), timeout=60)
+        for pid in worker_children(doomed.pid):
+            os.kill(pid, signal.SIGKILL)
+        os.kill(doomed.pid, signal.SIGKILL)
+    finally:
+        release.set()
+        blocker.join()
+    # Nothing of the killed scheduler's transaction survives: the tick is still due.
+    wait_until(lambda: not _scheduler_waiting_on_the_ledger(vendor), timeout=60)
+    job.refresh_from_db()
+    assert (job.version, job.next_run_at) == (0, tick)
+    assert not JobRecord.objects.exists() and not Task.objects.exists()
+
+    run_workers("--processes", "0", "--poll-interval", "0.1")
+    wait_until(lambda: JobRecord.objects.filter(key=tick_key(tick)).exists(), timeout=60)
+    time.sleep(0.5)
+    assert JobRecord.objects.count() == 1 and Task.objects.filter(job_name="nightly").count() == 1
