@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core import checks
 from django.db import IntegrityError, connections, transaction
+from django.db.models import F
 
 from .compat import (
     SIGNAL_MODULES,
@@ -26,10 +27,11 @@ from .compat import (
 )
 from .db import dialect_for
 from .db.base import NewTask
+from .db.functions import DbNow
 from .exceptions import ArgumentsNotJSON, InvalidTaskPath
 from .loading import load_task
 from .models import Task as TaskRow
-from .models import uuid7
+from .models import TaskStatus, uuid7
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
@@ -284,10 +286,30 @@ class RDBTaskBackend(BaseTaskBackend):
 
     def result_from_row(self, row: TaskRow, task: Task) -> TaskResult:
         task = task.using(priority=row.priority, queue_name=row.queue_name, run_after=row.run_after)
+        errors = [
+            TaskError(
+                exception_class_path=entry["exception_class_path"],
+                traceback=entry.get("traceback", ""),
+            )
+            for entry in row.errors
+        ]
+        # The framework knows four statuses; report ours as the nearest one.
+        status = row.status
+        if status == TaskStatus.CANCELLED:
+            status = TaskResultStatus.FAILED
+            if not errors or not errors[-1].exception_class_path.endswith("TaskCancelled"):
+                errors.append(
+                    TaskError(
+                        exception_class_path="django_rdbtasks.exceptions.TaskCancelled",
+                        traceback="Cancelled before it finished.",
+                    )
+                )
+        elif status == TaskStatus.WAITING:
+            status = TaskResultStatus.READY
         result = TaskResult(
             task=task,
             id=str(row.id),
-            status=TaskResultStatus(row.status),
+            status=TaskResultStatus(status),
             enqueued_at=row.enqueued_at,
             started_at=row.started_at,
             finished_at=row.finished_at,
@@ -295,17 +317,57 @@ class RDBTaskBackend(BaseTaskBackend):
             args=row.args,
             kwargs=row.kwargs,
             backend=self.alias,
-            errors=[
-                TaskError(
-                    exception_class_path=entry["exception_class_path"],
-                    traceback=entry.get("traceback", ""),
-                )
-                for entry in row.errors
-            ],
+            errors=errors,
             worker_ids=row.worker_ids,
         )
         object.__setattr__(result, "_return_value", row.return_value)
         return result
+
+    # -- operators -----------------------------------------------------------------
+
+    def cancel(self, result_id: str) -> str:
+        """Cancel a task: at once if it has not started, else ask it to stop.
+
+        Returns the status it has now: CANCELLED, or RUNNING with the request
+        recorded (the worker tells the task; it ends CANCELLED when it
+        returns), or its final status if it had already finished.
+        """
+        rows = TaskRow.objects.using(self.database).filter(pk=result_id)
+        now = DbNow()
+        if rows.filter(status__in=[TaskStatus.READY, TaskStatus.WAITING]).update(
+            status=TaskStatus.CANCELLED, finished_at=now, version=F("version") + 1
+        ):
+            return TaskStatus.CANCELLED
+        if rows.filter(status=TaskStatus.RUNNING).update(cancel_requested=True):
+            return TaskStatus.RUNNING
+        row = rows.values_list("status", flat=True).first()
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        return row
+
+    def requeue(self, result_id: str) -> bool:
+        """Run a FAILED or CANCELLED task again with fresh attempts, or a READY one now.
+
+        The history of earlier attempts is kept. Returns whether it was requeued.
+        """
+        rows = TaskRow.objects.using(self.database).filter(pk=result_id)
+        updated = rows.filter(
+            status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY]
+        ).update(
+            status=TaskStatus.READY,
+            attempts=0,
+            run_after=DbNow(),
+            finished_at=None,
+            worker_id="",
+            cancel_requested=False,
+            version=F("version") + 1,
+        )
+        if updated and self.notify:
+            connection = connections[self.database]
+            queue = rows.values_list("queue_name", flat=True).first()
+            with connection.cursor() as cursor:
+                dialect_for(connection).notify(cursor, [queue])
+        return bool(updated)
 
     def send_signal(self, name: str, result: TaskResult) -> None:
         for module in SIGNAL_MODULES:

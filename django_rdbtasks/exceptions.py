@@ -16,3 +16,7 @@ class WorkerLost(RDBTasksError):
 
 class ReturnValueNotJSON(RDBTasksError):
     """A task returned a value that cannot be stored as JSON."""
+
+
+class TaskCancelled(RDBTasksError):
+    """Recorded as the error of a task an operator cancelled."""

@@ -10,7 +10,6 @@ from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
-from .compat import TaskResultStatus
 from .db.functions import DbNow
 
 
@@ -25,6 +24,22 @@ def uuid7() -> uuid.UUID:
     value = (millis & (2**48 - 1)) << 80 | 0x7 << 76 | (rand >> 68) << 64
     value |= 0b10 << 62 | rand & (2**62 - 1)
     return uuid.UUID(int=value)
+
+
+class TaskStatus(models.TextChoices):
+    """The framework's four statuses, plus two of this backend's own.
+
+    A result read through the framework reports CANCELLED as FAILED (with a
+    ``TaskCancelled`` error) and WAITING as READY, the nearest it knows.
+    """
+
+    READY = "READY", _("Ready")
+    RUNNING = "RUNNING", _("Running")
+    SUCCESSFUL = "SUCCESSFUL", _("Successful")
+    FAILED = "FAILED", _("Failed")
+    CANCELLED = "CANCELLED", _("Cancelled")
+    #: Enqueued with ``depends_on``: becomes READY when every parent succeeded.
+    WAITING = "WAITING", _("Waiting for dependencies")
 
 
 class StatusIndex(models.Index):
@@ -44,30 +59,32 @@ class StatusIndex(models.Index):
 
 class TaskQuerySet(models.QuerySet["Task"]):
     def ready(self) -> TaskQuerySet:
-        return self.filter(status=TaskResultStatus.READY)
+        return self.filter(status=TaskStatus.READY)
 
     def runnable(self) -> TaskQuerySet:
         """READY and due by the database clock."""
-        return self.filter(status=TaskResultStatus.READY, run_after__lte=DbNow())
+        return self.filter(status=TaskStatus.READY, run_after__lte=DbNow())
 
     def expired(self) -> TaskQuerySet:
         """RUNNING, but the holder's lease has run out: anyone may claim it."""
-        return self.filter(status=TaskResultStatus.RUNNING, lease_expires_at__lte=DbNow())
+        return self.filter(status=TaskStatus.RUNNING, lease_expires_at__lte=DbNow())
 
     def claimable(self) -> TaskQuerySet:
         return self.filter(
-            Q(status=TaskResultStatus.READY, run_after__lte=DbNow())
-            | Q(status=TaskResultStatus.RUNNING, lease_expires_at__lte=DbNow())
+            Q(status=TaskStatus.READY, run_after__lte=DbNow())
+            | Q(status=TaskStatus.RUNNING, lease_expires_at__lte=DbNow())
         )
 
     def in_queues(self, queue_names: Iterable[str]) -> TaskQuerySet:
         return self.filter(queue_name__in=list(queue_names))
 
     def held_by(self, worker_id: str) -> TaskQuerySet:
-        return self.filter(status=TaskResultStatus.RUNNING, worker_id=worker_id)
+        return self.filter(status=TaskStatus.RUNNING, worker_id=worker_id)
 
     def finished(self) -> TaskQuerySet:
-        return self.filter(status__in=[TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED])
+        return self.filter(
+            status__in=[TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED]
+        )
 
 
 class Task(models.Model):
@@ -81,9 +98,7 @@ class Task(models.Model):
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
 
-    status = models.CharField(
-        max_length=16, choices=TaskResultStatus.choices, default=TaskResultStatus.READY
-    )
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.READY)
     #: Bumped by every change of state; a claim and every later write of its
     #: holder are conditional on it (optimistic locking and fencing).
     version = models.PositiveBigIntegerField(default=0)
@@ -101,6 +116,24 @@ class Task(models.Model):
     return_value = models.JSONField(null=True, blank=True)
     #: One entry per finished attempt: worker, start, end, outcome and error.
     history = models.JSONField(default=list, blank=True)
+
+    #: Asked to stop (cancel) while RUNNING; the worker tells the task through
+    #: its context and ends it CANCELLED when it returns.
+    cancel_requested = models.BooleanField(default=False, db_default=False)
+    #: Reported by the task: fraction done (0 to 1) and a short message.
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=200, blank=True, default="", db_default="")
+    #: Saved by the task; handed back to the next attempt so it can resume.
+    checkpoint = models.JSONField(null=True, blank=True)
+    #: Parents (``depends_on``) that have not succeeded yet, while WAITING.
+    waiting_on = models.PositiveIntegerField(default=0, db_default=0)
+    parents = models.ManyToManyField(
+        "self",
+        through="TaskDependency",
+        symmetrical=False,
+        related_name="children",
+        blank=True,
+    )
 
     #: The Job that enqueued this task, if any: its JobRecord follows the task.
     job_name = models.CharField(max_length=200, blank=True, default="")
@@ -135,6 +168,8 @@ class Task(models.Model):
                 condition=Q(status="RUNNING"),
                 name="rdbtasks_task_lease",
             ),
+            # Throughput and failures over time, retention by age.
+            models.Index(fields=["finished_at"], name="rdbtasks_task_finished"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["active_dedup_key"], name="rdbtasks_task_one_active"),
@@ -144,15 +179,77 @@ class Task(models.Model):
         return f"{self.task_path} ({self.id})"
 
     @property
+    def is_finished(self) -> bool:
+        return self.status in {TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED}
+
+    @property
     def worker_ids(self) -> list[str]:
         ids = [entry.get("worker_id", "") for entry in self.history]
-        if self.status == TaskResultStatus.RUNNING:
+        if self.status == TaskStatus.RUNNING:
             ids.append(self.worker_id)
         return ids
 
     @property
     def errors(self) -> list[dict]:
         return [entry for entry in self.history if entry.get("exception_class_path")]
+
+
+class TaskDependency(models.Model):
+    """``child`` runs only after ``parent`` succeeded."""
+
+    parent = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
+    child = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        verbose_name = _("task dependency")
+        verbose_name_plural = _("task dependencies")
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "child"], name="rdbtasks_dependency_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id} -> {self.child_id}"
+
+
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def alive(self, within: float = 90.0) -> WorkerQuerySet:
+        """Heartbeat seen within ``within`` seconds (database clock), not stopped."""
+        from datetime import timedelta
+
+        return self.filter(
+            stopped_at__isnull=True, last_heartbeat_at__gte=DbNow() - timedelta(seconds=within)
+        )
+
+
+class Worker(models.Model):
+    """A running (or recently gone) worker process, as it last reported itself."""
+
+    name = models.CharField(max_length=200, unique=True)  # host:pid, the prefix of its worker ids
+    host = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    mode = models.CharField(max_length=20)
+    threads = models.PositiveIntegerField(default=1)
+    batch = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField(db_default=DbNow())
+    last_heartbeat_at = models.DateTimeField(db_default=DbNow())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    running = models.PositiveIntegerField(default=0)
+    done = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def tasks(self) -> TaskQuerySet:
+        """The tasks this process holds now."""
+        return Task.objects.filter(status="RUNNING", worker_id__startswith=f"{self.name}:")
 
 
 class MisfirePolicy(models.TextChoices):
@@ -218,9 +315,7 @@ class JobRecord(models.Model):
 
     job_name = models.CharField(max_length=200)
     key = models.CharField(max_length=255)
-    status = models.CharField(
-        max_length=16, choices=TaskResultStatus.choices, default=TaskResultStatus.READY
-    )
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.READY)
     task = models.ForeignKey(
         Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="job_records"
     )

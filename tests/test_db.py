@@ -30,9 +30,10 @@ def finish(worker_id, outcomes):
 
 def renew(worker_id, rows, lease=30.0):
     with connection.cursor() as cursor:
-        return dialect_for(connection).renew(
+        held, _cancel = dialect_for(connection).renew(
             cursor, [(r.id, r.version) for r in rows], worker_id, lease
         )
+        return held
 
 
 def test_claim_sets_a_lease_from_the_database_clock():

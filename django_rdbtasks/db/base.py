@@ -182,6 +182,11 @@ class Dialect:
                 f"UPDATE {self.table} SET status = '{FAILED}', {common}, "
                 f"attempts = attempts - 1, finished_at = {now}, history = {append} {fence}"
             ),
+            # An operator cancelled it while it ran; it has stopped.
+            "cancelled": (
+                f"UPDATE {self.table} SET status = 'CANCELLED', {common}, "
+                f"finished_at = {now}, history = {append} {fence}"
+            ),
             # Record the lost attempt's history entry and keep the claim.
             "note": f"UPDATE {self.table} SET history = {append} {fence}",
         }
@@ -337,9 +342,14 @@ class Dialect:
 
     def renew(
         self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
-    ) -> set[Any]:
-        """Extend the leases of claims still ours; return the ids we still hold."""
+    ) -> tuple[set[Any], set[Any]]:
+        """Extend the leases of claims still ours.
+
+        Returns the ids we still hold, and those of them an operator asked to
+        cancel.
+        """
         held_ids: set[Any] = set()
+        cancel: set[Any] = set()
         for chunk in _chunks(held, 500):
             marks = ", ".join(["%s"] * len(chunk))
             params: list[Any] = [self.seconds_param(lease), worker_id, *(i for i, _ in chunk)]
@@ -351,23 +361,18 @@ class Dialect:
                 f"AND ({self._version_match_sql(len(chunk))})",
                 params,
             )
-            if cursor.rowcount == len(chunk):
-                held_ids.update(i for i, _ in chunk)
-            else:
-                held_ids.update(self._still_held(cursor, chunk, worker_id))
-        return held_ids
-
-    def _still_held(
-        self, cursor: Any, chunk: Sequence[tuple[Any, int]], worker_id: str
-    ) -> set[Any]:
-        versions = dict(chunk)
-        marks = ", ".join(["%s"] * len(chunk))
-        cursor.execute(
-            f"SELECT id, version FROM {self.table} WHERE worker_id = %s "
-            f"AND status = '{RUNNING}' AND id IN ({marks})",
-            [worker_id, *versions],
-        )
-        return {i for i, v in cursor.fetchall() if versions.get(i) == v}
+            versions = dict(chunk)
+            cursor.execute(
+                f"SELECT id, version, cancel_requested FROM {self.table} WHERE worker_id = %s "
+                f"AND status = '{RUNNING}' AND id IN ({marks})",
+                [worker_id, *versions],
+            )
+            for task_id, version, cancel_requested in cursor.fetchall():
+                if versions.get(task_id) == version:
+                    held_ids.add(task_id)
+                    if cancel_requested:
+                        cancel.add(task_id)
+        return held_ids, cancel
 
     def outcome_params(self, outcome: Outcome, worker_id: str) -> list[Any]:
         kind = outcome.kind

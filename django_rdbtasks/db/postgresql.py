@@ -50,7 +50,7 @@ class PostgreSQLDialect(Dialect):
             f"UPDATE {t} AS t SET lease_expires_at = {self.now_plus_sql('%s')} "
             "FROM unnest(%s::uuid[], %s::bigint[]) AS c(id, version) "
             f"WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
-            f"AND t.status = '{RUNNING}' RETURNING t.id"
+            f"AND t.status = '{RUNNING}' RETURNING t.id, t.cancel_requested"
         )
         batch_fence = (
             "WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
@@ -147,12 +147,13 @@ class PostgreSQLDialect(Dialect):
 
     def renew(
         self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
-    ) -> set[Any]:
+    ) -> tuple[set[Any], set[Any]]:
         ordered = sorted(held)
         cursor.execute(
             self.renew_sql, [lease, [i for i, _ in ordered], [v for _, v in ordered], worker_id]
         )
-        return {row[0] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+        return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
 
     def finish(self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str) -> set[Any]:
         by_kind: dict[str, list[Outcome]] = {}

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from traceback import format_exception
 from typing import Any, TypeVar
@@ -30,7 +30,8 @@ from ..backend import RDBTaskBackend, task_key
 from ..compat import TaskContext, TaskResult, TaskResultStatus, normalize_json, task_backends
 from ..db import dialect_for
 from ..db.base import Candidate, ClaimedRow, Outcome
-from ..exceptions import InvalidTaskPath, ReturnValueNotJSON, WorkerLost
+from ..db.functions import DbNow
+from ..exceptions import InvalidTaskPath, ReturnValueNotJSON, TaskCancelled, WorkerLost
 from ..idempotency import AlreadyDone, current_task, once
 from ..loading import load_task
 from ..locks import LeasedLock
@@ -62,6 +63,10 @@ class Running:
     row: ClaimedRow
     result: TaskResult | None = None
     lost: bool = False
+    #: An operator asked to cancel it.
+    cancel: bool = False
+    #: Set when the task should stop: cancelled, lost, or the worker is stopping.
+    stop: threading.Event = field(default_factory=threading.Event)
 
 
 class Worker:
@@ -124,6 +129,7 @@ class Worker:
         self._lock = threading.Lock()
         self._started_count = 0
         self.processed = 0
+        self.failed = 0
         self.recycle = False
         self._parent_pid = os.getppid()
 
@@ -150,6 +156,7 @@ class Worker:
             from .listener import Listener
 
             background.append(Listener(self.database, self.queues, self.wake, self.halt))
+        self._with_db(self._register, "register worker", give_up_when_stopping=True)
         for thread in background:
             thread.start()
         try:
@@ -168,6 +175,10 @@ class Worker:
         finally:
             self.halt.set()
             self.wake.set()
+            try:
+                self._deregister()
+            except DatabaseError:
+                pass
             connections.close_all()
         logger.info("worker %s stopped after %d tasks", self.name, self.processed)
         return EXIT_RECYCLE if self.recycle else 0
@@ -178,6 +189,10 @@ class Worker:
             self.stop_deadline = time.monotonic() + self.grace
             self.stopping.set()
             self.wake.set()
+            with self._lock:
+                for held in self._held.values():
+                    for running in held.values():
+                        running.stop.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stopping.is_set():
@@ -334,6 +349,8 @@ class Worker:
         token = current_task.set((result.id, worker_id))
         try:
             value = self._call(task, result, row)
+            if running.cancel:
+                return self._cancelled(worker_id, row, started)
         except AlreadyDone as done:
             duration = time.monotonic() - started
             entry = self._entry(worker_id, row, duration, "ALREADY_DONE")
@@ -347,6 +364,8 @@ class Worker:
                 extra={"duration": duration},
             )
         except BaseException as exc:  # a task's SystemExit must not end the worker
+            if running.cancel:
+                return self._cancelled(worker_id, row, started)
             return self._failure(worker_id, row, exc, started, task=task)
         finally:
             current_task.reset(token)
@@ -429,6 +448,12 @@ class Worker:
         return Outcome(
             row.id, row.version, "failure", entry=entry, extra={"duration": duration, "error": exc}
         )
+
+    def _cancelled(self, worker_id: str, row: ClaimedRow, started: float) -> Outcome:
+        duration = time.monotonic() - started
+        error = TaskCancelled("cancelled by an operator while running")
+        entry = self._entry(worker_id, row, duration, "CANCELLED", error)
+        return Outcome(row.id, row.version, "cancelled", entry=entry, extra={"duration": duration})
 
     def _take_over_lost(self, worker_id: str, row: ClaimedRow) -> Outcome | None:
         """Record the lost attempt; fail the task unrun if that was its last one."""
@@ -518,6 +543,8 @@ class Worker:
                 logger.info("task %s %s released unfinished", task_id, row.task_path)
             return
         self.processed += 1
+        if outcome.kind in {"failure", "abandon"}:
+            self.failed += 1
         if not written:
             logger.warning(
                 "task %s %s: result discarded, this worker no longer holds the task "
@@ -584,29 +611,90 @@ class Worker:
             if not held:
                 continue
 
-            def renew(worker_id: str = worker_id, held: list = held) -> set[Any]:
+            def renew(worker_id: str = worker_id, held: list = held) -> tuple[set[Any], set[Any]]:
                 connection = connections[self.database]
                 with connection.cursor() as cursor:
                     return dialect_for(connection).renew(cursor, held, worker_id, self.lease)
 
             try:
-                still = renew()
+                still, cancel = renew()
             except DatabaseError as exc:
                 logger.warning("lease renewal failed (%s); retrying", exc)
                 _close_quietly(self.database)
                 continue
             lost = {task_id for task_id, _ in held} - still
-            if lost:
-                with self._lock:
-                    for task_id in lost:
-                        running = self._held.get(worker_id, {}).get(task_id)
-                        if running is not None and not running.lost:
-                            running.lost = True
-                            logger.warning(
-                                "task %s: lease lost (reclaimed or changed by someone else); "
-                                "its result will not be written",
-                                task_id,
-                            )
+            with self._lock:
+                mine = self._held.get(worker_id, {})
+                for task_id in cancel:
+                    running = mine.get(task_id)
+                    if running is not None and not running.cancel:
+                        running.cancel = True
+                        running.stop.set()
+                        logger.info("task %s: cancel requested; asking it to stop", task_id)
+                for task_id in lost:
+                    running = mine.get(task_id)
+                    if running is not None and not running.lost:
+                        running.lost = True
+                        running.stop.set()
+                        logger.warning(
+                            "task %s: lease lost (reclaimed or changed by someone else); "
+                            "its result will not be written",
+                            task_id,
+                        )
+        self._report_alive()
+
+    # -- the registry of workers -------------------------------------------------------
+
+    def _register(self) -> None:
+        from ..models import Worker as WorkerRow
+
+        rows = WorkerRow.objects.using(self.database)
+        # Rows of workers gone for a day are history nobody reads.
+        rows.filter(last_heartbeat_at__lt=DbNow() - timedelta(days=1)).delete()
+        rows.update_or_create(
+            name=self.name,
+            defaults={
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": list(self.queues),
+                "mode": self.mode,
+                "threads": self.threads,
+                "batch": self.batch,
+                "started_at": DbNow(),
+                "last_heartbeat_at": DbNow(),
+                "stopped_at": None,
+                "running": 0,
+                "done": 0,
+                "failed": 0,
+            },
+        )
+
+    def _report_alive(self) -> None:
+        from ..models import Worker as WorkerRow
+
+        with self._lock:
+            running = sum(len(held) for held in self._held.values())
+        try:
+            WorkerRow.objects.using(self.database).filter(name=self.name).update(
+                last_heartbeat_at=DbNow(),
+                running=running,
+                done=self.processed,
+                failed=self.failed,
+            )
+        except DatabaseError as exc:
+            logger.warning("could not update the worker registry (%s)", exc)
+            _close_quietly(self.database)
+
+    def _deregister(self) -> None:
+        from ..models import Worker as WorkerRow
+
+        WorkerRow.objects.using(self.database).filter(name=self.name).update(
+            stopped_at=DbNow(),
+            last_heartbeat_at=DbNow(),
+            running=0,
+            done=self.processed,
+            failed=self.failed,
+        )
 
     def _give_up_running(self) -> None:
         """The grace period is over: release every claim and leave at once."""
