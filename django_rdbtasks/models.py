@@ -157,6 +157,10 @@ class Task(models.Model):
     class Meta:
         verbose_name = _("task")
         verbose_name_plural = _("tasks")
+        permissions = [
+            ("retry_task", _("Can retry or requeue tasks")),
+            ("cancel_task", _("Can cancel tasks")),
+        ]
         indexes = [
             StatusIndex(
                 fields=["queue_name", "-priority", "run_after"],
@@ -296,6 +300,10 @@ class Job(models.Model):
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        permissions = [
+            ("run_job", _("Can run a job now")),
+            ("pause_job", _("Can pause or resume a job")),
+        ]
 
     def __str__(self) -> str:
         return self.name
