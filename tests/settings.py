@@ -11,11 +11,13 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or (
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 # Worker processes started by the tests must open the test database, so its
 # name is fixed here and RDBTASKS_TEST_WORKER makes it the one they use.
+# RDBTASKS_TEST_DB lets two test runs share a server without sharing a database.
+_test_db = os.environ.get("RDBTASKS_TEST_DB", "test_rdbtasks")
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    TEST_DB_NAME = os.path.join(os.path.dirname(__file__), "test_db.sqlite3")
+    TEST_DB_NAME = os.path.join(os.path.dirname(__file__), f"{_test_db}.sqlite3")
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
 else:
-    TEST_DB_NAME = "test_rdbtasks"
+    TEST_DB_NAME = _test_db
 DATABASES["default"]["TEST"] = {"NAME": TEST_DB_NAME}
 if os.environ.get("RDBTASKS_TEST_WORKER"):
     DATABASES["default"]["NAME"] = TEST_DB_NAME
