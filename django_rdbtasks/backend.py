@@ -57,6 +57,10 @@ class RDBTask(Task):
     once_key: str | Callable[..., str] | None = None
     #: Never run two of this task at once, cluster-wide (a leased lock).
     singleton: bool = False
+    #: Seconds a run may take: then it is asked to stop (``context.should_stop()``);
+    #: if it does not within ``OPTIONS["TIMEOUT_GRACE"]``, its process is recycled.
+    #: Either way the run fails with ``TaskTimeout`` (retried if attempts remain).
+    timeout: float | None = None
 
 
 def task_key(
@@ -124,6 +128,9 @@ class RDBTaskBackend(BaseTaskBackend):
         backoff = getattr(task, "backoff", None)
         if backoff is not None and (not isinstance(backoff, int | float) or backoff < 0):
             raise InvalidTask("backoff must be a number of seconds, 0 or more.")
+        timeout = getattr(task, "timeout", None)
+        if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+            raise InvalidTask("timeout must be a positive number of seconds.")
         for option in ("dedup_key", "once_key"):
             value = getattr(task, option, None)
             if value is not None and not (isinstance(value, str) or callable(value)):

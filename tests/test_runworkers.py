@@ -30,10 +30,13 @@ def test_racing_processes_run_each_task_exactly_once(run_workers, vendor, mode):
     if vendor == "sqlite":
         if mode == "skip-locked":
             pytest.skip("refused on SQLite; see test_skip_locked_is_refused_on_sqlite")
-        count, processes = 1000, 4  # one writer at a time: a smaller race
+        # One writer at a time: a smaller race, with bodies slow enough that a
+        # single process cannot drain it before the others have started.
+        count, processes = 1000, 4
+        bulk_enqueue(tasks.record_then_sleep, [((f"race-{i}", 0.002), {}) for i in range(count)])
     else:
         count, processes = 5000, 8
-    bulk_enqueue(tasks.record, [((f"race-{i}",), {}) for i in range(count)])
+        bulk_enqueue(tasks.record, [((f"race-{i}",), {}) for i in range(count)])
     workers = run_workers(
         "--processes",
         str(processes),

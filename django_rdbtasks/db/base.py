@@ -39,6 +39,7 @@ CLAIM_COLUMNS = (
     "run_after",
     "history",
     "job_name",
+    "checkpoint",
 )
 CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
 #: Columns an enqueue writes; the rest keep their database default (NULL).
@@ -107,6 +108,7 @@ class ClaimedRow:
     run_after: dt.datetime
     history: list
     job_name: str = ""
+    checkpoint: Any = None
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
 
@@ -134,6 +136,8 @@ class Dialect:
     vendor = ""
     #: The database clock, in the form the DateTimeField columns store.
     now_sql = "CURRENT_TIMESTAMP"
+    #: A JSON text parameter where a JSON column value is expected.
+    json_param = "%s"
 
     def __init__(self, connection: Any) -> None:
         from ..models import Task
@@ -176,6 +180,13 @@ class Dialect:
                 f"UPDATE {self.table} SET status = '{READY}', {common}, "
                 f"attempts = attempts - 1, worker_id = '', run_after = {self.now_plus_sql('%s')} "
                 f"{fence}"
+            ),
+            # The task gave itself back (or stopped early for a shutdown):
+            # attempt unspent, checkpoint kept, resumable after the delay.
+            "handover": (
+                f"UPDATE {self.table} SET status = '{READY}', {common}, "
+                f"attempts = attempts - 1, worker_id = '', run_after = {self.now_plus_sql('%s')}, "
+                f"history = {append} {fence}"
             ),
             # Taken over from a lost worker but out of attempts: fail it unrun.
             "abandon": (
@@ -338,6 +349,7 @@ class Dialect:
             run_after=self.decode_dt(row[13]),  # type: ignore[arg-type]
             history=self.decode_json(row[14]) or [],
             job_name=row[15],
+            checkpoint=self.decode_json(row[16]),
         )
 
     def renew(
@@ -382,6 +394,8 @@ class Dialect:
             head = [self.seconds_param(outcome.delay), outcome.entry_json()]
         elif kind == "postpone":
             head = [self.seconds_param(outcome.delay)]
+        elif kind == "handover":
+            head = [self.seconds_param(outcome.delay), outcome.entry_json()]
         elif kind == "release":
             head = []
         else:
@@ -453,6 +467,26 @@ class Dialect:
         if notify:
             self.notify(cursor, {task.queue_name for task in tasks})
         return self.decode_dt(now)  # type: ignore[return-value]
+
+    def save_progress(
+        self,
+        cursor: Any,
+        task_id: Any,
+        version: int,
+        worker_id: str,
+        *,
+        progress: float | None,
+        message: str,
+        checkpoint_json: str | None,
+    ) -> bool:
+        """Write a running task's progress and checkpoint, fenced by its claim."""
+        cursor.execute(
+            f"UPDATE {self.table} SET progress = %s, progress_message = %s, "
+            f"checkpoint = COALESCE({self.json_param}, checkpoint) WHERE id = %s AND version = %s "
+            f"AND worker_id = %s AND status = '{RUNNING}'",
+            [progress, message[:200], checkpoint_json, task_id, version, worker_id],
+        )
+        return cursor.rowcount == 1
 
     def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
         """Wake idle workers of these queues once the transaction commits."""

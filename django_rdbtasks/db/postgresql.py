@@ -24,6 +24,7 @@ NOTIFY_CHANNEL = "rdbtasks"
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     now_sql = "STATEMENT_TIMESTAMP()"
+    json_param = "%s::jsonb"
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)

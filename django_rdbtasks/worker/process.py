@@ -27,11 +27,19 @@ from django.db import DatabaseError, connections, transaction
 from django.utils.crypto import get_random_string
 
 from ..backend import RDBTaskBackend, task_key
-from ..compat import TaskContext, TaskResult, TaskResultStatus, normalize_json, task_backends
+from ..compat import TaskResult, TaskResultStatus, normalize_json, task_backends
+from ..context import _UNSET, RDBTaskContext
 from ..db import dialect_for
 from ..db.base import Candidate, ClaimedRow, Outcome
 from ..db.functions import DbNow
-from ..exceptions import InvalidTaskPath, ReturnValueNotJSON, TaskCancelled, WorkerLost
+from ..exceptions import (
+    HandOver,
+    InvalidTaskPath,
+    ReturnValueNotJSON,
+    TaskCancelled,
+    TaskTimeout,
+    WorkerLost,
+)
 from ..idempotency import AlreadyDone, current_task, once
 from ..loading import load_task
 from ..locks import LeasedLock
@@ -65,8 +73,69 @@ class Running:
     lost: bool = False
     #: An operator asked to cancel it.
     cancel: bool = False
-    #: Set when the task should stop: cancelled, lost, or the worker is stopping.
+    #: Set when the task should stop: cancelled, lost, timed out, or the worker is stopping.
     stop: threading.Event = field(default_factory=threading.Event)
+    task: Any = None
+    started: float | None = None  # monotonic, once it runs
+    timeout: float | None = None
+    timed_out: bool = False
+
+
+class Control:
+    """The worker's side of a task's context: stop requests, progress, checkpoints."""
+
+    def __init__(self, worker: Worker, worker_id: str, running: Running) -> None:
+        self.worker = worker
+        self.worker_id = worker_id
+        self.running = running
+        self.checkpoint: Any = running.row.checkpoint
+        self.progress: float | None = None
+        self.message = ""
+        self.stop_observed = False
+        self._dirty = False
+        self._checkpoint_dirty = False
+        self._last_write = 0.0
+
+    def should_stop(self) -> bool:
+        if self.running.stop.is_set():
+            self.stop_observed = True
+            return True
+        return False
+
+    def update(self, progress: Any, message: str, checkpoint: Any, force: bool) -> None:
+        if progress is not _UNSET:
+            self.progress, self.message = progress, message
+        if checkpoint is not _UNSET:
+            self.checkpoint, self._checkpoint_dirty = checkpoint, True
+        self._dirty = True
+        if force or time.monotonic() - self._last_write >= self.worker.progress_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what changed, fenced by the claim; one try (a task must not hang on it)."""
+        if not self._dirty:
+            return
+        row = self.running.row
+        connection = connections[self.worker.database]
+        try:
+            with connection.cursor() as cursor:
+                held = dialect_for(connection).save_progress(
+                    cursor,
+                    row.id,
+                    row.version,
+                    self.worker_id,
+                    progress=self.progress,
+                    message=self.message,
+                    checkpoint_json=json.dumps(self.checkpoint) if self._checkpoint_dirty else None,
+                )
+        except DatabaseError as exc:
+            logger.warning("could not save progress of task %s (%s)", row.id, exc)
+            return
+        self._dirty = self._checkpoint_dirty = False
+        self._last_write = time.monotonic()
+        if not held:
+            self.running.lost = True
+            self.running.stop.set()
 
 
 class Worker:
@@ -114,6 +183,8 @@ class Worker:
         self.batch = max(1, batch or 1)
         self.lease = lease
         self.heartbeat_interval = max(0.05, lease / 3)
+        self.progress_interval = float(instance.options.get("PROGRESS_INTERVAL", 1.0))
+        self.timeout_grace = float(instance.options.get("TIMEOUT_GRACE", 5.0))
         self.poll_interval = poll_interval
         self.burst = burst
         self.max_tasks = max_tasks
@@ -347,10 +418,15 @@ class Worker:
                 return Outcome(row.id, row.version, "postpone", delay=self.poll_interval)
             lock.start_renewing()
         token = current_task.set((result.id, worker_id))
+        control = Control(self, worker_id, running)
+        running.task = task
+        running.timeout = getattr(task, "timeout", None)
+        running.started = started
         try:
-            value = self._call(task, result, row)
-            if running.cancel:
-                return self._cancelled(worker_id, row, started)
+            value = self._call(task, result, row, control)
+        except HandOver as handover:
+            control.flush()
+            return self._handed_over(worker_id, row, started, handover.delay)
         except AlreadyDone as done:
             duration = time.monotonic() - started
             entry = self._entry(worker_id, row, duration, "ALREADY_DONE")
@@ -363,16 +439,27 @@ class Worker:
                 return_value=None,
                 extra={"duration": duration},
             )
-        except BaseException as exc:  # a task's SystemExit must not end the worker
+        except BaseException as error:  # a task's SystemExit must not end the worker
+            control.flush()
             if running.cancel:
                 return self._cancelled(worker_id, row, started)
-            return self._failure(worker_id, row, exc, started, task=task)
+            reason = self._timeout_error(running) if running.timed_out else error
+            return self._failure(worker_id, row, reason, started, task=task)
         finally:
+            running.started = None
             current_task.reset(token)
             if lock is not None:
                 lock.stop_renewing()
                 self._with_db(lock.release, "singleton lock release")
             _reset_connections()
+        control.flush()
+        if running.cancel:
+            return self._cancelled(worker_id, row, started)
+        if running.timed_out:
+            return self._failure(worker_id, row, self._timeout_error(running), started, task=task)
+        if self.stopping.is_set() and control.stop_observed:
+            # It saw the shutdown and returned early: another worker resumes it.
+            return self._handed_over(worker_id, row, started, 0.0)
         try:
             value = normalize_json(value)
             json.dumps(value, allow_nan=False)
@@ -389,10 +476,10 @@ class Worker:
             extra={"duration": duration},
         )
 
-    def _call(self, task: Any, result: TaskResult, row: ClaimedRow) -> Any:
+    def _call(self, task: Any, result: TaskResult, row: ClaimedRow, control: Control) -> Any:
         args: list[Any] = list(row.args)
         if task.takes_context:
-            args.insert(0, TaskContext(task_result=result))
+            args.insert(0, RDBTaskContext(task_result=result, control=control))
         template = getattr(task, "once_key", None)
         if template is None:
             return task.call(*args, **row.kwargs)
@@ -448,6 +535,23 @@ class Worker:
         return Outcome(
             row.id, row.version, "failure", entry=entry, extra={"duration": duration, "error": exc}
         )
+
+    def _handed_over(
+        self, worker_id: str, row: ClaimedRow, started: float, delay: float
+    ) -> Outcome:
+        duration = time.monotonic() - started
+        entry = self._entry(worker_id, row, duration, "HANDED_OVER")
+        return Outcome(
+            row.id,
+            row.version,
+            "handover",
+            entry=entry,
+            delay=delay,
+            extra={"duration": duration},
+        )
+
+    def _timeout_error(self, running: Running) -> TaskTimeout:
+        return TaskTimeout(f"ran past its timeout of {running.timeout:g}s")
 
     def _cancelled(self, worker_id: str, row: ClaimedRow, started: float) -> Outcome:
         duration = time.monotonic() - started
@@ -596,6 +700,7 @@ class Worker:
                 self.stop()
             if self.stopping.is_set() and time.monotonic() > self.stop_deadline:
                 self._give_up_running()
+            self._watch_timeouts()
             if time.monotonic() >= next_renew:
                 next_renew = time.monotonic() + self.heartbeat_interval
                 self._renew()
@@ -642,6 +747,59 @@ class Worker:
                             task_id,
                         )
         self._report_alive()
+
+    def _watch_timeouts(self) -> None:
+        """Ask a task past its timeout to stop; if it ignores that, recycle the process."""
+        now = time.monotonic()
+        with self._lock:
+            running = [
+                (worker_id, r)
+                for worker_id, held in self._held.items()
+                for r in held.values()
+                if r.timeout is not None and r.started is not None
+            ]
+        for worker_id, task in running:
+            elapsed = now - task.started  # type: ignore[operator]
+            if not task.timed_out and elapsed > task.timeout:  # type: ignore[operator]
+                task.timed_out = True
+                task.stop.set()
+                logger.warning(
+                    "task %s ran past its timeout of %gs; asking it to stop",
+                    task.row.id,
+                    task.timeout,
+                )
+            elif task.timed_out and elapsed > task.timeout + self.timeout_grace:  # type: ignore[operator]
+                self._recycle_for_timeout(worker_id, task)
+
+    def _recycle_for_timeout(self, worker_id: str, stuck: Running) -> None:
+        """Fail the stuck task (retried if attempts remain), give the rest back, exit.
+
+        A thread cannot be killed safely mid-write; a process can. The
+        supervisor starts a fresh one.
+        """
+        error = TaskTimeout(
+            f"ran past its timeout of {stuck.timeout:g}s and did not stop within "
+            f"{self.timeout_grace:g}s; its worker process was recycled"
+        )
+        logger.error("task %s %s", stuck.row.id, error)
+        failure = self._failure(
+            worker_id, stuck.row, error, stuck.started or time.monotonic(), task=stuck.task
+        )
+        with self._lock:
+            held = {w: list(h.values()) for w, h in self._held.items()}
+        for holder, runnings in held.items():
+            outcomes = [
+                failure if r is stuck else Outcome(r.row.id, r.row.version, "release")
+                for r in runnings
+            ]
+            try:
+                connection = connections[self.database]
+                with transaction.atomic(using=self.database), connection.cursor() as cursor:
+                    dialect_for(connection).finish(cursor, outcomes, holder)
+            except DatabaseError as exc:
+                logger.warning("could not write before recycling (%s); leases will expire", exc)
+        logging.shutdown()
+        os._exit(EXIT_RECYCLE)
 
     # -- the registry of workers -------------------------------------------------------
 
