@@ -63,6 +63,21 @@ class RDBTask(Task):
     timeout: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RDBTaskResult(TaskResult):
+    """The framework's ``TaskResult`` plus the progress a running task reported."""
+
+    progress: float | None = None
+    progress_message: str = ""
+
+    def refresh(self) -> None:
+        # Zero-argument super() does not work in a slots dataclass.
+        TaskResult.refresh(self)
+        fresh = self.task.get_backend().get_result(self.id)
+        object.__setattr__(self, "progress", getattr(fresh, "progress", None))
+        object.__setattr__(self, "progress_message", getattr(fresh, "progress_message", ""))
+
+
 def task_key(
     template: str | Callable[..., str], task: Task, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> str:
@@ -202,7 +217,7 @@ class RDBTaskBackend(BaseTaskBackend):
                 return dialect.insert_tasks(cursor, tasks, self.notify)
 
     def _new_result(self, task: Task, new: NewTask, enqueued_at: Any) -> TaskResult:
-        return TaskResult(
+        return RDBTaskResult(
             task=task,
             id=str(new.id),
             status=TaskResultStatus.READY,
@@ -313,7 +328,9 @@ class RDBTaskBackend(BaseTaskBackend):
                 )
         elif status == TaskStatus.WAITING:
             status = TaskResultStatus.READY
-        result = TaskResult(
+        result = RDBTaskResult(
+            progress=row.progress,
+            progress_message=row.progress_message,
             task=task,
             id=str(row.id),
             status=TaskResultStatus(status),

@@ -35,7 +35,12 @@ TASKS = {
     "default": {
         "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
         "QUEUES": ["default", "emails", "other"],
-        "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": 0.05},
+        "OPTIONS": {
+            "MAX_ATTEMPTS": 3,
+            "BACKOFF": 0.05,
+            "PROGRESS_INTERVAL": 0.1,
+            "TIMEOUT_GRACE": 0.5,
+        },
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections, transaction
 from django.utils.crypto import get_random_string
 
-from ..backend import RDBTaskBackend, task_key
+from ..backend import RDBTaskBackend, RDBTaskResult, task_key
 from ..compat import TaskResult, TaskResultStatus, normalize_json, task_backends
 from ..context import _UNSET, RDBTaskContext
 from ..db import dialect_for
@@ -394,7 +394,7 @@ class Worker:
             # Permanent: retrying cannot make the path valid.
             return self._failure(worker_id, row, exc, started, retry=False)
 
-        result = TaskResult(
+        result = RDBTaskResult(
             task=task,
             id=self._public_id(row.id),
             status=TaskResultStatus.RUNNING,

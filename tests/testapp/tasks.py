@@ -140,3 +140,43 @@ def exclusive(key, seconds):
     finally:
         _singleton_running -= 1
     return _singleton_peak
+
+
+@task(takes_context=True, max_attempts=5, backoff=0)
+def resumable(context, key, items, seconds):
+    """Processes items from its checkpoint on; stops early when asked."""
+    start = (context.checkpoint or {}).get("next", 0)
+    for item in range(start, items):
+        if context.should_stop():
+            return "stopped"
+        SideEffect.objects.create(key=f"{key}:{item}", pid=os.getpid())
+        time.sleep(seconds)
+        context.report_progress(
+            done=item + 1, total=items, message=f"item {item}", checkpoint={"next": item + 1}
+        )
+    return "done"
+
+
+@task(takes_context=True, backoff=0)
+def rebalancing(context, key):
+    start = (context.checkpoint or {}).get("next", 0)
+    for item in range(start, 6):
+        SideEffect.objects.create(key=f"{key}:{item}", pid=os.getpid())
+        context.save_checkpoint({"next": item + 1}, force=True)
+        if item == 2 and context.attempt == 1 and start == 0:
+            context.hand_over(delay=0.2)
+    return start
+
+
+@task(takes_context=True, max_attempts=1, timeout=0.5)
+def until_stopped(context, key):
+    SideEffect.objects.create(key=key, pid=os.getpid())
+    while not context.should_stop():
+        time.sleep(0.02)
+    return "stopped"
+
+
+@task(max_attempts=2, backoff=0, timeout=0.5)
+def ignores_timeout(key, seconds):
+    SideEffect.objects.create(key=key, pid=os.getpid())
+    time.sleep(seconds)

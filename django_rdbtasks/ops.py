@@ -1,0 +1,565 @@
+"""Operational queries shared by the admin and the ``rdbtasks`` command.
+
+Everything here must stay cheap on a table of millions of rows, because the
+dashboard runs it on every load and monitors run ``rdbtasks status`` every few
+seconds:
+
+- counts are exact only where an index bounds the work: READY (the claim
+  index), RUNNING (the lease index), WAITING, and finished rows of the last
+  hour (the ``finished_at`` index);
+- the table's total is the planner's estimate on PostgreSQL and MySQL;
+- ages and windows are measured against one reading of the database clock,
+  the clock that decides leases and ``run_after``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, router, transaction
+from django.db.models import Count, F, Min, QuerySet
+from django.db.models.functions import TruncMinute
+
+from .compat import task_backends
+from .db import dialect_for
+from .db.functions import DbNow
+from .jobs import database_now
+from .models import Task, TaskStatus, Worker
+
+FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+#: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
+REQUEUEABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY)
+#: A worker without a heartbeat for this long is gone (``Worker.objects.alive``).
+ALIVE_WITHIN = 90.0
+#: Past this many rows an exact count is not worth its cost: shown as "N+".
+COUNT_CAP = 100_000
+
+
+def default_database() -> str:
+    return router.db_for_read(Task)
+
+
+# -- UUIDv7 and time ---------------------------------------------------------------------
+
+
+def uuid7_floor(moment: dt.datetime) -> uuid.UUID:
+    """The smallest UUIDv7 of ``moment``'s millisecond.
+
+    Task ids are UUIDv7, so ``id >= uuid7_floor(t)`` selects the tasks
+    enqueued since ``t`` through the primary key index, where a filter on
+    ``enqueued_at`` would scan the table. (The id's time comes from the
+    enqueuing process's clock: good to the second, which is all a filter needs.)
+    """
+    millis = max(0, int(moment.timestamp() * 1000))
+    return uuid.UUID(int=(millis & (2**48 - 1)) << 80 | 0x7 << 76 | 0b10 << 62)
+
+
+# -- counts --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """A queue's tasks by status; the finished ones over the snapshot's window."""
+
+    name: str
+    ready: int = 0  # READY and due: what workers would claim now
+    scheduled: int = 0  # READY, run_after still ahead (deferred or backing off)
+    waiting: int = 0  # WAITING for parent tasks
+    running: int = 0  # RUNNING, stalled ones included
+    stalled: int = 0  # RUNNING with a lapsed lease: its worker is gone, claimable again
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    #: Since when the longest-waiting runnable task could have run.
+    oldest_runnable: dt.datetime | None = None
+
+    def lag(self, now: dt.datetime) -> float | None:
+        """Seconds the oldest runnable task has been waiting; None when none is."""
+        if self.oldest_runnable is None:
+            return None
+        return max(0.0, (now - self.oldest_runnable).total_seconds())
+
+    def add(self, other: QueueStats) -> None:
+        for name in ("ready", "scheduled", "waiting", "running", "stalled"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("succeeded", "failed", "cancelled"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.oldest_runnable = _earliest(self.oldest_runnable, other.oldest_runnable)
+
+
+@dataclass(frozen=True, slots=True)
+class RowCount:
+    value: int
+    #: The planner's estimate (or a capped count), not an exact COUNT(*).
+    estimate: bool
+
+
+@dataclass(slots=True)
+class Throughput:
+    """Finished tasks per minute, oldest minute first, the current one last."""
+
+    minutes: list[dt.datetime]
+    succeeded: list[int]
+    failed: list[int]
+    cancelled: list[int]
+
+    @property
+    def peak(self) -> int:
+        totals = [s + f + c for s, f, c in zip(self.succeeded, self.failed, self.cancelled)]
+        return max(totals, default=0)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    using: str
+    vendor: str
+    now: dt.datetime
+    window: dt.timedelta
+    queues: dict[str, QueueStats]
+    total: QueueStats
+    rows: RowCount
+    throughput: Throughput
+    workers: list[Worker] = field(default_factory=list)
+    gone_workers: int = 0
+
+    @property
+    def lag(self) -> float | None:
+        return self.total.lag(self.now)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, for ``rdbtasks status --json``."""
+
+        def stats(queue: QueueStats) -> dict[str, Any]:
+            data = asdict(queue)
+            data.pop("name")
+            data["oldest_runnable"] = _iso(queue.oldest_runnable)
+            data["lag_seconds"] = _round(queue.lag(self.now))
+            return data
+
+        return {
+            "database": self.using,
+            "vendor": self.vendor,
+            "now": _iso(self.now),
+            "window_seconds": int(self.window.total_seconds()),
+            "rows": {"value": self.rows.value, "estimate": self.rows.estimate},
+            "lag_seconds": _round(self.lag),
+            "queues": {name: stats(queue) for name, queue in self.queues.items()},
+            "total": stats(self.total),
+            "workers": {
+                "alive": len(self.workers),
+                "gone": self.gone_workers,
+                "running": sum(w.running for w in self.workers),
+                "list": [worker_as_dict(w, self.now) for w in self.workers],
+            },
+        }
+
+
+def configured_queues(using: str) -> list[str]:
+    """Queues named in ``TASKS`` by the backends that keep their tasks in ``using``."""
+    from .backend import RDBTaskBackend
+
+    names: set[str] = set()
+    for alias in getattr(settings, "TASKS", {}):
+        backend = task_backends[alias]
+        if isinstance(backend, RDBTaskBackend) and backend.database == using:
+            names.update(backend.queues)
+    return sorted(names)
+
+
+def snapshot(
+    using: str | None = None,
+    *,
+    window: dt.timedelta = dt.timedelta(hours=1),
+    queues: Sequence[str] | None = None,
+) -> Snapshot:
+    """Counts per queue and status, lag, throughput and live workers, at one instant."""
+    using = using or default_database()
+    now = database_now(using)
+    tasks = Task.objects.using(using).order_by()
+    if queues:
+        tasks = tasks.filter(queue_name__in=list(queues))
+    by_queue: dict[str, QueueStats] = {
+        name: QueueStats(name) for name in (queues or configured_queues(using))
+    }
+
+    def stats_for(name: str) -> QueueStats:
+        return by_queue.setdefault(name, QueueStats(name))
+
+    _count_ready(tasks, now, stats_for)
+    _count_running(tasks, now, stats_for)
+    _count_waiting(tasks, stats_for)
+    throughput = _count_finished(tasks, now, window, stats_for)
+
+    total = QueueStats("total")
+    for stats in by_queue.values():
+        total.add(stats)
+    workers = list(Worker.objects.using(using).alive(ALIVE_WITHIN).order_by("name"))
+    return Snapshot(
+        using=using,
+        vendor=connections[using].vendor,
+        now=now,
+        window=window,
+        queues=dict(sorted(by_queue.items())),
+        total=total,
+        rows=estimated_task_rows(using),
+        throughput=throughput,
+        workers=workers,
+        gone_workers=gone_workers(using).count(),
+    )
+
+
+def _count_ready(tasks: QuerySet, now: dt.datetime, stats_for: Callable) -> None:
+    # Served by the partial READY index alone: (queue_name, priority, run_after).
+    rows = (
+        tasks.filter(status=TaskStatus.READY)
+        .values("queue_name")
+        .annotate(
+            total=Count("run_after"),
+            due=Count("run_after", filter=_le("run_after", now)),
+            oldest=Min("run_after"),
+        )
+    )
+    for row in rows:
+        stats = stats_for(row["queue_name"])
+        stats.ready = row["due"]
+        stats.scheduled = row["total"] - row["due"]
+        if row["due"]:
+            stats.oldest_runnable = _earliest(stats.oldest_runnable, row["oldest"])
+
+
+def _count_running(tasks: QuerySet, now: dt.datetime, stats_for: Callable) -> None:
+    # RUNNING rows are few (bounded by workers x threads x batch), found by the lease index.
+    rows = (
+        tasks.filter(status=TaskStatus.RUNNING)
+        .values("queue_name")
+        .annotate(
+            total=Count("lease_expires_at"),
+            stalled=Count("lease_expires_at", filter=_le("lease_expires_at", now)),
+            oldest=Min("lease_expires_at"),
+        )
+    )
+    for row in rows:
+        stats = stats_for(row["queue_name"])
+        stats.running = row["total"]
+        stats.stalled = row["stalled"]
+        if row["stalled"]:
+            # A stalled task became runnable again when its lease lapsed.
+            stats.oldest_runnable = _earliest(stats.oldest_runnable, row["oldest"])
+
+
+def _count_waiting(tasks: QuerySet, stats_for: Callable) -> None:
+    rows = tasks.filter(status=TaskStatus.WAITING).values("queue_name").annotate(n=Count("id"))
+    for row in rows:
+        stats_for(row["queue_name"]).waiting = row["n"]
+
+
+def _count_finished(
+    tasks: QuerySet, now: dt.datetime, window: dt.timedelta, stats_for: Callable
+) -> Throughput:
+    """Finished tasks of the window by queue, status and minute: one range of the index."""
+    first_minute = (now - window).replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    minutes = [
+        first_minute + dt.timedelta(minutes=i) for i in range(int(window.total_seconds() // 60))
+    ]
+    index = {minute: i for i, minute in enumerate(minutes)}
+    series = {status: [0] * len(minutes) for status in FINISHED}
+    attribute = {
+        TaskStatus.SUCCESSFUL: "succeeded",
+        TaskStatus.FAILED: "failed",
+        TaskStatus.CANCELLED: "cancelled",
+    }
+    rows = (
+        tasks.filter(finished_at__gte=now - window, status__in=FINISHED)
+        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
+        .values("queue_name", "status", "minute")
+        .annotate(n=Count("id"))
+    )
+    for row in rows:
+        stats = stats_for(row["queue_name"])
+        name = attribute[row["status"]]
+        setattr(stats, name, getattr(stats, name) + row["n"])
+        slot = index.get(_as_utc(row["minute"]))
+        if slot is None and minutes:
+            # The partial first minute of the window is counted in the first bar.
+            slot = 0 if _as_utc(row["minute"]) < minutes[0] else len(minutes) - 1
+        if slot is not None:
+            series[row["status"]][slot] += row["n"]
+    return Throughput(
+        minutes=minutes,
+        succeeded=series[TaskStatus.SUCCESSFUL],
+        failed=series[TaskStatus.FAILED],
+        cancelled=series[TaskStatus.CANCELLED],
+    )
+
+
+def estimated_task_rows(using: str | None = None) -> RowCount:
+    """How many task rows there are, without counting a big table.
+
+    PostgreSQL and MySQL keep an estimate for the planner (refreshed by
+    ANALYZE and autovacuum); SQLite, the development database, is counted.
+    """
+    using = using or default_database()
+    connection = connections[using]
+    table = Task._meta.db_table
+    estimate: float | None = None
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+                [connection.ops.quote_name(table)],
+            )
+            row = cursor.fetchone()
+            # -1: never analyzed yet (PostgreSQL 14+); count instead.
+            estimate = row[0] if row and row[0] is not None and row[0] >= 0 else None
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                [table],
+            )
+            row = cursor.fetchone()
+            estimate = row[0] if row and row[0] is not None else None
+        elif connection.vendor == "sqlite":
+            return RowCount(Task.objects.using(using).count(), estimate=False)
+    if estimate is not None:
+        return RowCount(int(estimate), estimate=True)
+    return capped_count(Task.objects.using(using).all())
+
+
+def capped_count(queryset: QuerySet, cap: int = COUNT_CAP) -> RowCount:
+    """COUNT(*), but of at most ``cap + 1`` rows; more is reported as an estimate of ``cap``."""
+    counted = queryset.order_by()[: cap + 1].count()
+    if counted > cap:
+        return RowCount(cap, estimate=True)
+    return RowCount(counted, estimate=False)
+
+
+# -- workers ------------------------------------------------------------------------------
+
+
+def gone_workers(using: str | None = None) -> QuerySet[Worker]:
+    """Workers that stopped heartbeating without saying goodbye (killed, host lost)."""
+    using = using or default_database()
+    alive = Worker.objects.using(using).alive(ALIVE_WITHIN).values("pk")
+    return Worker.objects.using(using).filter(stopped_at__isnull=True).exclude(pk__in=alive)
+
+
+def worker_state(worker: Worker, now: dt.datetime) -> str:
+    """alive, stopped (said goodbye) or gone (no heartbeat for ``ALIVE_WITHIN`` seconds)."""
+    if worker.stopped_at is not None:
+        return "stopped"
+    if (now - worker.last_heartbeat_at).total_seconds() <= ALIVE_WITHIN:
+        return "alive"
+    return "gone"
+
+
+def worker_as_dict(worker: Worker, now: dt.datetime) -> dict[str, Any]:
+    return {
+        "name": worker.name,
+        "host": worker.host,
+        "pid": worker.pid,
+        "state": worker_state(worker, now),
+        "queues": list(worker.queues),
+        "mode": worker.mode,
+        "threads": worker.threads,
+        "batch": worker.batch,
+        "running": worker.running,
+        "done": worker.done,
+        "failed": worker.failed,
+        "started_at": _iso(worker.started_at),
+        "last_heartbeat_at": _iso(worker.last_heartbeat_at),
+        "heartbeat_age_seconds": _round((now - worker.last_heartbeat_at).total_seconds()),
+        "stopped_at": _iso(worker.stopped_at),
+    }
+
+
+# -- health ------------------------------------------------------------------------------
+
+#: Setting names of ``RDBTASKS_HEALTH`` and what each limits.
+HEALTH_LIMITS = {
+    "MAX_LAG": "seconds the oldest runnable task may wait",
+    "MIN_WORKERS": "live workers there must be",
+    "MAX_READY": "runnable tasks there may be (queue depth)",
+    "MAX_STALLED": "running tasks whose worker stopped renewing their lease",
+    "MAX_FAILED": "tasks that may fail for good in the window (an hour)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    name: str
+    value: float | None
+    limit: float
+    ok: bool
+
+    def describe(self) -> str:
+        value = "none" if self.value is None else f"{self.value:g}"
+        relation = ">=" if self.name == "MIN_WORKERS" else "<="
+        verdict = "ok" if self.ok else "FAILED"
+        return f"{self.name.lower()}: {value} (must be {relation} {self.limit:g}) {verdict}"
+
+
+def health_limits(**overrides: float | None) -> dict[str, float]:
+    """``RDBTASKS_HEALTH`` with the non-None ``overrides`` (lower-case names) on top."""
+    limits = {k.upper(): v for k, v in getattr(settings, "RDBTASKS_HEALTH", {}).items()}
+    unknown = set(limits) - set(HEALTH_LIMITS)
+    if unknown:
+        raise ValueError(f"RDBTASKS_HEALTH: unknown keys {sorted(unknown)}.")
+    for name, value in overrides.items():
+        if value is not None:
+            limits[name.upper()] = value
+    return {name: float(value) for name, value in limits.items() if value is not None}
+
+
+def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:
+    """One check per configured limit; the snapshot is healthy when all are ok."""
+    values: dict[str, float | None] = {
+        "MAX_LAG": snap.lag,
+        "MIN_WORKERS": len(snap.workers),
+        "MAX_READY": snap.total.ready,
+        "MAX_STALLED": snap.total.stalled,
+        "MAX_FAILED": snap.total.failed,
+    }
+    checks = []
+    for name, limit in limits.items():
+        value = values[name]
+        if name == "MIN_WORKERS":
+            ok = value is not None and value >= limit
+        else:
+            ok = value is None or value <= limit
+        checks.append(HealthCheck(name, value, limit, ok))
+    return checks
+
+
+# -- operator actions in bulk -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    id: uuid.UUID
+    task_path: str
+    was: str
+
+
+def requeue_tasks(
+    queryset: QuerySet[Task],
+    *,
+    batch_size: int = 500,
+    limit: int | None = None,
+    on_batch: Callable[[list[Requeued]], None] | None = None,
+) -> int:
+    """Requeue the FAILED, CANCELLED or READY tasks of ``queryset``; return how many.
+
+    The same change as ``RDBTaskBackend.requeue`` (READY now, fresh attempts,
+    history kept), made a batch of ids per statement so that "retry all
+    failed" after an outage touches thousands of rows in seconds. Each batch
+    is its own short transaction: nothing holds locks on the table for long,
+    and a status that changed in between (a worker claimed it) is respected
+    by the ``status`` condition of the ``UPDATE``.
+    """
+    using = queryset.db
+    candidates = queryset.filter(status__in=REQUEUEABLE).order_by("pk")
+    done = 0
+    after: uuid.UUID | None = None
+    while limit is None or done < limit:
+        page = candidates if after is None else candidates.filter(pk__gt=after)
+        size = batch_size if limit is None else min(batch_size, limit - done)
+        rows = list(page.values_list("pk", "task_path", "status", "queue_name")[:size])
+        if not rows:
+            break
+        after = rows[-1][0]
+        with transaction.atomic(using=using):
+            requeued = _requeue_batch(using, rows)
+            done += len(requeued)
+            if requeued and on_batch is not None:
+                on_batch(requeued)
+    return done
+
+
+def _requeue_batch(using: str, rows: list[tuple]) -> list[Requeued]:
+    # Keep in step with RDBTaskBackend.requeue (tests/test_ops.py compares the two).
+    tasks = Task.objects.using(using)
+    ids = [row[0] for row in rows]
+    # Re-read under the same transaction: only rows still requeueable are changed,
+    # and only those are reported.
+    still = set(
+        tasks.select_for_update()
+        .filter(pk__in=ids, status__in=REQUEUEABLE)
+        .values_list("pk", flat=True)
+    )
+    if not still:
+        return []
+    tasks.filter(pk__in=still, status__in=REQUEUEABLE).update(
+        status=TaskStatus.READY,
+        attempts=0,
+        run_after=DbNow(),
+        finished_at=None,
+        worker_id="",
+        cancel_requested=False,
+        version=F("version") + 1,
+    )
+    _notify(using, {row[3] for row in rows if row[0] in still})
+    return [Requeued(row[0], row[1], row[2]) for row in rows if row[0] in still]
+
+
+def _notify(using: str, queue_names: Iterable[str]) -> None:
+    """Wake the workers of these queues (PostgreSQL NOTIFY, sent at commit)."""
+    from .backend import RDBTaskBackend
+
+    wants = any(
+        isinstance(task_backends[alias], RDBTaskBackend)
+        and task_backends[alias].database == using
+        and task_backends[alias].notify
+        for alias in getattr(settings, "TASKS", {})
+    )
+    if wants:
+        connection = connections[using]
+        with connection.cursor() as cursor:
+            dialect_for(connection).notify(cursor, queue_names)
+
+
+def backend_for_database(using: str) -> Any:
+    """The first ``RDBTaskBackend`` keeping its tasks in ``using``, for its operator APIs."""
+    from .backend import RDBTaskBackend
+
+    for alias in getattr(settings, "TASKS", {}):
+        backend = task_backends[alias]
+        if isinstance(backend, RDBTaskBackend) and backend.database == using:
+            return backend
+    raise LookupError(f"No RDBTaskBackend keeps its tasks in database {using!r}.")
+
+
+# -- small helpers ------------------------------------------------------------------------
+
+
+def _le(field_name: str, value: Any) -> Any:
+    from django.db.models import Q
+
+    return Q(**{f"{field_name}__lte": value})
+
+
+def _earliest(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _as_utc(value: dt.datetime) -> dt.datetime:
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
