@@ -127,6 +127,13 @@ class Task(models.Model):
     checkpoint = models.JSONField(null=True, blank=True)
     #: Parents (``depends_on``) that have not succeeded yet, while WAITING.
     waiting_on = models.PositiveIntegerField(default=0, db_default=0)
+    #: What a failed parent does to this task: CANCELLED or FAILED.
+    on_parent_failure = models.CharField(
+        max_length=16, default="CANCELLED", db_default="CANCELLED", blank=True
+    )
+    #: Set (with a row lock) when a dependant is enqueued, so the parent's
+    #: completion knows, in its own statement, to release its children.
+    has_children = models.BooleanField(default=False, db_default=False)
     parents = models.ManyToManyField(
         "self",
         through="TaskDependency",

@@ -25,7 +25,7 @@ def claim(worker_id, lease=30.0, limit=10):
 def finish(worker_id, outcomes):
     dialect = dialect_for(connection)
     with transaction.atomic(), connection.cursor() as cursor:
-        return dialect.finish(cursor, outcomes, worker_id)
+        return set(dialect.finish(cursor, outcomes, worker_id))
 
 
 def renew(worker_id, rows, lease=30.0):

@@ -61,6 +61,8 @@ INSERT_COLUMNS = (
     "history",
     "job_name",
     "dedup_key",
+    "waiting_on",
+    "on_parent_failure",
 )
 
 
@@ -79,6 +81,9 @@ class NewTask:
     run_after: dt.datetime | None
     job_name: str = ""
     dedup_key: str | None = None
+    status: str = READY
+    waiting_on: int = 0
+    on_parent_failure: str = "CANCELLED"
 
 
 @dataclass(slots=True)
@@ -402,17 +407,33 @@ class Dialect:
             head = [outcome.entry_json()]
         return [*head, outcome.id, outcome.version, worker_id]
 
-    def finish(self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str) -> set[Any]:
-        """Write the outcomes, each fenced by its claim; return the ids written.
+    def finish(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
+    ) -> dict[Any, bool | None]:
+        """Write the outcomes, each fenced by its claim.
 
-        The caller wraps this in one transaction, so a batch costs one commit.
+        Returns the ids written, each mapped to whether the task has dependants
+        (None where this database cannot say in the same statement). The caller
+        wraps this in one transaction, so a batch costs one commit.
         """
-        written: set[Any] = set()
+        written: dict[Any, bool | None] = {}
         for outcome in outcomes:
             cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
             if cursor.rowcount == 1:
-                written.add(outcome.id)
+                written[outcome.id] = None
         return written
+
+    def end_waiting(self, cursor: Any, ids: Sequence[Any], status: str, entry_json: str) -> None:
+        """End WAITING tasks whose parent failed: CANCELLED or FAILED, with the reason."""
+        if not ids:
+            return
+        marks = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            f"UPDATE {self.table} SET status = %s, finished_at = {self.now_sql}, "
+            f"version = version + 1, history = {self.json_append_sql('history', '%s')} "
+            f"WHERE id IN ({marks}) AND status = 'WAITING'",
+            [status, entry_json, *ids],
+        )
 
     def current_time(self, cursor: Any) -> Any:
         """The database clock, as the driver returns it for a DateTimeField column."""
@@ -436,13 +457,15 @@ class Dialect:
             task.max_attempts,
             run_after,
             now,
-            READY,
+            task.status,
             0,
             "",
             0,
             "[]",
             task.job_name,
             task.dedup_key,
+            task.waiting_on,
+            task.on_parent_failure,
         )
 
     #: Whether insert_tasks is a single statement, atomic without a transaction.

@@ -9,7 +9,6 @@ from typing import Any
 from .base import (
     CLAIM_COLUMNS,
     INSERT_COLUMNS,
-    READY,
     RUNNING,
     Candidate,
     ClaimedRow,
@@ -53,9 +52,11 @@ class PostgreSQLDialect(Dialect):
             f"WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
             f"AND t.status = '{RUNNING}' RETURNING t.id, t.cancel_requested"
         )
+        # has_children after the row lock: a dependant enqueued concurrently
+        # set it before we could update, so we see it.
         batch_fence = (
             "WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
-            f"AND t.status = '{RUNNING}' RETURNING t.id"
+            f"AND t.status = '{RUNNING}' RETURNING t.id, t.has_children"
         )
         common = "version = t.version + 1, lease_expires_at = NULL"
         history = "history = t.history || jsonb_build_array(c.entry)"
@@ -90,12 +91,14 @@ class PostgreSQLDialect(Dialect):
             f"WITH n AS (SELECT {now} AS now), inserted AS ("
             f"INSERT INTO {t} ({', '.join(INSERT_COLUMNS)}) "
             "SELECT c.id, c.task_path, c.queue_name, c.backend_name, c.priority, c.args, "
-            f"c.kwargs, c.max_attempts, COALESCE(c.run_after, n.now), n.now, '{READY}', 0, '', "
-            "0, '[]'::jsonb, c.job_name, c.dedup_key FROM unnest(%s::uuid[], %s::text[], "
-            "%s::text[], %s::text[], %s::int[], %s::jsonb[], %s::jsonb[], %s::int[], "
-            "%s::timestamptz[], %s::text[], %s::text[]) "
+            "c.kwargs, c.max_attempts, COALESCE(c.run_after, n.now), n.now, c.status, 0, '', "
+            "0, '[]'::jsonb, c.job_name, c.dedup_key, c.waiting_on, c.on_parent_failure "
+            "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::int[], "
+            "%s::jsonb[], %s::jsonb[], %s::int[], %s::timestamptz[], %s::text[], %s::text[], "
+            "%s::text[], %s::int[], %s::text[]) "
             "AS c(id, task_path, queue_name, backend_name, priority, args, kwargs, "
-            "max_attempts, run_after, job_name, dedup_key), n), "
+            "max_attempts, run_after, job_name, dedup_key, status, waiting_on, "
+            "on_parent_failure), n), "
             # NOTIFY in the same statement: an enqueue outside a transaction
             # is one round trip. PostgreSQL delivers it at commit.
             f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) q) "
@@ -122,6 +125,9 @@ class PostgreSQLDialect(Dialect):
                 [t.run_after for t in tasks],
                 [t.job_name for t in tasks],
                 [t.dedup_key for t in tasks],
+                [t.status for t in tasks],
+                [t.waiting_on for t in tasks],
+                [t.on_parent_failure for t in tasks],
                 queues,
             ],
         )
@@ -156,15 +162,17 @@ class PostgreSQLDialect(Dialect):
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
 
-    def finish(self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str) -> set[Any]:
+    def finish(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
+    ) -> dict[Any, bool | None]:
         by_kind: dict[str, list[Outcome]] = {}
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
-        written: set[Any] = set()
+        written: dict[Any, bool | None] = {}
         for kind, group in by_kind.items():
             sql = self.batch_outcome_sql.get(kind)
             if sql is None:
-                written |= super().finish(cursor, group, worker_id)
+                written.update(super().finish(cursor, group, worker_id))
                 continue
             group.sort(key=lambda o: o.id)
             columns: list[list[Any]] = [[o.id for o in group], [o.version for o in group]]
@@ -175,7 +183,7 @@ class PostgreSQLDialect(Dialect):
             elif kind == "retry":
                 columns += [[o.entry_json() for o in group], [o.delay for o in group]]
             cursor.execute(sql, [*columns, worker_id])
-            written.update(row[0] for row in cursor.fetchall())
+            written.update((row[0], row[1]) for row in cursor.fetchall())
         return written
 
     def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:

@@ -32,6 +32,7 @@ from ..context import _UNSET, RDBTaskContext
 from ..db import dialect_for
 from ..db.base import Candidate, ClaimedRow, Outcome
 from ..db.functions import DbNow
+from ..dependencies import end_dependants, release_dependants
 from ..exceptions import (
     HandOver,
     InvalidTaskPath,
@@ -603,11 +604,12 @@ class Worker:
             with transaction.atomic(using=self.database), connection.cursor() as cursor:
                 written = dialect_for(connection).finish(cursor, outcomes, worker_id)
                 self._update_job_records(worker_id, pending, written)
+                self._settle_dependants(outcomes, written)
                 return written
 
         written = self._with_db(write, "write results")
         if written is None:
-            written = set()
+            written = {}
         with self._lock:
             held = self._held.get(worker_id, {})
             for outcome, _ in pending:
@@ -615,8 +617,23 @@ class Worker:
         for outcome, running in pending:
             self._report(worker_id, outcome, running, outcome.id in written)
 
+    def _settle_dependants(self, outcomes: list[Outcome], written: dict[Any, bool | None]) -> None:
+        """Release or end the dependants of what just finished, in the same transaction."""
+        succeeded, failed = [], []
+        for outcome in outcomes:
+            if written.get(outcome.id, False) is False:
+                continue  # not written, or known to have no dependants
+            if outcome.kind == "success":
+                succeeded.append(self._public_id(outcome.id))
+            elif outcome.kind in {"failure", "abandon", "cancelled"}:
+                failed.append(self._public_id(outcome.id))
+        if succeeded:
+            release_dependants(self.database, succeeded)
+        if failed:
+            end_dependants(self.database, failed)
+
     def _update_job_records(
-        self, worker_id: str, pending: list[tuple[Outcome, Running]], written: set[Any]
+        self, worker_id: str, pending: list[tuple[Outcome, Running]], written: dict[Any, Any]
     ) -> None:
         """A Job's record follows its task, in the transaction that ends the attempt."""
         from ..models import JobRecord

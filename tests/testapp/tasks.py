@@ -180,3 +180,10 @@ def until_stopped(context, key):
 def ignores_timeout(key, seconds):
     SideEffect.objects.create(key=key, pid=os.getpid())
     time.sleep(seconds)
+
+
+@task()
+def step(name, seconds=0.0):
+    SideEffect.objects.create(key=f"step:{name}", pid=os.getpid())
+    time.sleep(seconds)
+    return name
