@@ -100,7 +100,7 @@ def test_cycles_are_refused():
     flow.add("a", tasks.step, "a", depends_on=["c"])
     flow.add("b", tasks.step, "b", depends_on=["a"])
     flow.add("c", tasks.step, "c", depends_on=["b"])
-    with pytest.raises(CycleError, match="a -> c -> b -> a|a -> .* -> a"):
+    with pytest.raises(CycleError, match=r"a -> c -> b -> a"):
         flow.enqueue()
     assert not Task.objects.exists()
 
