@@ -445,7 +445,9 @@ class Worker:
             if running.cancel:
                 return self._cancelled(worker_id, row, started)
             reason = self._timeout_error(running) if running.timed_out else error
-            return self._failure(worker_id, row, reason, started, task=task)
+            # An exception may say retrying cannot help (retryable = False).
+            retry = bool(getattr(reason, "retryable", True))
+            return self._failure(worker_id, row, reason, started, task=task, retry=retry)
         finally:
             running.started = None
             current_task.reset(token)
