@@ -44,6 +44,10 @@ TASKS = {
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Processes started by the record check-out tests load the processor.
+if os.environ.get("RDBTASKS_TEST_PROCESSORS"):
+    RDBTASKS_IMPORTS = ["tests.testapp.processors"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -156,6 +156,7 @@ class Worker:
         max_tasks: int | None = None,
         grace: float = 30.0,
         listen: bool = True,
+        processors: bool = False,
     ) -> None:
         instance = task_backends[backend]
         if not isinstance(instance, RDBTaskBackend):
@@ -191,6 +192,7 @@ class Worker:
         self.max_tasks = max_tasks
         self.grace = grace
         self.listen = listen and vendor == "postgresql" and instance.notify
+        self.processors = processors
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
         self.stopping = threading.Event()  # stop claiming, finish what runs
@@ -228,6 +230,8 @@ class Worker:
             from .listener import Listener
 
             background.append(Listener(self.database, self.queues, self.wake, self.halt))
+        if self.processors:
+            background += self._processor_threads()
         self._with_db(self._register, "register worker", give_up_when_stopping=True)
         for thread in background:
             thread.start()
@@ -245,6 +249,10 @@ class Worker:
                     while slot.is_alive():
                         slot.join(0.2)
         finally:
+            self.stop()  # processors check their remaining records back in
+            for thread in background:
+                if thread.name.startswith("rdbtasks-processor-"):
+                    thread.join(max(0.0, self.stop_deadline - time.monotonic()))
             self.halt.set()
             self.wake.set()
             try:
@@ -819,6 +827,25 @@ class Worker:
                 logger.warning("could not write before recycling (%s); leases will expire", exc)
         logging.shutdown()
         os._exit(EXIT_RECYCLE)
+
+    def _processor_threads(self) -> list[threading.Thread]:
+        from ..checkout import registered_processors, run_processor
+
+        mode = "skip-locked" if self.mode == "skip-locked" else "optimistic"
+        return [
+            threading.Thread(
+                target=run_processor,
+                args=(
+                    processor,
+                    f"{self.name}:{processor.name}:{get_random_string(6)}",
+                    self.stopping,
+                ),
+                kwargs={"poll_interval": self.poll_interval, "mode": mode},
+                name=f"rdbtasks-processor-{processor.name}",
+                daemon=True,
+            )
+            for processor in registered_processors()
+        ]
 
     # -- the registry of workers -------------------------------------------------------
 

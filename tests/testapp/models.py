@@ -1,5 +1,7 @@
 from django.db import models
 
+from django_rdbtasks.checkout import CheckoutManager, CheckoutMixin
+
 
 class SideEffect(models.Model):
     """One row per task body run: what concurrency tests count."""
@@ -18,3 +20,27 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return self.number
+
+
+class Device(CheckoutMixin):
+    """Records checked out and processed on a schedule by the workers."""
+
+    name = models.CharField(max_length=50)
+
+    objects = CheckoutManager()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DeviceVisit(models.Model):
+    """One processing of a device: who, and from when to when (database clock)."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE)
+    pid = models.IntegerField()
+    holder = models.CharField(max_length=200)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.device_id} by {self.holder}"

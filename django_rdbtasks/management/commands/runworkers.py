@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from importlib import import_module
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import autodiscover_modules
@@ -77,6 +79,11 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not fire cron Jobs from this host (by default every host may take part).",
         )
+        parser.add_argument(
+            "--no-processors",
+            action="store_true",
+            help="Do not run the registered record processors in these workers.",
+        )
         parser.add_argument("--log-level", default="INFO", help="Log level (default INFO).")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -99,14 +106,17 @@ class Command(BaseCommand):
             "max_tasks": options["max_tasks"],
             "grace": options["grace"],
             "listen": not options["no_listen"],
+            "processors": not options["no_processors"],
         }
         try:
             Worker(**worker_options)  # refuse bad options before any process starts
         except (ValueError, KeyError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from exc
-        # Tasks modules hold @task and @periodic declarations: load them once,
-        # before the processes fork.
+        # Tasks modules hold @task, @periodic and @record_processor declarations:
+        # load them once, before the processes fork.
         autodiscover_modules("tasks")
+        for module in getattr(settings, "RDBTASKS_IMPORTS", []):
+            import_module(module)
         supervisor = Supervisor(
             options["processes"], worker_options, scheduler=not options["no_scheduler"]
         )
