@@ -15,7 +15,16 @@ DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 _test_db = os.environ.get("RDBTASKS_TEST_DB", "test_rdbtasks")
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     TEST_DB_NAME = os.path.join(os.path.dirname(__file__), f"{_test_db}.sqlite3")
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # Several processes write: wait for the lock, and take it when a
+    # transaction begins rather than upgrading a read lock (which fails at once).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            # Readers do not block the writer's commit (the default journal does).
+            "init_command": "PRAGMA journal_mode=WAL;",
+        }
+    )
 else:
     TEST_DB_NAME = _test_db
 DATABASES["default"]["TEST"] = {"NAME": TEST_DB_NAME}

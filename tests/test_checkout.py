@@ -1,6 +1,7 @@
 """Record check-out: one holder at a time, fenced check-in, reclaim after a crash."""
 
 import datetime as dt
+import itertools
 import os
 import signal
 import time
@@ -68,9 +69,15 @@ def test_competing_processes_visit_each_record_once_per_cycle(run_workers, monke
     count, processes = (1000, "4") if vendor != "sqlite" else (200, "2")
     monkeypatch.setenv("RDBTASKS_TEST_PROCESSORS", "1")
     monkeypatch.setenv("RDBTASKS_TEST_PROCESS_EVERY", str(every))
-    make_devices(1000)
+    make_devices(count)
     workers = run_workers(
-        "--processes", "4", "--no-scheduler", "--poll-interval", "0.2", "--log-level", "WARNING"
+        "--processes",
+        processes,
+        "--no-scheduler",
+        "--poll-interval",
+        "0.2",
+        "--log-level",
+        "WARNING",
     )
     wait_until(lambda: DeviceVisit.objects.values("device").distinct().count() == count, timeout=60)
     time.sleep(1.0)
@@ -89,7 +96,7 @@ def test_competing_processes_visit_each_record_once_per_cycle(run_workers, monke
     assert min(len(v) for v in visits.values()) >= 2  # several cycles
     shortest_gap = dt.timedelta(seconds=every - 0.05)
     for device_visits in visits.values():
-        for before, after in zip(device_visits, device_visits[1:], strict=False):
+        for before, after in itertools.pairwise(device_visits):
             assert after["started_at"] >= before["finished_at"]  # never at once
             if before["pid"] != victim:
                 assert after["started_at"] - before["finished_at"] >= shortest_gap

@@ -23,7 +23,7 @@ from datetime import timedelta
 from traceback import format_exception
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.utils.crypto import get_random_string
 
 from ..backend import RDBTaskBackend, RDBTaskResult, task_key
@@ -855,23 +855,28 @@ class Worker:
         rows = WorkerRow.objects.using(self.database)
         # Rows of workers gone for a day are history nobody reads.
         rows.filter(last_heartbeat_at__lt=DbNow() - timedelta(days=1)).delete()
-        rows.update_or_create(
-            name=self.name,
-            defaults={
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "queues": list(self.queues),
-                "mode": self.mode,
-                "threads": self.threads,
-                "batch": self.batch,
-                "started_at": DbNow(),
-                "last_heartbeat_at": DbNow(),
-                "stopped_at": None,
-                "running": 0,
-                "done": 0,
-                "failed": 0,
-            },
-        )
+        fields = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": list(self.queues),
+            "mode": self.mode,
+            "threads": self.threads,
+            "batch": self.batch,
+            "started_at": DbNow(),
+            "last_heartbeat_at": DbNow(),
+            "stopped_at": None,
+            "running": 0,
+            "done": 0,
+            "failed": 0,
+        }
+        # Update, else insert: no read-then-write transaction (which SQLite
+        # cannot upgrade while another process writes).
+        if not rows.filter(name=self.name).update(**fields):
+            try:
+                with transaction.atomic(using=self.database):
+                    rows.create(name=self.name, **fields)
+            except IntegrityError:
+                rows.filter(name=self.name).update(**fields)
 
     def _report_alive(self) -> None:
         from ..models import Worker as WorkerRow
@@ -947,7 +952,8 @@ class Worker:
                 _close_quietly(self.database)
             if give_up_when_stopping and self.stopping.is_set():
                 return None
-            if self.halt.wait(delay):
+            # Jitter: processes that failed together must not retry together.
+            if self.halt.wait(delay * random.uniform(0.5, 1.5)):
                 return None
             delay = min(delay * 2, 5.0)
 

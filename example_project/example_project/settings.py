@@ -49,8 +49,16 @@ TEMPLATES = [
 ]
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # Several worker processes write to one file: wait for the lock, don't fail.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # Several worker processes write to one file: wait for the lock, and take
+    # it when a transaction begins rather than upgrading a read lock later.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            # Readers do not block the writer's commit (the default journal does).
+            "init_command": "PRAGMA journal_mode=WAL;",
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
