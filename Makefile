@@ -49,6 +49,7 @@ test-quick: .venv/.installed
 worker: .venv/.installed
 	cd example_project && ../.venv/bin/python manage.py migrate -v0 \
 	  && ../.venv/bin/python manage.py create_invoices \
+	  && ../.venv/bin/python manage.py create_devices \
 	  && ../.venv/bin/python manage.py runworkers --processes 2 --threads 4
 
 clean:

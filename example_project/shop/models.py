@@ -1,5 +1,7 @@
 from django.db import models
 
+from django_rdbtasks.checkout import CheckoutManager, CheckoutMixin
+
 
 class Invoice(models.Model):
     customer = models.EmailField()
@@ -8,3 +10,16 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return f"Invoice {self.pk} for {self.customer}"
+
+
+class Device(CheckoutMixin):
+    """A device polled every 15 minutes by whichever app server gets to it first."""
+
+    serial = models.CharField(max_length=50, unique=True)
+    last_reading = models.FloatField(null=True, blank=True)
+    polled_at = models.DateTimeField(null=True, blank=True)
+
+    objects = CheckoutManager()
+
+    def __str__(self) -> str:
+        return self.serial

@@ -1,11 +1,14 @@
 import random
 import time
+from datetime import timedelta
 
 from django.utils import timezone
 
+from django_rdbtasks.checkout import record_processor
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
+from django_rdbtasks.jobs import periodic
 
-from .models import Invoice
+from .models import Device, Invoice
 
 if HAS_DJANGO_TASKS:
     from django.tasks import task
@@ -27,3 +30,19 @@ def send_invoice(invoice_id: int) -> str:
 @task()
 def nightly_total() -> int:
     return sum(Invoice.objects.values_list("amount_cents", flat=True))
+
+
+@record_processor(Device, every=timedelta(minutes=15), batch=20, lease=60)
+def poll_device(device: Device) -> None:
+    """Runs in every worker process; each device once per 15 minutes, never twice at once."""
+    time.sleep(random.uniform(0.001, 0.01))  # the device's API
+    device.last_reading = random.uniform(15.0, 25.0)
+    device.polled_at = timezone.now()
+    device.save(update_fields=["last_reading", "polled_at"])
+
+
+@periodic("0 3 * * *", timezone="Europe/Berlin")
+@task()
+def nightly_report() -> int:
+    """A cron Job declared in code: fires once a night across all hosts."""
+    return Invoice.objects.filter(sent_at__isnull=False).count()
