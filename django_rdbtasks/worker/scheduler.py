@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -13,6 +14,9 @@ from django.db import DatabaseError, connections
 from ..jobs import fire_due_jobs, sync_declared_jobs
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
+
+#: How often a scheduler applies RDBTASKS_RETENTION (a lock lets one host do it).
+RETENTION_EVERY = 300.0
 
 
 class Scheduler:
@@ -28,12 +32,16 @@ class Scheduler:
         logger.info("scheduler started")
         synced = False
         delay = self.interval
+        next_retention = time.monotonic()
         while not self.stopping.is_set():
             try:
                 if not synced:
                     sync_declared_jobs(self.database)
                     synced = True
                 fired = fire_due_jobs(using=self.database)
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + RETENTION_EVERY
+                    self._apply_retention()
                 delay = self.interval
             except DatabaseError as exc:
                 logger.warning("scheduler: database error (%s); retrying in %.1fs", exc, delay)
@@ -48,6 +56,15 @@ class Scheduler:
         connections.close_all()
         logger.info("scheduler stopped")
         return 0
+
+    def _apply_retention(self) -> None:
+        from django.conf import settings
+
+        if not getattr(settings, "RDBTASKS_RETENTION", None):
+            return
+        from ..retention import prune_by_setting
+
+        prune_by_setting(using=self.database)
 
     def stop(self) -> None:
         self.stopping.set()
