@@ -28,3 +28,16 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 checks.Error(f"Job {name!r}: {'; '.join(exc.messages)}", id="django_rdbtasks.E011")
             )
     return errors
+
+
+@checks.register()
+def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .retention import retention_setting
+
+    try:
+        retention_setting()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="django_rdbtasks.E020")]
+    return []

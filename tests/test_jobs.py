@@ -272,3 +272,22 @@ def test_periodic_refuses_a_bad_cron_at_import():
 def test_tick_key_is_utc_to_the_second():
     tick = timezone.make_aware(dt.datetime(2026, 3, 29, 3, 0), BERLIN)
     assert tick_key(tick) == "2026-03-29T01:00:00Z"
+
+
+@pytestmark_db
+def test_scheduler_applies_retention(settings):
+    from django_rdbtasks.worker.scheduler import Scheduler
+
+    old = database_now("default") - dt.timedelta(days=10)
+    Task.objects.create(task_path="a.b", status="SUCCESSFUL", finished_at=old)
+    Task.objects.create(task_path="a.b", status="FAILED", finished_at=old)
+    Task.objects.create(task_path="a.b", status="SUCCESSFUL", finished_at=database_now("default"))
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "7d"}
+    Scheduler(database="default")._apply_retention()
+    assert sorted(Task.objects.values_list("status", flat=True)) == ["FAILED", "SUCCESSFUL"]
+
+
+def test_bad_retention_fails_the_system_check(settings):
+    settings.RDBTASKS_RETENTION = {"RUNNING": "7d"}
+    with pytest.raises(SystemCheckError, match="RDBTASKS_RETENTION"):
+        call_command("check")
