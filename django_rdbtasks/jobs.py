@@ -185,28 +185,8 @@ def sync_declared_jobs(using: str = "default") -> None:
     takes effect from the next tick.
     """
     now = database_now(using)
+    jobs = Job.objects.using(using)
     for spec in declared_jobs().values():
-        job = Job.objects.using(using).filter(name=spec.name).first()
-        if job is None:
-            try:
-                with transaction.atomic(using=using):
-                    Job.objects.using(using).create(
-                        name=spec.name,
-                        task_path=spec.task_path,
-                        cron=spec.cron,
-                        timezone=spec.timezone,
-                        kwargs=spec.kwargs,
-                        misfire_policy=spec.misfire_policy,
-                        queue_name=spec.queue_name,
-                        priority=spec.priority,
-                        enabled=spec.enabled,
-                        next_run_at=next_tick(spec.cron, spec.timezone, now),
-                        from_code=True,
-                    )
-                logger.info("job %s created from code", spec.name)
-            except IntegrityError:
-                pass  # another worker created it at the same moment
-            continue
         wanted = {
             "task_path": spec.task_path,
             "cron": spec.cron,
@@ -216,12 +196,27 @@ def sync_declared_jobs(using: str = "default") -> None:
             "queue_name": spec.queue_name,
             "priority": spec.priority,
         }
+        job = jobs.filter(name=spec.name).first()
+        if job is None:
+            try:
+                with transaction.atomic(using=using):
+                    jobs.create(
+                        name=spec.name,
+                        enabled=spec.enabled,
+                        next_run_at=next_tick(spec.cron, spec.timezone, now),
+                        from_code=True,
+                        **wanted,
+                    )
+                logger.info("job %s created from code", spec.name)
+            except IntegrityError:
+                pass  # another worker created it at the same moment
+            continue
         changed = {k: v for k, v in wanted.items() if getattr(job, k) != v}
         if not changed and job.from_code:
             continue
         if "cron" in changed or "timezone" in changed or job.next_run_at is None:
             changed["next_run_at"] = next_tick(spec.cron, spec.timezone, now)
-        Job.objects.using(using).filter(pk=job.pk, version=job.version).update(
+        jobs.filter(pk=job.pk, version=job.version).update(
             **changed, from_code=True, version=F("version") + 1
         )
         logger.info("job %s updated from code: %s", spec.name, ", ".join(sorted(changed)))
