@@ -179,6 +179,12 @@ class Task(models.Model):
                 condition=Q(status="RUNNING"),
                 name="rdbtasks_task_lease",
             ),
+            # Dashboard counts of tasks waiting for their parents.
+            StatusIndex(
+                fields=["queue_name"],
+                condition=Q(status="WAITING"),
+                name="rdbtasks_task_waiting",
+            ),
             # Throughput and failures over time, retention by age.
             models.Index(fields=["finished_at"], name="rdbtasks_task_finished"),
         ]

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import Count, F, Min, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from .compat import task_backends
@@ -110,8 +110,8 @@ class Throughput:
 
     @property
     def peak(self) -> int:
-        totals = [s + f + c for s, f, c in zip(self.succeeded, self.failed, self.cancelled)]
-        return max(totals, default=0)
+        series = zip(self.succeeded, self.failed, self.cancelled, strict=True)
+        return max((sum(minute) for minute in series), default=0)
 
 
 @dataclass(slots=True)
@@ -398,7 +398,7 @@ class HealthCheck:
     ok: bool
 
     def describe(self) -> str:
-        value = "none" if self.value is None else f"{self.value:g}"
+        value = "none" if self.value is None else f"{round(self.value, 1):g}"
         relation = ">=" if self.name == "MIN_WORKERS" else "<="
         verdict = "ok" if self.ok else "FAILED"
         return f"{self.name.lower()}: {value} (must be {relation} {self.limit:g}) {verdict}"
@@ -490,6 +490,7 @@ def _requeue_batch(using: str, rows: list[tuple]) -> list[Requeued]:
     still = set(
         tasks.select_for_update()
         .filter(pk__in=ids, status__in=REQUEUEABLE)
+        .order_by("pk")  # lock in id order, as workers do: no deadlock between us
         .values_list("pk", flat=True)
     )
     if not still:
@@ -537,9 +538,7 @@ def backend_for_database(using: str) -> Any:
 # -- small helpers ------------------------------------------------------------------------
 
 
-def _le(field_name: str, value: Any) -> Any:
-    from django.db.models import Q
-
+def _le(field_name: str, value: Any) -> Q:
     return Q(**{f"{field_name}__lte": value})
 
 

@@ -33,13 +33,21 @@ def ensure_env(path: Path, requirements: Sequence[str], *, reinstall: bool = Fal
         return python
     print(f"  creating virtualenv {path} ({' '.join(requirements)})", flush=True)
     shutil.rmtree(path, ignore_errors=True)
-    subprocess.run([base_python(), "-m", "venv", str(path)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
-        check=True,
+    _run_quietly([base_python(), "-m", "venv", str(path)])
+    _run_quietly(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", *requirements]
     )
     marker.write_text(wanted)
     return python
+
+
+def _run_quietly(argv: list[str]) -> None:
+    """Run a set-up command; show its output only if it fails (pip's is long)."""
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv)} exited {result.returncode}\n{result.stdout}{result.stderr}"
+        )
 
 
 def package_version(python: Path | str, distribution: str) -> str:

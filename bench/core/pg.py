@@ -39,12 +39,24 @@ class PgServer:
     def recreate_database(self, name: str) -> None:
         with self.connect("postgres") as conn:
             # FORCE ends sessions a crashed earlier run may have left behind.
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
     def drop_database(self, name: str) -> None:
         with self.connect("postgres") as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def started_at(self) -> str | None:
+        """When the server last started: a change during a run means a restart spoiled it."""
+        try:
+            with self.connect("postgres") as conn:
+                return str(conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0])
+        except psycopg.Error:
+            return None
 
     def describe(self) -> dict[str, str]:
         """The server's version and the settings that decide a commit's cost."""

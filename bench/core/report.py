@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ class SystemResults:
     notes: list[str] = field(default_factory=list)
     bulk_api: str = ""
     drain: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # by worker count
-    backlog: dict[int, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)  # rows, workers
+    backlog: dict[int, dict[int, list[dict[str, Any]]]] = field(
+        default_factory=dict
+    )  # rows, workers
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     latency: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
@@ -34,7 +37,10 @@ class SystemResults:
                 workers: median_of(runs, "tasks_per_second") for workers, runs in self.drain.items()
             },
             "backlog_tasks_per_second": {
-                rows: {workers: median_of(runs, "tasks_per_second") for workers, runs in by_workers.items()}
+                rows: {
+                    workers: median_of(runs, "tasks_per_second")
+                    for workers, runs in by_workers.items()
+                }
                 for rows, by_workers in self.backlog.items()
             },
             "enqueue_single_per_second": median_of(self.enqueue, "single_per_second"),
@@ -84,9 +90,7 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"x{value:.2f}"
 
 
-def ratio_row(
-    rows: dict[str, list[float | None]], higher_is_better: bool
-) -> list[float | None]:
+def ratio_row(rows: dict[str, list[float | None]], higher_is_better: bool) -> list[float | None]:
     """Per column, how many times better the reference is than the best peer (>1: better)."""
     reference = rows.get(REFERENCE)
     peers = [values for key, values in rows.items() if key != REFERENCE]
@@ -113,7 +117,10 @@ def render_table(
     higher_is_better: bool,
     digits: int = 0,
 ) -> str:
-    cells = [[labels[key], *(fmt_number(value, digits) for value in values)] for key, values in rows.items()]
+    cells = [
+        [labels[key], *(fmt_number(value, digits) for value in values)]
+        for key, values in rows.items()
+    ]
     ratios = ratio_row(rows, higher_is_better)
     if any(ratio is not None for ratio in ratios):
         cells.append([f"{labels[REFERENCE]} vs best peer", *(fmt_ratio(ratio) for ratio in ratios)])
@@ -122,7 +129,12 @@ def render_table(
 
     def line(row: Sequence[str]) -> str:
         first, *rest = row
-        return "  ".join([first.ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(rest, widths[1:]))])
+        return "  ".join(
+            [
+                first.ljust(widths[0]),
+                *(cell.rjust(w) for cell, w in zip(rest, widths[1:], strict=True)),
+            ]
+        )
 
     rule = "-" * len(line(header))
     return "\n".join([title, rule, line(header), rule, *(line(row) for row in cells), ""])
@@ -131,30 +143,21 @@ def render_table(
 def render(results: Sequence[SystemResults], config: dict[str, Any]) -> str:
     """The report printed at the end of a run."""
     labels = {result.key: f"{result.label} {result.version}".strip() for result in results}
-    summaries = {result.key: result.summary() for result in results if result.error is None}
+    # A system that failed part-way still shows what it measured before that.
+    summaries = {result.key: result.summary() for result in results}
     parts: list[str] = []
     workers: list[int] = config["workers"]
     repeat = f"median of {config['repeat']}" if config["repeat"] > 1 else "1 run"
 
     if config["mode"] == "backlog":
-        backlogs: list[int] = config["backlog_rows"]
-        for count in workers:
-            parts.append(
-                render_table(
-                    f"Drain of {config['tasks']:,} no-op tasks with finished rows already in the table"
-                    f" (tasks/s, {count} worker process{'es' if count > 1 else ''}, {repeat})",
-                    [f"{rows:,} rows" for rows in backlogs],
-                    {key: [s["backlog_tasks_per_second"].get(rows, {}).get(count) for rows in backlogs]
-                     for key, s in summaries.items()},
-                    labels,
-                    higher_is_better=True,
-                )
-            )
-        return _with_errors(parts, results)
+        return _with_errors([render_backlog(results, config, repeat)], results)
 
-    sections: list[tuple[str, list[str], Callable[[dict[str, Any]], list[float | None]], bool, int]] = [
+    sections: list[
+        tuple[str, list[str], Callable[[dict[str, Any]], list[float | None]], bool, int]
+    ] = [
         (
-            f"Drain: {config['tasks']:,} no-op tasks queued, then N worker processes (tasks/s, {repeat})",
+            f"Drain: {config['tasks']:,} no-op tasks queued, then N worker processes"
+            f" (tasks/s, {repeat})",
             [f"{n} worker{'s' if n > 1 else ''}" for n in workers],
             lambda s: [s["drain_tasks_per_second"].get(n) for n in workers],
             True,
@@ -179,15 +182,64 @@ def render(results: Sequence[SystemResults], config: dict[str, Any]) -> str:
     ]
     for title, headers, pick, higher, digits in sections:
         rows = {key: pick(summary) for key, summary in summaries.items()}
-        parts.append(render_table(title, headers, rows, labels, higher_is_better=higher, digits=digits))
+        parts.append(
+            render_table(title, headers, rows, labels, higher_is_better=higher, digits=digits)
+        )
     return _with_errors(parts, results)
+
+
+def render_backlog(results: Sequence[SystemResults], config: dict[str, Any], repeat: str) -> str:
+    """One row per worker count, one column per backlog size, and the last against the first."""
+    sizes: list[int] = config["backlog_rows"]
+    lines: list[str] = []
+    for result in results:
+        measured = result.summary()["backlog_tasks_per_second"]
+        headers = [f"{rows:,} rows" for rows in sizes] + [f"{sizes[-1]:,} / {sizes[0]:,}"]
+        cells = [headers]
+        for workers in config["workers"]:
+            rates = [measured.get(rows, {}).get(workers) for rows in sizes]
+            first, last = rates[0], rates[-1]
+            ratio = last / first if first and last else None
+            cells.append([*(fmt_number(rate) for rate in rates), fmt_ratio(ratio)])
+        labels = ["", *(f"{n} worker{'s' if n > 1 else ''}" for n in config["workers"])]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+        label_width = max(len(label) for label in labels)
+        table = [
+            label.ljust(label_width)
+            + "  "
+            + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True))
+            for label, row in zip(labels, cells, strict=True)
+        ]
+        rule = "-" * len(table[0])
+        lines += [
+            f"{result.label}: drain of {config['tasks']:,} no-op tasks with finished rows"
+            f" already in the table (tasks/s, {repeat})",
+            rule,
+            table[0],
+            rule,
+            *table[1:],
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def error_line(error: str) -> str:
+    """The exception line of a traceback: the last line that reads ``SomeError: ...``."""
+    lines = error.strip().splitlines()
+    for line in reversed(lines):
+        # An optional dotted module, then a CamelCase class name: not PostgreSQL's "DETAIL: ".
+        if re.match(r"([a-z_]\w*\.)*[A-Z]\w*[a-z]\w*: ", line):
+            return line
+    return lines[-1] if lines else error
 
 
 def _with_errors(parts: list[str], results: Sequence[SystemResults]) -> str:
     notes = [f"  {result.label}: {note}" for result in results for note in result.notes]
     if notes:
         parts.append("How each system ran:\n" + "\n".join(notes) + "\n")
-    errors = [f"  {result.label}: {result.error.strip().splitlines()[0]}" for result in results if result.error]
+    errors = [f"  {result.label}: {error_line(result.error)}" for result in results if result.error]
     if errors:
-        parts.append("Failed (left out of the tables; full text in the JSON):\n" + "\n".join(errors) + "\n")
+        parts.append(
+            "Failed (measured no further; traceback in the JSON):\n" + "\n".join(errors) + "\n"
+        )
     return "\n".join(parts)

@@ -10,8 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for driverlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from driverlib import Driver, main  # noqa: E402
-from procrastinate_app import app, noop, record_start  # noqa: E402
+from driverlib import Driver, main
+from procrastinate_app import app, noop, record_start
 
 NO_ARGS: dict = {}
 

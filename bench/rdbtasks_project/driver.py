@@ -15,11 +15,11 @@ sys.path.insert(1, str(HERE.parents[1]))  # the checkout, for django_rdbtasks
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
 django.setup()
 
+from benchapp import tasks  # noqa: E402
 from django.db import connection  # noqa: E402
-from django_rdbtasks.backend import bulk_enqueue  # noqa: E402
 from driverlib import Driver, main  # noqa: E402
 
-import tasks  # noqa: E402
+from django_rdbtasks.backend import bulk_enqueue  # noqa: E402
 
 NO_CALL: tuple[tuple, dict] = ((), {})
 

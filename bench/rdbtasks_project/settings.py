@@ -11,7 +11,7 @@ import os
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False  # DEBUG would log every query
 USE_TZ = True
-INSTALLED_APPS = ["django_rdbtasks"]
+INSTALLED_APPS = ["django_rdbtasks", "benchapp"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",

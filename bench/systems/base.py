@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from core.envs import package_version
 from core.pg import PgServer
 from driverlib import RESULT_PREFIX
 
@@ -34,7 +35,7 @@ class System(ABC):
     database: ClassVar[str]
     #: Tables emptied between runs (their dependants go too, by CASCADE).
     job_tables: ClassVar[list[str]]
-    #: Count of tasks neither finished nor failed; a drain ends when it is 0.
+    #: Count of tasks queued or running; a drain ends when it is 0.
     unfinished_sql: ClassVar[str]
     failed_sql: ClassVar[str]
     #: What "bulk" enqueue means for this system, for the report.
@@ -69,8 +70,6 @@ class System(ABC):
         return []
 
     def version(self) -> str:
-        from core.envs import package_version
-
         return package_version(self.interpreter, self.distribution)
 
     # -- workers ---------------------------------------------------------------------
@@ -93,18 +92,24 @@ class System(ABC):
 
     def env(self) -> dict[str, str]:
         environ = {**os.environ, **self.context.server.env(self.database)}
+        # Each project's manage.py only sets a default, which the caller's shell could override.
+        environ["DJANGO_SETTINGS_MODULE"] = "settings"
         environ["PYTHONUNBUFFERED"] = "1"  # worker logs in order, if it dies
         return environ
 
     def run(self, argv: list[str], *, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """Run a set-up command in the project dir; raise with its output if it fails."""
         result = subprocess.run(
-            argv, cwd=self.project_dir, env=self.env(), capture_output=True, text=True, timeout=timeout
+            argv,
+            cwd=self.project_dir,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if result.returncode != 0:
-            raise RuntimeError(
-                f"{self.key}: {' '.join(argv)} exited {result.returncode}\n{result.stdout}{result.stderr}"
-            )
+            output = result.stdout + result.stderr
+            raise RuntimeError(f"{self.key}: {' '.join(argv)} exited {result.returncode}\n{output}")
         return result
 
     def drive(self, *args: str, timeout: float = 600) -> dict[str, Any]:
@@ -112,5 +117,7 @@ class System(ABC):
         result = self.run([*self.driver_argv, *args], timeout=timeout)
         for line in reversed(result.stdout.splitlines()):
             if line.startswith(RESULT_PREFIX):
-                return json.loads(line[len(RESULT_PREFIX):])
-        raise RuntimeError(f"{self.key}: the driver printed no result\n{result.stdout}{result.stderr}")
+                return json.loads(line[len(RESULT_PREFIX) :])
+        raise RuntimeError(
+            f"{self.key}: the driver printed no result\n{result.stdout}{result.stderr}"
+        )

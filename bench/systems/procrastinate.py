@@ -53,7 +53,8 @@ class Procrastinate(System):
 
     def notes(self) -> list[str]:
         return [
-            f"procrastinate worker processes, --concurrency {CONCURRENCY}, async tasks, log level warning",
+            f"procrastinate worker processes, --concurrency {CONCURRENCY}, async tasks,"
+            " log level warning",
             "idle worker wakes on LISTEN/NOTIFY (its default), polling every 5 s as a fallback",
             "bulk enqueue: batch_defer, 1 call per chunk",
         ]

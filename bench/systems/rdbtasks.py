@@ -6,7 +6,6 @@ import shlex
 from pathlib import Path
 
 import psycopg
-
 from core.pg import scalar
 
 from .base import BENCH_DIR, System
@@ -48,9 +47,13 @@ class RDBTasks(System):
 
     def prepare_env(self) -> None:
         # The project's own virtualenv; the package is imported from the checkout.
-        self.python = Path(self.context.options.get("rdbtasks_python") or REPO_DIR / ".venv/bin/python")
+        self.python = Path(
+            self.context.options.get("rdbtasks_python") or REPO_DIR / ".venv/bin/python"
+        )
         if not self.python.exists():
-            raise RuntimeError(f"{self.key}: no interpreter at {self.python} (see --rdbtasks-python)")
+            raise RuntimeError(
+                f"{self.key}: no interpreter at {self.python} (see --rdbtasks-python)"
+            )
 
     def version(self) -> str:
         installed = super().version()
@@ -63,12 +66,30 @@ class RDBTasks(System):
         # One supervisor that forks the worker processes; --burst exits once
         # nothing is runnable.
         return [
-            [self.interpreter, "manage.py", "runworkers", "--processes", str(workers), "--burst", *QUIET,
-             *self.worker_args]
+            [
+                self.interpreter,
+                "manage.py",
+                "runworkers",
+                "--processes",
+                str(workers),
+                "--burst",
+                *QUIET,
+                *self.worker_args,
+            ]
         ]
 
     def idle_worker_commands(self) -> list[list[str]]:
-        return [[self.interpreter, "manage.py", "runworkers", "--processes", "1", *QUIET, *self.worker_args]]
+        return [
+            [
+                self.interpreter,
+                "manage.py",
+                "runworkers",
+                "--processes",
+                "1",
+                *QUIET,
+                *self.worker_args,
+            ]
+        ]
 
     def notes(self) -> list[str]:
         args = " ".join(self.worker_args) or "defaults"
@@ -92,8 +113,10 @@ class RDBTasks(System):
         columns = [
             name
             for (name,) in conn.execute(
-                "SELECT column_name FROM information_schema.columns"
-                " WHERE table_name = %s AND table_schema = current_schema() ORDER BY ordinal_position",
+                # Generated columns compute themselves; they cannot be inserted into.
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s"
+                " AND table_schema = current_schema() AND is_generated = 'NEVER'"
+                " ORDER BY ordinal_position",
                 (TABLE,),
             )
             if name != "id"
@@ -103,11 +126,12 @@ class RDBTasks(System):
             f"""
             INSERT INTO {TABLE} (id, {", ".join(columns)})
             SELECT
-                (lpad(to_hex(base.ms + g / 1000), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0')
+                (lpad(to_hex(base.ms + g / 1000), 12, '0') || '7' || lpad(to_hex(g %% 4096), 3, '0')
                     || '8' || lpad(to_hex(g), 15, '0'))::uuid,
                 {copied}
             FROM (SELECT * FROM {TABLE} WHERE status = 'SUCCESSFUL' LIMIT 1) AS t,
-                 (SELECT (extract(epoch FROM now() - interval '1 day') * 1000)::bigint AS ms) AS base,
+                 (SELECT (extract(epoch FROM now() - interval '1 day') * 1000)::bigint AS ms)
+                     AS base,
                  generate_series(1, %s) AS g
             """,
             (rows,),

@@ -51,7 +51,14 @@ class TasksDB(System):
         # --batch exits once nothing is ready; --no-startup-delay skips a random
         # sleep of up to 1 s that spreads out workers started together, which
         # would be counted as drain time here.
-        command = [self.interpreter, "manage.py", "db_worker", "--batch", "--no-startup-delay", *QUIET]
+        command = [
+            self.interpreter,
+            "manage.py",
+            "db_worker",
+            "--batch",
+            "--no-startup-delay",
+            *QUIET,
+        ]
         return [command] * workers
 
     def idle_worker_commands(self) -> list[list[str]]:

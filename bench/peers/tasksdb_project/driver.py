@@ -16,11 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/, for driv
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
 django.setup()
 
+from benchapp import tasks  # noqa: E402
 from django.db import connection  # noqa: E402
 from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from driverlib import Driver, main  # noqa: E402
-
-import tasks  # noqa: E402
 
 
 def enqueue_many(count: int) -> None:

@@ -11,7 +11,7 @@ import os
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False  # DEBUG would also log every query and turn on db_worker --reload
 USE_TZ = True
-INSTALLED_APPS = ["django_tasks", "django_tasks_db"]
+INSTALLED_APPS = ["django_tasks", "django_tasks_db", "benchapp"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",

@@ -1,0 +1,254 @@
+"""``manage.py rdbtasks status``: the queue at a glance, and a health check for monitors.
+
+Exit codes (``status``): 0 healthy, 1 a health limit is exceeded, 2 the
+database could not be asked. Limits come from ``RDBTASKS_HEALTH`` and the
+``--max-*``/``--min-workers`` options, so a Kubernetes probe can be::
+
+    python manage.py rdbtasks status --max-lag 300 --min-workers 1 --quiet
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from ... import ops
+from ...retention import parse_age
+
+EXIT_UNHEALTHY = 1
+EXIT_DATABASE = 2
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int]) -> str:
+    """A plain text table; columns in ``right`` are aligned right (numbers)."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+
+    return "\n".join(line(row) for row in cells)
+
+
+def seconds_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+class Command(BaseCommand):
+    help = "Queue depth, lag and live workers (status), or the worker registry (workers)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        subcommands = parser.add_subparsers(dest="subcommand", required=True)
+        status = subcommands.add_parser(
+            "status",
+            help="Tasks per queue and status, lag, live workers; exit 1 when unhealthy.",
+            description="Tasks per queue and status, lag, throughput and live workers. "
+            "Exit code 0 when every configured health limit holds, 1 when one fails, "
+            "2 when the database cannot be reached.",
+        )
+        self._common(status)
+        status.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            help="Only this queue; repeat for more (default: all).",
+        )
+        status.add_argument("--json", action="store_true", help="Print JSON, for scripts.")
+        status.add_argument(
+            "--quiet", action="store_true", help="Print nothing; only the exit code tells."
+        )
+        status.add_argument(
+            "--window",
+            default="1h",
+            help="How far back finished tasks are counted (default 1h; e.g. 15m, 24h).",
+        )
+        limits = status.add_argument_group(
+            "health limits", "Override RDBTASKS_HEALTH; a limit not set is not checked."
+        )
+        limits.add_argument(
+            "--max-lag", type=float, metavar="SECONDS", help=ops.HEALTH_LIMITS["MAX_LAG"]
+        )
+        limits.add_argument(
+            "--min-workers", type=int, metavar="N", help=ops.HEALTH_LIMITS["MIN_WORKERS"]
+        )
+        limits.add_argument(
+            "--max-ready", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_READY"]
+        )
+        limits.add_argument(
+            "--max-stalled", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_STALLED"]
+        )
+        limits.add_argument(
+            "--max-failed", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_FAILED"]
+        )
+
+        workers = subcommands.add_parser("workers", help="The worker registry.")
+        self._common(workers)
+        workers.add_argument("--all", action="store_true", help="Also stopped and gone workers.")
+        workers.add_argument("--json", action="store_true", help="Print JSON, for scripts.")
+
+    def _common(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="The database alias holding the tasks (default: routed).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            if options["subcommand"] == "status":
+                self.status(options)
+            else:
+                self.workers(options)
+        except DatabaseError as exc:
+            raise CommandError(
+                f"cannot read the task tables: {exc}", returncode=EXIT_DATABASE
+            ) from exc
+
+    # -- status ------------------------------------------------------------------------
+
+    def status(self, options: dict[str, Any]) -> None:
+        try:
+            window = parse_age(options["window"])
+            limits = ops.health_limits(
+                max_lag=options["max_lag"],
+                min_workers=options["min_workers"],
+                max_ready=options["max_ready"],
+                max_stalled=options["max_stalled"],
+                max_failed=options["max_failed"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        snap = ops.snapshot(options["database"], window=window, queues=options["queues"])
+        checks = ops.check_health(snap, limits)
+        healthy = all(check.ok for check in checks)
+        if options["json"]:
+            data = snap.as_dict()
+            data["health"] = {
+                "ok": healthy,
+                "checks": [
+                    {"name": c.name, "value": c.value, "limit": c.limit, "ok": c.ok} for c in checks
+                ],
+            }
+            self.stdout.write(json.dumps(data, indent=2))
+        elif not options["quiet"]:
+            self.stdout.write(self._status_text(snap, checks))
+        if not healthy:
+            # Like `makemigrations --check`: the output says why, the code says that.
+            sys.exit(EXIT_UNHEALTHY)
+
+    def _status_text(self, snap: ops.Snapshot, checks: list[ops.HealthCheck]) -> str:
+        window = seconds_text(snap.window.total_seconds())
+        rows = [
+            self._queue_row(name, stats, snap)
+            for name, stats in [*snap.queues.items(), ("TOTAL", snap.total)]
+        ]
+        headers = [
+            "QUEUE",
+            "READY",
+            "SCHEDULED",
+            "WAITING",
+            "RUNNING",
+            "STALLED",
+            "LAG",
+            f"OK/{window}",
+            f"FAILED/{window}",
+            f"CANCELLED/{window}",
+        ]
+        about = "about " if snap.rows.estimate else ""
+        lines = [
+            f"Tasks in {snap.using} ({snap.vendor}) at {snap.now:%Y-%m-%d %H:%M:%S} UTC "
+            f"(database clock); {about}{snap.rows.value:,} rows in the table.",
+            "",
+            format_table(headers, rows, right=set(range(1, len(headers)))),
+            "",
+            self._workers_line(snap),
+        ]
+        if checks:
+            lines += ["", "Health: " + ("OK" if all(c.ok for c in checks) else "UNHEALTHY")]
+            lines += [f"  {check.describe()}" for check in checks]
+        return "\n".join(lines)
+
+    def _queue_row(self, name: str, stats: ops.QueueStats, snap: ops.Snapshot) -> list[Any]:
+        return [
+            name,
+            stats.ready,
+            stats.scheduled,
+            stats.waiting,
+            stats.running,
+            stats.stalled,
+            seconds_text(stats.lag(snap.now)),
+            stats.succeeded,
+            stats.failed,
+            stats.cancelled,
+        ]
+
+    def _workers_line(self, snap: ops.Snapshot) -> str:
+        running = sum(worker.running for worker in snap.workers)
+        text = f"Workers: {len(snap.workers)} alive, running {running} tasks"
+        if snap.gone_workers:
+            text += f"; {snap.gone_workers} gone without stopping (no heartbeat)"
+        return text + "."
+
+    # -- workers -----------------------------------------------------------------------
+
+    def workers(self, options: dict[str, Any]) -> None:
+        using = options["database"] or ops.default_database()
+        from ...jobs import database_now
+        from ...models import Worker
+
+        now = database_now(using)
+        rows = Worker.objects.using(using).order_by("-last_heartbeat_at")
+        if not options["all"]:
+            rows = rows.alive(ops.ALIVE_WITHIN)
+        workers = [ops.worker_as_dict(worker, now) for worker in rows[:500]]
+        if options["json"]:
+            self.stdout.write(json.dumps(workers, indent=2))
+            return
+        if not workers:
+            self.stdout.write("No live worker." if not options["all"] else "No worker.")
+            return
+        headers = [
+            "NAME",
+            "STATE",
+            "QUEUES",
+            "MODE",
+            "THREADS",
+            "BATCH",
+            "RUNNING",
+            "DONE",
+            "FAILED",
+        ]
+        table = [
+            [
+                w["name"],
+                w["state"],
+                ",".join(w["queues"]),
+                w["mode"],
+                w["threads"],
+                w["batch"],
+                w["running"],
+                w["done"],
+                w["failed"],
+            ]
+            for w in workers
+        ]
+        table_rows = [
+            [*row, seconds_text(w["heartbeat_age_seconds"]) + " ago"]
+            for row, w in zip(table, workers, strict=True)
+        ]
+        self.stdout.write(format_table([*headers, "HEARTBEAT"], table_rows, right={4, 5, 6, 7, 8}))

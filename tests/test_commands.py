@@ -1,0 +1,238 @@
+"""``manage.py rdbtasks status|workers``, ``prunetasks`` and ``requeue``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import OperationalError
+
+from django_rdbtasks.models import Task, TaskStatus
+from tests.browser.support import make_task, make_worker, now
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> tuple[int, str]:
+    """The command's exit code and output."""
+    out = StringIO()
+    try:
+        call_command(*args, stdout=out, stderr=StringIO())
+    except SystemExit as exit:
+        return int(exit.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+# -- rdbtasks status ---------------------------------------------------------------------------
+
+
+def test_status_table() -> None:
+    make_task(run_after=now() - dt.timedelta(seconds=30))
+    make_task(queue_name="emails")
+    make_task(TaskStatus.RUNNING)
+    make_task(TaskStatus.FAILED)
+    make_worker("host-a:101", running=1)
+    code, out = run("rdbtasks", "status")
+    assert code == 0
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("QUEUE"))
+    assert header.split()[:7] == [
+        "QUEUE",
+        "READY",
+        "SCHEDULED",
+        "WAITING",
+        "RUNNING",
+        "STALLED",
+        "LAG",
+    ]
+    default = next(line for line in lines if line.startswith("default")).split()
+    assert default[1:6] == ["1", "0", "0", "1", "0"]
+    assert default[6].endswith("s")  # the lag, about 30 s
+    assert next(line for line in lines if line.startswith("TOTAL")).split()[1] == "2"
+    assert "Workers: 1 alive, running 1 tasks." in out
+    assert "Health" not in out  # no limit configured
+
+
+def test_status_json() -> None:
+    make_task(queue_name="emails")
+    code, out = run("rdbtasks", "status", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["queues"]["emails"]["ready"] == 1
+    assert data["health"] == {"ok": True, "checks": []}
+    assert set(data["total"]) >= {"ready", "running", "failed", "lag_seconds"}
+
+
+def test_status_exit_code_follows_the_health_limits(settings) -> None:
+    make_task(run_after=now() - dt.timedelta(minutes=10))
+    code, out = run("rdbtasks", "status", "--max-lag", "60")
+    assert code == 1
+    assert "Health: UNHEALTHY" in out and "max_lag" in out and "FAILED" in out
+    assert run("rdbtasks", "status", "--max-lag", "3600")[0] == 0
+    # No live worker: a probe with --min-workers fails; the JSON says why.
+    code, out = run("rdbtasks", "status", "--json", "--min-workers", "1")
+    assert code == 1
+    assert json.loads(out)["health"]["checks"][0] == {
+        "name": "MIN_WORKERS",
+        "value": 0,
+        "limit": 1.0,
+        "ok": False,
+    }
+    make_worker()
+    assert run("rdbtasks", "status", "--quiet", "--min-workers", "1")[0] == 0
+    # From the setting, and --quiet prints nothing.
+    settings.RDBTASKS_HEALTH = {"MAX_READY": 0}
+    code, out = run("rdbtasks", "status", "--quiet")
+    assert (code, out) == (1, "")
+
+
+def test_status_of_some_queues_and_another_window() -> None:
+    make_task(queue_name="emails")
+    make_task(TaskStatus.SUCCESSFUL, at=now() - dt.timedelta(minutes=30))
+    _, out = run("rdbtasks", "status", "--queue", "emails", "--window", "15m")
+    assert "OK/15.0m" in out
+    rows = [
+        line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("Workers")
+    ]
+    assert rows == ["emails", "TOTAL"]
+    data = json.loads(run("rdbtasks", "status", "--json", "--window", "1h")[1])
+    assert data["total"]["succeeded"] == 1
+
+
+def test_status_exits_2_when_the_database_cannot_be_read(monkeypatch) -> None:
+    from django_rdbtasks import ops
+
+    def unreachable(*args, **kwargs):
+        raise OperationalError("could not connect to server")
+
+    monkeypatch.setattr(ops, "snapshot", unreachable)
+    with pytest.raises(CommandError, match="could not connect") as raised:
+        call_command("rdbtasks", "status")
+    assert raised.value.returncode == 2
+
+
+def test_workers_listing() -> None:
+    make_worker("host-a:101")
+    make_worker("host-b:202", age=600)
+    _, out = run("rdbtasks", "workers")
+    assert "host-a:101" in out and "host-b:202" not in out
+    _, out = run("rdbtasks", "workers", "--all")
+    assert "host-b:202" in out and "gone" in out
+    data = json.loads(run("rdbtasks", "workers", "--all", "--json")[1])
+    assert {w["name"]: w["state"] for w in data} == {"host-a:101": "alive", "host-b:202": "gone"}
+
+
+# -- prunetasks --------------------------------------------------------------------------------
+
+
+def _finished(status: str, days: float) -> Task:
+    return make_task(status, at=now() - dt.timedelta(days=days))
+
+
+def test_prunetasks_dry_run_then_for_real() -> None:
+    for _ in range(3):
+        _finished("SUCCESSFUL", 10)
+    _finished("FAILED", 10)
+    _finished("SUCCESSFUL", 1)
+    make_task()
+    _, out = run("prunetasks", "--older-than", "7d", "--dry-run")
+    assert "Would delete 4 tasks" in out and "SUCCESSFUL 3" in out and "FAILED 1" in out
+    assert Task.objects.count() == 6
+    _, out = run("prunetasks", "--older-than", "7d", "--batch-size", "2")
+    assert "Deleted 4 tasks in 2 batches" in out
+    assert Task.objects.count() == 2
+
+
+def test_prunetasks_by_status() -> None:
+    _finished("SUCCESSFUL", 10)
+    failed = _finished("FAILED", 10)
+    run("prunetasks", "--older-than", "1d", "--status", "successful")
+    assert list(Task.objects.values_list("pk", flat=True)) == [failed.pk]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "Say how old"),
+        (("--older-than", "soon"), "is not an age"),
+        (("--older-than", "7d", "--batch-size", "0"), "at least 1"),
+        (("--by-setting", "--older-than", "7d"), "takes its ages"),
+    ],
+)
+def test_prunetasks_refuses_unclear_orders(args, message) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("prunetasks", *args, stdout=StringIO())
+
+
+def test_prunetasks_refuses_unfinished_statuses() -> None:
+    with pytest.raises(CommandError, match="invalid choice"):
+        call_command("prunetasks", "--older-than", "1d", "--status", "READY", stdout=StringIO())
+
+
+def test_prunetasks_by_setting(settings) -> None:
+    settings.RDBTASKS_RETENTION = {"FAILED": "2d"}
+    _finished("FAILED", 3)
+    _finished("SUCCESSFUL", 300)
+    _, out = run("prunetasks", "--by-setting", "--dry-run")
+    assert "Would delete 1 FAILED tasks older than 2 days" in out
+    _, out = run("prunetasks", "--by-setting")
+    assert "Deleted 1 tasks (FAILED 1)" in out
+    assert Task.objects.get().status == "SUCCESSFUL"
+
+
+# -- requeue -----------------------------------------------------------------------------------
+
+
+def _failed(**fields) -> Task:
+    return make_task(TaskStatus.FAILED, **fields)
+
+
+def test_requeue_needs_a_filter_or_all() -> None:
+    _failed()
+    with pytest.raises(CommandError, match="Say which tasks"):
+        call_command("requeue", stdout=StringIO())
+    assert run("requeue", "--all")[1] == "Requeued 1 tasks.\n"
+    assert Task.objects.get().status == TaskStatus.READY
+
+
+def test_requeue_by_id_task_and_queue() -> None:
+    a = _failed()
+    b = _failed(task_path="tests.testapp.tasks.always_fails")
+    c = _failed(queue_name="emails")
+    d = _failed()
+    run("requeue", str(a.pk))
+    run("requeue", "--task", "tests.testapp.tasks.always_fails")
+    run("requeue", "--queue", "emails")
+    statuses = {t.pk: t.status for t in Task.objects.all()}
+    assert [statuses[t.pk] for t in (a, b, c, d)] == ["READY", "READY", "READY", "FAILED"]
+    with pytest.raises(CommandError, match="not a task id"):
+        call_command("requeue", "nope", stdout=StringIO())
+
+
+def test_requeue_by_time_range_dry_run_and_limit() -> None:
+    moment = now()
+    recent = [_failed(at=moment - dt.timedelta(minutes=m)) for m in (5, 10, 20)]
+    old = _failed(at=moment - dt.timedelta(days=2))
+    assert run("requeue", "--since", "1h", "--dry-run")[1] == "Would requeue 3 tasks.\n"
+    assert Task.objects.filter(status=TaskStatus.READY).count() == 0
+    until = (moment - dt.timedelta(days=1)).isoformat()
+    assert run("requeue", "--until", until)[1] == "Requeued 1 tasks.\n"
+    assert Task.objects.get(pk=old.pk).status == TaskStatus.READY
+    assert (
+        run("requeue", "--since", "1h", "--until", "7m", "--limit", "1")[1] == "Requeued 1 tasks.\n"
+    )
+    left = Task.objects.filter(pk__in=[t.pk for t in recent], status=TaskStatus.FAILED).count()
+    assert left == 2
+    with pytest.raises(CommandError, match="neither an age"):
+        call_command("requeue", "--since", "last tuesday", stdout=StringIO())
+
+
+def test_requeue_cancelled_ones_only_when_asked() -> None:
+    cancelled = make_task(TaskStatus.CANCELLED)
+    run("requeue", "--all")
+    assert Task.objects.get(pk=cancelled.pk).status == TaskStatus.CANCELLED
+    run("requeue", "--all", "--status", "cancelled")
+    assert Task.objects.get(pk=cancelled.pk).status == TaskStatus.READY

@@ -1,0 +1,163 @@
+"""Retention: old finished tasks deleted in batches, by age and status, and by setting."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from django_rdbtasks import retention
+from django_rdbtasks.locks import LeasedLock
+from django_rdbtasks.models import JobRecord, Task, TaskDependency, TaskStatus, Worker
+from django_rdbtasks.retention import parse_age, prune, prune_by_setting, prune_workers
+from tests.browser.support import make_task, make_worker, now
+
+pytestmark = pytest.mark.django_db
+
+DAY = dt.timedelta(days=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("7d", 7 * 86400),
+        ("12h", 43200),
+        ("1d12h", 129600),
+        ("90m", 5400),
+        ("45s", 45),
+        ("2w", 1209600),
+        ("1.5h", 5400),
+        ("30", 30),
+        (15, 15),
+        (dt.timedelta(minutes=2), 120),
+    ],
+)
+def test_parse_age(text, seconds) -> None:
+    assert parse_age(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["", "7", "7y", "d", "seven days", "-1d", "7d x"])
+def test_parse_age_refuses_what_it_cannot_read(text) -> None:
+    if text == "7":
+        assert parse_age(text).total_seconds() == 7  # plain seconds are fine
+        return
+    with pytest.raises(ValueError, match="is not an age"):
+        parse_age(text)
+
+
+def _old(status: str, days: float, **fields) -> Task:
+    return make_task(status, at=now() - dt.timedelta(days=days), **fields)
+
+
+def test_prune_deletes_only_old_finished_tasks() -> None:
+    old = [_old(s, 10) for s in ("SUCCESSFUL", "FAILED", "CANCELLED")]
+    young = _old("SUCCESSFUL", 2)
+    # Unfinished tasks are never pruned, however old.
+    waiting = [_old(s, 30) for s in ("READY", "RUNNING", "WAITING")]
+    result = prune(7 * DAY)
+    assert result.deleted == {"SUCCESSFUL": 1, "FAILED": 1, "CANCELLED": 1}
+    assert result.total == 3 and not result.incomplete
+    assert not Task.objects.filter(pk__in=[t.pk for t in old]).exists()
+    assert Task.objects.filter(pk__in=[young.pk, *(t.pk for t in waiting)]).count() == 4
+
+
+def test_prune_by_status() -> None:
+    ok, failed = _old("SUCCESSFUL", 10), _old("FAILED", 10)
+    assert prune(DAY, ["successful"]).deleted == {"SUCCESSFUL": 1}
+    assert Task.objects.filter(pk=failed.pk).exists()
+    assert not Task.objects.filter(pk=ok.pk).exists()
+    with pytest.raises(ValueError, match="Only finished tasks"):
+        prune(DAY, ["READY"])
+
+
+def test_prune_works_in_batches_and_can_be_bounded() -> None:
+    for _ in range(7):
+        _old("SUCCESSFUL", 10)
+    seen: list[int] = []
+    first = prune(DAY, batch_size=3, max_batches=2, progress=lambda r: seen.append(r.total))
+    assert (first.total, first.batches, first.incomplete) == (6, 2, True)
+    assert seen == [3, 6]
+    rest = prune(DAY, batch_size=3)
+    assert (rest.total, rest.batches, rest.incomplete) == (1, 1, False)
+    assert prune(DAY, batch_size=3, time_budget=0).incomplete  # no time: nothing done
+    assert not Task.objects.exists()
+
+
+def test_prune_takes_dependencies_and_unlinks_job_records() -> None:
+    parent = _old("SUCCESSFUL", 10)
+    child = _old("SUCCESSFUL", 10)
+    keeper = make_task(TaskStatus.READY)
+    TaskDependency.objects.create(parent=parent, child=child)
+    TaskDependency.objects.create(parent=parent, child=keeper)
+    record = JobRecord.objects.create(job_name="nightly", key="k", status="SUCCESSFUL", task=parent)
+    assert prune(7 * DAY).total == 2
+    assert not TaskDependency.objects.exists()
+    record.refresh_from_db()
+    assert record.task is None  # the ledger entry stays: its key must not run again
+
+
+def test_count_prunable() -> None:
+    _old("SUCCESSFUL", 10)
+    _old("SUCCESSFUL", 10)
+    _old("FAILED", 3)
+    assert retention.count_prunable(7 * DAY) == {"SUCCESSFUL": 2, "FAILED": 0, "CANCELLED": 0}
+    assert retention.count_prunable(DAY, ["FAILED"]) == {"FAILED": 1}
+    assert Task.objects.count() == 3
+
+
+def test_prune_workers_deletes_rows_of_long_gone_workers() -> None:
+    make_worker("alive:1")
+    make_worker("gone-long:2", age=2 * 86400)
+    make_worker("stopped-long:3", age=3 * 86400, stopped_at=now() - 2 * DAY)
+    make_worker("gone-recently:4", age=600)
+    assert prune_workers() == 2
+    assert sorted(Worker.objects.values_list("name", flat=True)) == ["alive:1", "gone-recently:4"]
+
+
+def test_prune_by_setting(settings) -> None:
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "1d", "FAILED": "30d"}
+    ok, failed_young, failed_old, cancelled = (
+        _old("SUCCESSFUL", 2),
+        _old("FAILED", 10),
+        _old("FAILED", 40),
+        _old("CANCELLED", 400),  # not in the setting: kept forever
+    )
+    make_worker("gone-long:2", age=2 * 86400)
+    result = prune_by_setting()
+    assert result is not None
+    assert result.deleted == {"SUCCESSFUL": 1, "FAILED": 1}
+    assert result.workers == 1
+    left = set(Task.objects.values_list("pk", flat=True))
+    assert left == {failed_young.pk, cancelled.pk}
+    assert ok.pk not in left and failed_old.pk not in left
+
+
+def test_prune_by_setting_without_a_setting_deletes_no_task(settings) -> None:
+    settings.RDBTASKS_RETENTION = None
+    _old("SUCCESSFUL", 400)
+    result = prune_by_setting()
+    assert result is not None and result.total == 0
+    assert Task.objects.count() == 1
+
+
+def test_prune_by_setting_lets_one_process_work_at_a_time(settings) -> None:
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "1d"}
+    _old("SUCCESSFUL", 3)
+    with LeasedLock("rdbtasks:retention", lease=60):
+        assert prune_by_setting() is None
+    assert Task.objects.count() == 1
+    assert prune_by_setting().total == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"READY": "1d"}, "not a finished status"),
+        ({"SUCCESSFUL": "soon"}, "is not an age"),
+    ],
+)
+def test_retention_setting_is_checked(settings, value, message) -> None:
+    settings.RDBTASKS_RETENTION = value
+    with pytest.raises(ImproperlyConfigured, match=message):
+        prune_by_setting()
