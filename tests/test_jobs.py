@@ -247,6 +247,7 @@ def test_periodic_decorator_declares_a_job():
     assert job.cron == "*/5 * * * *" and job.task_path == job.name
 
 
+@pytestmark_db
 def test_bad_declared_jobs_fail_the_system_check(settings):
     settings.RDBTASKS_JOBS = {
         "bad-cron": {"task": "tests.testapp.tasks.noop", "cron": "* * * 13 *"},
@@ -287,6 +288,7 @@ def test_scheduler_applies_retention(settings):
     assert sorted(Task.objects.values_list("status", flat=True)) == ["FAILED", "SUCCESSFUL"]
 
 
+@pytestmark_db
 def test_bad_retention_fails_the_system_check(settings):
     settings.RDBTASKS_RETENTION = {"RUNNING": "7d"}
     with pytest.raises(SystemCheckError, match="RDBTASKS_RETENTION"):
