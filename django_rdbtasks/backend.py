@@ -378,17 +378,7 @@ class RDBTaskBackend(BaseTaskBackend):
         The history of earlier attempts is kept. Returns whether it was requeued.
         """
         rows = TaskRow.objects.using(self.database).filter(pk=result_id)
-        updated = rows.filter(
-            status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY]
-        ).update(
-            status=TaskStatus.READY,
-            attempts=0,
-            run_after=DbNow(),
-            finished_at=None,
-            worker_id="",
-            cancel_requested=False,
-            version=F("version") + 1,
-        )
+        updated = rows.requeue()
         if updated and self.notify:
             connection = connections[self.database]
             queue = rows.values_list("queue_name", flat=True).first()

@@ -81,6 +81,23 @@ class TaskQuerySet(models.QuerySet["Task"]):
     def held_by(self, worker_id: str) -> TaskQuerySet:
         return self.filter(status=TaskStatus.RUNNING, worker_id=worker_id)
 
+    def requeue(self) -> int:
+        """FAILED, CANCELLED or READY tasks back to READY now, with fresh attempts.
+
+        The history of earlier attempts is kept. Returns how many changed.
+        """
+        return self.filter(
+            status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY]
+        ).update(
+            status=TaskStatus.READY,
+            attempts=0,
+            run_after=DbNow(),
+            finished_at=None,
+            worker_id="",
+            cancel_requested=False,
+            version=F("version") + 1,
+        )
+
     def finished(self) -> TaskQuerySet:
         return self.filter(
             status__in=[TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED]

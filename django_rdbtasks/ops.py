@@ -22,12 +22,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from .compat import task_backends
 from .db import dialect_for
-from .db.functions import DbNow
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
 
@@ -495,15 +494,7 @@ def _requeue_batch(using: str, rows: list[tuple]) -> list[Requeued]:
     )
     if not still:
         return []
-    tasks.filter(pk__in=still, status__in=REQUEUEABLE).update(
-        status=TaskStatus.READY,
-        attempts=0,
-        run_after=DbNow(),
-        finished_at=None,
-        worker_id="",
-        cancel_requested=False,
-        version=F("version") + 1,
-    )
+    tasks.filter(pk__in=still).requeue()
     _notify(using, {row[3] for row in rows if row[0] in still})
     return [Requeued(row[0], row[1], row[2]) for row in rows if row[0] in still]
 
