@@ -11,6 +11,9 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from .db.functions import DbNow
+from .states import TaskStatus
+
+__all__ = ["Job", "JobRecord", "Lock", "Task", "TaskDependency", "TaskStatus", "Worker"]
 
 
 def uuid7() -> uuid.UUID:
@@ -25,21 +28,6 @@ def uuid7() -> uuid.UUID:
     value |= 0b10 << 62 | rand & (2**62 - 1)
     return uuid.UUID(int=value)
 
-
-class TaskStatus(models.TextChoices):
-    """The framework's four statuses, plus two of this backend's own.
-
-    A result read through the framework reports CANCELLED as FAILED (with a
-    ``TaskCancelled`` error) and WAITING as READY, the nearest it knows.
-    """
-
-    READY = "READY", _("Ready")
-    RUNNING = "RUNNING", _("Running")
-    SUCCESSFUL = "SUCCESSFUL", _("Successful")
-    FAILED = "FAILED", _("Failed")
-    CANCELLED = "CANCELLED", _("Cancelled")
-    #: Enqueued with ``depends_on``: becomes READY when every parent succeeded.
-    WAITING = "WAITING", _("Waiting for dependencies")
 
 
 class StatusIndex(models.Index):
@@ -99,9 +87,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         )
 
     def finished(self) -> TaskQuerySet:
-        return self.filter(
-            status__in=[TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED]
-        )
+        return self.filter(status__in=TaskStatus.finished())
 
 
 class Task(models.Model):
@@ -168,7 +154,7 @@ class Task(models.Model):
     )
     active_dedup_key = models.GeneratedField(
         expression=Case(
-            When(status__in=["READY", "RUNNING"], then=F("dedup_key")),
+            When(status__in=TaskStatus.active(), then=F("dedup_key")),
             default=Value(None),
             output_field=models.CharField(max_length=255, null=True),
         ),
@@ -188,18 +174,18 @@ class Task(models.Model):
         indexes = [
             StatusIndex(
                 fields=["queue_name", "-priority", "run_after"],
-                condition=Q(status="READY"),
+                condition=Q(status=TaskStatus.READY),
                 name="rdbtasks_task_ready",
             ),
             StatusIndex(
                 fields=["lease_expires_at"],
-                condition=Q(status="RUNNING"),
+                condition=Q(status=TaskStatus.RUNNING),
                 name="rdbtasks_task_lease",
             ),
             # Dashboard counts of tasks waiting for their parents.
             StatusIndex(
                 fields=["queue_name"],
-                condition=Q(status="WAITING"),
+                condition=Q(status=TaskStatus.WAITING),
                 name="rdbtasks_task_waiting",
             ),
             # Throughput and failures over time, retention by age.
@@ -214,7 +200,7 @@ class Task(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in {TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED}
+        return self.status in TaskStatus.finished()
 
     @property
     def worker_ids(self) -> list[str]:
@@ -283,7 +269,7 @@ class Worker(models.Model):
 
     def tasks(self) -> TaskQuerySet:
         """The tasks this process holds now."""
-        return Task.objects.filter(status="RUNNING", worker_id__startswith=f"{self.name}:")
+        return Task.objects.filter(status=TaskStatus.RUNNING, worker_id__startswith=f"{self.name}:")
 
 
 class MisfirePolicy(models.TextChoices):
@@ -322,6 +308,11 @@ class Job(models.Model):
     version = models.PositiveBigIntegerField(default=0)
     #: Declared in code (settings or decorator) and synced at worker start.
     from_code = models.BooleanField(default=False, editable=False)
+    #: Database time a live scheduler last declared this job in its code.
+    last_declared_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Set once no live scheduler has declared this code job for a while: it
+    #: no longer fires, and may be deleted. Cleared if code declares it again.
+    retired_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
