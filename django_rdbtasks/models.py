@@ -112,6 +112,9 @@ class Task(models.Model):
 
     enqueued_at = models.DateTimeField(db_default=DbNow())
     run_after = models.DateTimeField(db_default=DbNow())
+    #: The ``run_after`` the producer asked for; NULL when the task was not
+    #: deferred. ``run_after`` itself moves with every retry's backoff.
+    requested_run_after = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

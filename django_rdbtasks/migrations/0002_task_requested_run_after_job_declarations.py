@@ -9,6 +9,11 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
+            model_name="task",
+            name="requested_run_after",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
             model_name="job",
             name="last_declared_at",
             field=models.DateTimeField(blank=True, editable=False, null=True),
