@@ -13,7 +13,16 @@ from django.utils.translation import gettext_lazy as _
 from .db.functions import DbNow
 from .states import TaskStatus
 
-__all__ = ["Job", "JobRecord", "Lock", "Task", "TaskDependency", "TaskStatus", "Worker"]
+__all__ = [
+    "Dashboard",
+    "Job",
+    "JobRecord",
+    "Lock",
+    "Task",
+    "TaskDependency",
+    "TaskStatus",
+    "Worker",
+]
 
 
 def uuid7() -> uuid.UUID:
@@ -29,7 +38,6 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-
 class StatusIndex(models.Index):
     """A partial index where the database has them, else a leading ``status`` column.
 
@@ -42,6 +50,31 @@ class StatusIndex(models.Index):
         if self.condition is None or schema_editor.connection.features.supports_partial_indexes:
             return super().create_sql(model, schema_editor, using=using, **kwargs)
         plain = models.Index(fields=["status", *self.fields], name=self.name)
+        return plain.create_sql(model, schema_editor, using=using, **kwargs)
+
+
+class SearchIndex(models.Index):
+    """The index behind the admin's search of a text column.
+
+    PostgreSQL gets a trigram GIN index (``pg_trgm``, created by migration
+    0003), which serves ``ILIKE '%term%'``: search by any part of the value.
+    MySQL, MariaDB and SQLite get a B-tree on the column, which serves a search
+    by the value's beginning (``LIKE 'term%'``): the admin searches them so.
+    A ``condition`` makes it partial where the database has partial indexes.
+    """
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        connection = schema_editor.connection
+        condition = self.condition if connection.features.supports_partial_indexes else None
+        if connection.vendor == "postgresql":
+            shape = models.Index(
+                fields=self.fields,
+                name=self.name,
+                condition=condition,
+                opclasses=["gin_trgm_ops"] * len(self.fields),
+            )
+            return shape.create_sql(model, schema_editor, using=" USING gin", **kwargs)
+        plain = models.Index(fields=self.fields, name=self.name, condition=condition)
         return plain.create_sql(model, schema_editor, using=using, **kwargs)
 
 
@@ -157,7 +190,7 @@ class Task(models.Model):
     )
     active_dedup_key = models.GeneratedField(
         expression=Case(
-            When(status__in=TaskStatus.active(), then=F("dedup_key")),
+            When(status__in=list(TaskStatus.active()), then=F("dedup_key")),
             default=Value(None),
             output_field=models.CharField(max_length=255, null=True),
         ),
@@ -193,6 +226,22 @@ class Task(models.Model):
             ),
             # Throughput and failures over time, retention by age.
             models.Index(fields=["finished_at"], name="rdbtasks_task_finished"),
+            # The admin's list of failed tasks (newest first), retry all failed, requeue.
+            StatusIndex(
+                fields=["id"],
+                condition=Q(status=TaskStatus.FAILED),
+                name="rdbtasks_task_failed",
+            ),
+            # The admin's search (see SearchIndex): a task path, a job name, a dedup key.
+            SearchIndex(fields=["task_path"], name="rdbtasks_task_path_search"),
+            SearchIndex(
+                fields=["job_name"], condition=~Q(job_name=""), name="rdbtasks_task_job_search"
+            ),
+            SearchIndex(
+                fields=["dedup_key"],
+                condition=Q(dedup_key__isnull=False),
+                name="rdbtasks_task_dedup_search",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["active_dedup_key"], name="rdbtasks_task_one_active"),
@@ -215,6 +264,19 @@ class Task(models.Model):
     @property
     def errors(self) -> list[dict]:
         return [entry for entry in self.history if entry.get("exception_class_path")]
+
+
+class Dashboard(Task):
+    """The admin's dashboard, as an entry of the app's model list (index and sidebar).
+
+    A proxy with no table of its own: its admin page is the dashboard.
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = _("dashboard")
+        verbose_name_plural = _("dashboard")
+        default_permissions = ()
 
 
 class TaskDependency(models.Model):
@@ -282,7 +344,12 @@ class MisfirePolicy(models.TextChoices):
 
 class JobQuerySet(models.QuerySet["Job"]):
     def due(self) -> JobQuerySet:
-        return self.filter(enabled=True, next_run_at__lte=DbNow())
+        """Enabled, not retired, and their next tick has come (the database's clock)."""
+        return self.filter(enabled=True, retired_at__isnull=True, next_run_at__lte=DbNow())
+
+    def retired(self) -> JobQuerySet:
+        """Code jobs no live scheduler declares any more: they never fire."""
+        return self.filter(retired_at__isnull=False)
 
 
 class Job(models.Model):
