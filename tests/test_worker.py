@@ -1,12 +1,14 @@
 """The worker in this process: outcomes, retries, safety, lost leases."""
 
 import time
+from datetime import datetime
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_rdbtasks.compat import TaskResultStatus
 from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.rows import ClaimRequest
 from django_rdbtasks.models import Task
 from django_rdbtasks.worker import EXIT_RECYCLE, Worker
 from tests.testapp import tasks
@@ -25,9 +27,9 @@ def drain(**options):
 def take_lease(worker_id, lease):
     """Claim everything runnable as a worker that will never come back."""
     dialect = dialect_for(connection)
-    with connection.cursor() as cursor:
-        found = dialect.candidates(cursor, ["default"], 100)
-        return dialect.claim(cursor, found, worker_id, lease)
+    with transaction.atomic(), connection.cursor() as cursor:
+        rows, _ = dialect.claim(cursor, ClaimRequest(["default"], 100, worker_id, lease))
+        return rows
 
 
 def test_success_failure_and_history():
@@ -54,22 +56,25 @@ def test_retry_uses_backoff_and_then_succeeds():
     assert SideEffect.objects.filter(key="k").count() == 3
 
 
-def test_retry_waits_for_its_backoff():
+def test_retry_waits_for_its_backoff_and_burst_waits_for_the_retry():
     backend = tasks.add.get_backend()
     for attempt in range(1, 6):
         full = backend.backoff * 2 ** (attempt - 1)
         assert full / 2 <= backend.retry_delay(tasks.add, attempt) <= full
-    saved, backend.backoff = backend.backoff, 30.0
+    saved, backend.backoff = backend.backoff, 2.0
     try:
         tasks.fails_with_default_backoff.enqueue()
-        drain()  # runs it once; the retry is not due for 15 to 30 seconds
+        drain(poll_interval=0.1)  # burst: waits out the 1 to 2 s backoff, runs it again
     finally:
         backend.backoff = saved
     row = Task.objects.get()
-    assert (row.status, row.attempts) == ("READY", 1)
-    wait = (row.run_after - row.last_attempted_at).total_seconds()
-    assert 15 <= wait <= 30.1
-    assert not Task.objects.runnable().exists()
+    assert (row.status, row.attempts) == ("FAILED", 2)
+    first, second = row.history
+    assert first["outcome"] == "RETRY" and second["outcome"] == "FAILED"
+    waited = datetime.fromisoformat(second["started_at"]) - datetime.fromisoformat(
+        first["finished_at"]
+    )
+    assert 1.0 <= waited.total_seconds() <= 3.0
 
 
 def test_a_nothing_retried_forever_guarantee():

@@ -6,8 +6,13 @@ the database can do the same work in fewer round trips (PostgreSQL's
 ``RETURNING`` with ``unnest``).
 
 Fencing: every write a worker makes about a claimed row is conditional on
-``id``, ``version`` (the one its claim produced) and ``worker_id``; a row
-reclaimed by anyone since then has a new version, so the write matches nothing.
+``id``, ``version`` (the one its claim produced), ``worker_id`` and the row
+still being RUNNING; a row reclaimed by anyone since then has a new version,
+so the write matches nothing.
+
+No claim waits on a row lock: a row another session holds locked (a frozen
+worker between its UPDATE and its COMMIT, say) is skipped, as if another
+worker had won it.
 """
 
 from __future__ import annotations
@@ -16,32 +21,81 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-READY, RUNNING, SUCCESSFUL, FAILED = "READY", "RUNNING", "SUCCESSFUL", "FAILED"
-
-#: Columns a claim hands to the worker, in this order.
-CLAIM_COLUMNS = (
-    "id",
-    "version",
-    "task_path",
-    "args",
-    "kwargs",
-    "attempts",
-    "max_attempts",
-    "queue_name",
-    "backend_name",
-    "priority",
-    "enqueued_at",
-    "started_at",
-    "last_attempted_at",
-    "run_after",
-    "history",
-    "job_name",
-    "checkpoint",
+from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .rows import (
+    CANDIDATE_COLUMNS,
+    CLAIM_COLUMNS,
+    Candidate,
+    ClaimedRow,
+    ClaimRequest,
+    Exchange,
+    Outcome,
 )
-CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
+
+__all__ = [
+    "CANDIDATE_COLUMNS",
+    "CLAIM_COLUMNS",
+    "INSERT_COLUMNS",
+    "OUTCOME_WRITES",
+    "Candidate",
+    "ClaimRequest",
+    "ClaimedRow",
+    "Dialect",
+    "Exchange",
+    "NewTask",
+    "Outcome",
+]
+
+READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
+
+#: Candidates read per task wanted by an optimistic claim: room to lose some of
+#: them to other workers claiming at the same moment and still fill the batch.
+CANDIDATE_SPREAD = 4
+
+#: What each outcome kind writes, besides its new status (``OutcomeKind.status``)
+#: and, for every kind but NOTE, ``version + 1`` and ``lease_expires_at = NULL``.
+#: The values are templates each dialect renders: ``{now}`` its clock,
+#: ``{delayed}`` the clock plus the outcome's delay, ``{history}`` the history
+#: with the outcome's entry appended, ``{return_value}`` the JSON result,
+#: ``{attempt_back}`` the attempt count less the one the claim added.
+OUTCOME_WRITES: dict[OutcomeKind, dict[str, str]] = {
+    OutcomeKind.SUCCESS: {
+        "return_value": "{return_value}",
+        "finished_at": "{now}",
+        "history": "{history}",
+    },
+    OutcomeKind.FAILURE: {"finished_at": "{now}", "history": "{history}"},
+    OutcomeKind.RETRY: {"worker_id": "''", "run_after": "{delayed}", "history": "{history}"},
+    OutcomeKind.RELEASE: {"worker_id": "''", "attempts": "{attempt_back}"},
+    OutcomeKind.POSTPONE: {
+        "worker_id": "''",
+        "attempts": "{attempt_back}",
+        "run_after": "{delayed}",
+    },
+    OutcomeKind.HANDOVER: {
+        "worker_id": "''",
+        "attempts": "{attempt_back}",
+        "run_after": "{delayed}",
+        "history": "{history}",
+    },
+    OutcomeKind.ABANDON: {
+        "attempts": "{attempt_back}",
+        "finished_at": "{now}",
+        "history": "{history}",
+    },
+    OutcomeKind.CANCELLED: {"finished_at": "{now}", "history": "{history}"},
+    OutcomeKind.NOTE: {"history": "{history}"},
+}
+#: Kinds after which the task's dependants must be released or ended, in the
+#: same transaction.
+SETTLES_DEPENDANTS = frozenset(
+    {OutcomeKind.SUCCESS, OutcomeKind.FAILURE, OutcomeKind.ABANDON, OutcomeKind.CANCELLED}
+)
+
+
 #: Columns an enqueue writes; the rest keep their database default (NULL).
 INSERT_COLUMNS = (
     "id",
@@ -63,6 +117,7 @@ INSERT_COLUMNS = (
     "dedup_key",
     "waiting_on",
     "on_parent_failure",
+    "requested_run_after",
 )
 
 
@@ -78,63 +133,14 @@ class NewTask:
     args_json: str
     kwargs_json: str
     max_attempts: int
+    #: What the producer asked for (stored as ``requested_run_after`` too), or
+    #: None: due at once, and read back as not deferred.
     run_after: dt.datetime | None
     job_name: str = ""
     dedup_key: str | None = None
-    status: str = READY
+    status: str = TaskStatus.READY.value
     waiting_on: int = 0
     on_parent_failure: str = "CANCELLED"
-
-
-@dataclass(slots=True)
-class Candidate:
-    id: Any
-    version: int
-    status: str
-    worker_id: str
-    last_attempted_at: dt.datetime | None
-
-
-@dataclass(slots=True)
-class ClaimedRow:
-    id: Any  # as the database driver returns it
-    version: int  # the version our claim wrote: the fence for every later write
-    task_path: str
-    args: list
-    kwargs: dict
-    attempts: int
-    max_attempts: int
-    queue_name: str
-    backend_name: str
-    priority: int
-    enqueued_at: dt.datetime
-    started_at: dt.datetime
-    claimed_at: dt.datetime
-    run_after: dt.datetime
-    history: list
-    job_name: str = ""
-    checkpoint: Any = None
-    #: Set when the claim took over a RUNNING row whose lease had expired.
-    lost_from: Candidate | None = None
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What to write about one claimed row when the worker is done with it."""
-
-    id: Any
-    version: int
-    kind: str  # one of the keys of Dialect.outcome_sql
-    entry: dict | None = None  # appended to the row's history
-    return_value: Any = None
-    delay: float = 0.0  # seconds until a retry may run
-    extra: dict = field(default_factory=dict)
-
-    def entry_json(self) -> str | None:
-        return None if self.entry is None else json.dumps(self.entry, default=str)
-
-    def return_json(self) -> str | None:
-        return None if self.return_value is None else json.dumps(self.return_value)
 
 
 class Dialect:
@@ -143,6 +149,8 @@ class Dialect:
     now_sql = "CURRENT_TIMESTAMP"
     #: A JSON text parameter where a JSON column value is expected.
     json_param = "%s"
+    #: Whether ``exchange`` is one statement, atomic without a transaction.
+    exchange_is_one_statement = False
 
     def __init__(self, connection: Any) -> None:
         from ..models import Task
@@ -153,59 +161,9 @@ class Dialect:
         self._pk_field = Task._meta.pk
         self._claim_cols = ", ".join(CLAIM_COLUMNS)
         self._cand_cols = ", ".join(CANDIDATE_COLUMNS)
-        now = self.now_sql
-        self.claimable_sql = (
-            f"((status = '{READY}' AND run_after <= {now}) OR "
-            f"(status = '{RUNNING}' AND lease_expires_at <= {now}))"
-        )
-        append = self.json_append_sql("history", "%s")
-        common = "version = version + 1, lease_expires_at = NULL"
-        fence = f"WHERE id = %s AND version = %s AND worker_id = %s AND status = '{RUNNING}'"
-        # Param order for each: the SET params, then id, version, worker_id.
-        self.outcome_sql = {
-            "success": (
-                f"UPDATE {self.table} SET status = '{SUCCESSFUL}', {common}, "
-                f"return_value = %s, finished_at = {now}, history = {append} {fence}"
-            ),
-            "failure": (
-                f"UPDATE {self.table} SET status = '{FAILED}', {common}, "
-                f"finished_at = {now}, history = {append} {fence}"
-            ),
-            "retry": (
-                f"UPDATE {self.table} SET status = '{READY}', {common}, "
-                f"run_after = {self.now_plus_sql('%s')}, worker_id = '', history = {append} {fence}"
-            ),
-            # Given back unfinished on shutdown: the attempt does not count.
-            "release": (
-                f"UPDATE {self.table} SET status = '{READY}', {common}, "
-                f"attempts = attempts - 1, worker_id = '' {fence}"
-            ),
-            # Could not start now (a singleton already running): later, unspent.
-            "postpone": (
-                f"UPDATE {self.table} SET status = '{READY}', {common}, "
-                f"attempts = attempts - 1, worker_id = '', run_after = {self.now_plus_sql('%s')} "
-                f"{fence}"
-            ),
-            # The task gave itself back (or stopped early for a shutdown):
-            # attempt unspent, checkpoint kept, resumable after the delay.
-            "handover": (
-                f"UPDATE {self.table} SET status = '{READY}', {common}, "
-                f"attempts = attempts - 1, worker_id = '', run_after = {self.now_plus_sql('%s')}, "
-                f"history = {append} {fence}"
-            ),
-            # Taken over from a lost worker but out of attempts: fail it unrun.
-            "abandon": (
-                f"UPDATE {self.table} SET status = '{FAILED}', {common}, "
-                f"attempts = attempts - 1, finished_at = {now}, history = {append} {fence}"
-            ),
-            # An operator cancelled it while it ran; it has stopped.
-            "cancelled": (
-                f"UPDATE {self.table} SET status = 'CANCELLED', {common}, "
-                f"finished_at = {now}, history = {append} {fence}"
-            ),
-            # Record the lost attempt's history entry and keep the claim.
-            "note": f"UPDATE {self.table} SET history = {append} {fence}",
-        }
+        self.claimable_sql = self.claimable("")
+        self.fence_sql = f"id = %s AND version = %s AND worker_id = %s AND status = '{RUNNING}'"
+        self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
 
     # -- pieces each database spells its own way -------------------------------------
 
@@ -218,6 +176,14 @@ class Dialect:
     def json_append_sql(self, column: str, placeholder: str) -> str:
         """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
         raise NotImplementedError
+
+    def session_sql(self, lease: float) -> list[str]:
+        """Statements that bound how long a worker's own session may wait or idle."""
+        return []
+
+    def connection_options(self, lease: float) -> dict[str, Any]:
+        """Driver options for a worker's own connections (keepalives, timeouts)."""
+        return {}
 
     def encode_id(self, value: uuid.UUID) -> Any:
         return self._pk_field.get_db_prep_value(value, self.connection)
@@ -235,46 +201,141 @@ class Dialect:
             value = dt.datetime.fromisoformat(value)
         return value.replace(tzinfo=dt.UTC)
 
-    # -- the protocol ------------------------------------------------------------------
+    # -- SQL building blocks -----------------------------------------------------------
+
+    def claimable(self, alias: str) -> str:
+        """Runnable now: READY and due, or RUNNING with its lease run out."""
+        p = f"{alias}." if alias else ""
+        now = self.now_sql
+        return (
+            f"(({p}status = '{READY}' AND {p}run_after <= {now}) OR "
+            f"({p}status = '{RUNNING}' AND {p}lease_expires_at <= {now}))"
+        )
+
+    def claim_assignments(self, alias: str, worker_id: str, lease: str) -> str:
+        """The SET list of a claim; ``worker_id`` and ``lease`` are SQL expressions."""
+        p = f"{alias}." if alias else ""
+        now = self.now_sql
+        return (
+            f"status = '{RUNNING}', version = {p}version + 1, worker_id = {worker_id}, "
+            f"lease_expires_at = {self.now_plus_sql(lease)}, attempts = {p}attempts + 1, "
+            f"started_at = COALESCE({p}started_at, {now}), last_attempted_at = {now}"
+        )
+
+    def outcome_assignments(
+        self, kind: OutcomeKind, alias: str, values: dict[str, str]
+    ) -> list[tuple[str, str]]:
+        """``(column, SQL)`` pairs of what ``kind`` writes, in template order.
+
+        ``values`` gives the SQL for ``return_value``, ``entry`` and ``delay``
+        (a placeholder, or a column of an ``unnest``), used in this order.
+        """
+        p = f"{alias}." if alias else ""
+        pieces = {
+            "now": self.now_sql,
+            "delayed": self.now_plus_sql(values.get("delay", "%s")),
+            "history": self.json_append_sql(f"{p}history", values.get("entry", "%s")),
+            "return_value": values.get("return_value", "%s"),
+            "attempt_back": f"{p}attempts - 1",
+        }
+        assignments: list[tuple[str, str]] = []
+        if kind.status is not None:
+            assignments.append(("status", f"'{kind.status.value}'"))
+            assignments += [
+                ("version", f"{p}version + 1"),
+                ("lease_expires_at", "NULL"),
+            ]
+        for column, template in OUTCOME_WRITES[kind].items():
+            assignments.append((column, template.format(**pieces)))
+        return assignments
+
+    @staticmethod
+    def outcome_param_names(kind: OutcomeKind) -> list[str]:
+        """The outcome values a rendered row statement takes, in placeholder order."""
+        names = []
+        for template in OUTCOME_WRITES[kind].values():
+            if "{delayed}" in template:
+                names.append("delay")
+            elif "{history}" in template:
+                names.append("entry")
+            elif "{return_value}" in template:
+                names.append("return_value")
+        return names
+
+    def _outcome_row_sql(self, kind: OutcomeKind) -> str:
+        sets = ", ".join(f"{c} = {v}" for c, v in self.outcome_assignments(kind, "", {}))
+        return f"UPDATE {self.table} SET {sets} WHERE {self.fence_sql}"
+
+    def outcome_params(self, outcome: Outcome, worker_id: str) -> list[Any]:
+        values = {
+            "delay": self.seconds_param(outcome.delay),
+            "entry": outcome.entry_json(),
+            "return_value": outcome.return_json(),
+        }
+        head = [values[name] for name in self.outcome_param_names(outcome.kind)]
+        return [*head, outcome.id, outcome.version, worker_id]
+
+    # -- writing outcomes --------------------------------------------------------------
+
+    def finish(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
+    ) -> dict[Any, bool | None]:
+        """Write the outcomes, each fenced by its claim.
+
+        Returns the ids written, each mapped to whether the task has dependants
+        (None where this database cannot say in the same statement). The caller
+        wraps this in one transaction, so a batch costs one commit.
+        """
+        written: dict[Any, bool | None] = {}
+        for outcome in outcomes:
+            cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
+            if cursor.rowcount == 1:
+                written[outcome.id] = None
+        return written
+
+    # -- claiming ----------------------------------------------------------------------
 
     def candidates_sql(self, queue_count: int) -> str:
-        """Due rows of each queue in claim order, plus expired leases.
+        """Runnable rows of the queues: expired leases first, then READY in claim order.
 
         One sub-select per queue so each walks its own index range in order:
-        the cost stays proportional to the limit, never to the backlog.
+        the cost stays proportional to the limit, never to the backlog. Rows
+        whose holder died come first whatever the backlog, so their tasks are
+        running again within a lease and a poll of the death.
         """
         now = self.now_sql
         cols = f"{self._cand_cols}, priority, run_after"
+        marks = ", ".join(["%s"] * queue_count)
         parts = [
-            f"SELECT * FROM (SELECT {cols} FROM {self.table} WHERE status = '{READY}' "
-            f"AND queue_name = %s AND run_after <= {now} "
+            f"SELECT * FROM (SELECT {cols}, 0 AS reclaim FROM {self.table} "
+            f"WHERE status = '{RUNNING}' AND lease_expires_at <= {now} "
+            f"AND queue_name IN ({marks}) ORDER BY lease_expires_at LIMIT %s) qe"
+        ]
+        parts += [
+            f"SELECT * FROM (SELECT {cols}, 1 AS reclaim FROM {self.table} "
+            f"WHERE status = '{READY}' AND queue_name = %s AND run_after <= {now} "
             f"ORDER BY priority DESC, run_after LIMIT %s) q{i}"
             for i in range(queue_count)
         ]
-        marks = ", ".join(["%s"] * queue_count)
-        parts.append(
-            f"SELECT * FROM (SELECT {cols} FROM {self.table} WHERE status = '{RUNNING}' "
-            f"AND lease_expires_at <= {now} AND queue_name IN ({marks}) "
-            f"ORDER BY lease_expires_at LIMIT %s) qe"
-        )
         union = " UNION ALL ".join(parts)
         return (
-            f"SELECT {self._cand_cols} FROM ({union}) c ORDER BY priority DESC, run_after LIMIT %s"
+            f"SELECT {self._cand_cols} FROM ({union}) c "
+            "ORDER BY reclaim, priority DESC, run_after LIMIT %s"
         )
 
     def candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
-        params: list[Any] = []
+        params: list[Any] = [*queues, limit]
         for queue in queues:
             params += [queue, limit]
-        params += [*queues, limit, limit]
+        params.append(limit)
         cursor.execute(self.candidates_sql(len(queues)), params)
-        return [
-            Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]))
-            for row in cursor.fetchall()
-        ]
+        return [self._candidate(row) for row in cursor.fetchall()]
+
+    def _candidate(self, row: Sequence[Any]) -> Candidate:
+        return Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]))
 
     def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
-        """Pessimistic mode: lock due rows, skipping rows other workers hold locked."""
+        """Lock runnable rows, expired leases first, skipping rows others hold locked."""
         now = self.now_sql
         marks = ", ".join(["%s"] * len(queues))
         found: list[Candidate] = []
@@ -288,30 +349,32 @@ class Dialect:
                 "FOR UPDATE SKIP LOCKED",
                 [*queues, limit - len(found)],
             )
-            found += [
-                Candidate(r[0], r[1], r[2], r[3], self.decode_dt(r[4])) for r in cursor.fetchall()
-            ]
+            found += [self._candidate(r) for r in cursor.fetchall()]
             if len(found) >= limit:
                 break
         return found
 
-    def _version_match_sql(self, count: int) -> str:
-        return " OR ".join(["(id = %s AND version = %s)"] * count)
+    def lock_unchanged(self, cursor: Any, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """Of candidates read without locks, lock those still unchanged and claimable.
 
-    def _set_claim_sql(self) -> str:
-        now = self.now_sql
-        return (
-            f"status = '{RUNNING}', version = version + 1, worker_id = %s, "
-            f"lease_expires_at = {self.now_plus_sql('%s')}, attempts = attempts + 1, "
-            f"started_at = COALESCE(started_at, {now}), last_attempted_at = {now}"
+        The optimistic compare-and-set, made unable to wait: a row that
+        changed lost the race, and so does a row someone holds locked.
+        """
+        marks = ", ".join(["%s"] * len(candidates))
+        cursor.execute(
+            f"SELECT id, version FROM {self.table} WHERE id IN ({marks}) "
+            f"AND {self.claimable_sql} FOR UPDATE SKIP LOCKED",
+            [c.id for c in candidates],
         )
+        versions = dict(cursor.fetchall())
+        return [c for c in candidates if versions.get(c.id) == c.version]
 
     def claim_update_sql(self, count: int) -> str:
         marks = ", ".join(["%s"] * count)
+        matches = " OR ".join(["(id = %s AND version = %s)"] * count)
         return (
-            f"UPDATE {self.table} SET {self._set_claim_sql()} "
-            f"WHERE id IN ({marks}) AND {self.claimable_sql} "
-            f"AND ({self._version_match_sql(count)})"
+            f"UPDATE {self.table} SET {self.claim_assignments('', '%s', '%s')} "
+            f"WHERE id IN ({marks}) AND {self.claimable_sql} AND ({matches})"
         )
 
     def claim_update_params(
@@ -324,17 +387,47 @@ class Dialect:
         return params
 
     def claim(
-        self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
-    ) -> list[ClaimedRow]:
-        """Claim the candidates still unchanged since they were read; return those won."""
-        if not candidates:
-            return []
-        return self._claim(cursor, candidates, worker_id, lease)
+        self, cursor: Any, request: ClaimRequest, exclude: Iterable[Any] = ()
+    ) -> tuple[list[ClaimedRow], bool]:
+        """Claim up to ``request.want`` rows; say whether any were lost to a race.
 
-    def _claim(
-        self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
+        Runs inside the caller's transaction.
+        """
+        excluded = set(exclude)
+        if request.mode == ClaimMode.SKIP_LOCKED:
+            chosen = self.locked_candidates(cursor, request.queues, request.want)
+            contended = False
+        else:
+            read = self.candidates(cursor, request.queues, request.want * CANDIDATE_SPREAD)
+            read = [c for c in read if c.id not in excluded]
+            chosen = self.lock_unchanged(cursor, read[: request.want]) if read else []
+            contended = len(chosen) < min(len(read), request.want)
+        chosen = [c for c in chosen if c.id not in excluded]
+        if not chosen:
+            return [], contended
+        rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
+        by_id = {c.id: c for c in chosen}
+        for row in rows:
+            previous = by_id.get(row.id)
+            if previous is not None and previous.was_running:
+                row.lost_from = previous
+        return rows, contended or len(rows) < len(chosen)
+
+    def claim_chosen(
+        self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
+        """Claim rows this transaction holds locked (or, on SQLite, the only writer sees)."""
         raise NotImplementedError
+
+    def exchange(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
+    ) -> Exchange:
+        """Write finished outcomes and claim the next rows, in the caller's transaction."""
+        written = self.finish(cursor, outcomes, worker_id) if outcomes else {}
+        if request is None or request.want <= 0:
+            return Exchange(written)
+        claimed, contended = self.claim(cursor, request, exclude=[o.id for o in outcomes])
+        return Exchange(written, claimed, contended)
 
     def decode_claimed(self, row: Sequence[Any]) -> ClaimedRow:
         return ClaimedRow(
@@ -357,6 +450,8 @@ class Dialect:
             checkpoint=self.decode_json(row[16]),
         )
 
+    # -- leases ------------------------------------------------------------------------
+
     def renew(
         self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
     ) -> tuple[set[Any], set[Any]]:
@@ -369,13 +464,14 @@ class Dialect:
         cancel: set[Any] = set()
         for chunk in _chunks(held, 500):
             marks = ", ".join(["%s"] * len(chunk))
+            matches = " OR ".join(["(id = %s AND version = %s)"] * len(chunk))
             params: list[Any] = [self.seconds_param(lease), worker_id, *(i for i, _ in chunk)]
             for i, v in chunk:
                 params += [i, v]
             cursor.execute(
                 f"UPDATE {self.table} SET lease_expires_at = {self.now_plus_sql('%s')} "
                 f"WHERE worker_id = %s AND status = '{RUNNING}' AND id IN ({marks}) "
-                f"AND ({self._version_match_sql(len(chunk))})",
+                f"AND ({matches})",
                 params,
             )
             versions = dict(chunk)
@@ -391,38 +487,6 @@ class Dialect:
                         cancel.add(task_id)
         return held_ids, cancel
 
-    def outcome_params(self, outcome: Outcome, worker_id: str) -> list[Any]:
-        kind = outcome.kind
-        if kind == "success":
-            head = [outcome.return_json(), outcome.entry_json()]
-        elif kind == "retry":
-            head = [self.seconds_param(outcome.delay), outcome.entry_json()]
-        elif kind == "postpone":
-            head = [self.seconds_param(outcome.delay)]
-        elif kind == "handover":
-            head = [self.seconds_param(outcome.delay), outcome.entry_json()]
-        elif kind == "release":
-            head = []
-        else:
-            head = [outcome.entry_json()]
-        return [*head, outcome.id, outcome.version, worker_id]
-
-    def finish(
-        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
-    ) -> dict[Any, bool | None]:
-        """Write the outcomes, each fenced by its claim.
-
-        Returns the ids written, each mapped to whether the task has dependants
-        (None where this database cannot say in the same statement). The caller
-        wraps this in one transaction, so a batch costs one commit.
-        """
-        written: dict[Any, bool | None] = {}
-        for outcome in outcomes:
-            cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
-            if cursor.rowcount == 1:
-                written[outcome.id] = None
-        return written
-
     def end_waiting(self, cursor: Any, ids: Sequence[Any], status: str, entry_json: str) -> None:
         """End WAITING tasks whose parent failed: CANCELLED or FAILED, with the reason."""
         if not ids:
@@ -431,7 +495,7 @@ class Dialect:
         cursor.execute(
             f"UPDATE {self.table} SET status = %s, finished_at = {self.now_sql}, "
             f"version = version + 1, history = {self.json_append_sql('history', '%s')} "
-            f"WHERE id IN ({marks}) AND status = 'WAITING'",
+            f"WHERE id IN ({marks}) AND status = '{TaskStatus.WAITING.value}'",
             [status, entry_json, *ids],
         )
 
@@ -441,11 +505,12 @@ class Dialect:
         return cursor.fetchone()[0]
 
     def insert_values(self, task: NewTask, now: Any) -> tuple:
-        run_after = (
-            now
+        requested = (
+            None
             if task.run_after is None
             else self.connection.ops.adapt_datetimefield_value(task.run_after)
         )
+        run_after = now if requested is None else requested
         return (
             self.encode_id(task.id),
             task.task_path,
@@ -466,6 +531,7 @@ class Dialect:
             task.dedup_key,
             task.waiting_on,
             task.on_parent_failure,
+            requested,
         )
 
     #: Whether insert_tasks is a single statement, atomic without a transaction.

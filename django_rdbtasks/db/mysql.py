@@ -1,7 +1,9 @@
 """MySQL and MariaDB: no RETURNING on UPDATE, so a claim is read back by its mark.
 
-The mark is the pair our claim wrote: our ``worker_id`` and the candidate's
-version plus one. Only this worker's claiming thread writes that pair.
+A round (finish, then claim) is one transaction of a few statements. The rows
+to claim are locked first with ``FOR UPDATE SKIP LOCKED`` (MySQL 8, MariaDB
+10.6), so the claim's UPDATE touches only rows this transaction holds and
+reading them back by id is exact.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import CLAIM_COLUMNS, RUNNING, Candidate, ClaimedRow, Dialect
+from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect
 
 
 class MySQLDialect(Dialect):
@@ -27,10 +29,21 @@ class MySQLDialect(Dialect):
         # value rather than a string, on MySQL and MariaDB alike.
         return f"JSON_ARRAY_APPEND({column}, '$', JSON_EXTRACT({placeholder}, '$'))"
 
-    def _claim(
-        self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
+    def session_sql(self, lease: float) -> list[str]:
+        # No write of a worker waits on a lock for long (claims skip locked
+        # rows and never wait at all); 1 s is InnoDB's least.
+        statements = [f"SET SESSION innodb_lock_wait_timeout = {max(1, int(lease / 4))}"]
+        if getattr(self.connection, "mysql_is_mariadb", False):
+            # A frozen worker's open transaction is ended by the server, and
+            # its row locks with it. MySQL has no such setting: there only
+            # wait_timeout (idle connections) and TCP keepalive end it.
+            statements.append(f"SET SESSION idle_transaction_timeout = {max(1, int(lease / 2))}")
+        return statements
+
+    def claim_chosen(
+        self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
-        ordered = sorted(candidates, key=lambda c: c.id)
+        ordered = sorted(chosen, key=lambda c: c.id)
         cursor.execute(
             self.claim_update_sql(len(ordered)),
             self.claim_update_params(ordered, worker_id, lease),
@@ -40,7 +53,7 @@ class MySQLDialect(Dialect):
         marks = ", ".join(["%s"] * len(ordered))
         cursor.execute(
             f"SELECT {', '.join(CLAIM_COLUMNS)} FROM {self.table} "
-            f"WHERE id IN ({marks}) AND worker_id = %s AND status = '{RUNNING}'",
+            f"WHERE id IN ({marks}) AND worker_id = %s",
             [*(c.id for c in ordered), worker_id],
         )
         claimed_versions = {c.id: c.version + 1 for c in ordered}

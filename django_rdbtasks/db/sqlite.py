@@ -1,4 +1,10 @@
-"""SQLite (development): one writer at a time, ``RETURNING`` since 3.35."""
+"""SQLite (development): one writer at a time, ``RETURNING`` since 3.35.
+
+There are no row locks to skip: a writer holds the whole database, so a round
+(finish, then claim) is one write transaction and the compare-and-set on the
+version is exact. A process frozen inside a write transaction stops every
+writer until SQLite's busy timeout: one more reason SQLite is for development.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +28,18 @@ class SQLiteDialect(Dialect):
     def json_append_sql(self, column: str, placeholder: str) -> str:
         return f"json_insert({column}, '$[#]', json({placeholder}))"
 
-    def _claim(
-        self, cursor: Any, candidates: Sequence[Candidate], worker_id: str, lease: float
+    def lock_unchanged(self, cursor: Any, candidates: Sequence[Candidate]) -> list[Candidate]:
+        # Nothing to lock: the claim's UPDATE compares the versions itself.
+        return list(candidates)
+
+    def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
+        raise NotImplementedError("SQLite has no SELECT ... FOR UPDATE SKIP LOCKED.")
+
+    def claim_chosen(
+        self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
         cursor.execute(
-            f"{self.claim_update_sql(len(candidates))} RETURNING {', '.join(CLAIM_COLUMNS)}",
-            self.claim_update_params(candidates, worker_id, lease),
+            f"{self.claim_update_sql(len(chosen))} RETURNING {', '.join(CLAIM_COLUMNS)}",
+            self.claim_update_params(chosen, worker_id, lease),
         )
         return [self.decode_claimed(row) for row in cursor.fetchall()]

@@ -1,4 +1,14 @@
-from .process import EXIT_RECYCLE, Worker
+"""The worker: processes that claim and run tasks, under one supervisor.
+
+- ``loop.Worker``: one process; slot threads claim and run tasks (``slots``,
+  ``execution``), the lease keeper (``keeper``) watches over them.
+- ``store.ClaimStore``: every statement the worker makes about tasks.
+- ``supervisor.Supervisor``: starts and restarts the processes (``processtree``).
+- ``scheduler.Scheduler``: fires cron Jobs; ``listener.Listener``: LISTEN/NOTIFY.
+"""
+
+from .keeper import EXIT_RECYCLE
+from .loop import Worker
 from .supervisor import Supervisor
 
 __all__ = ["EXIT_RECYCLE", "Supervisor", "Worker"]

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connections
 
 from ..db.postgresql import NOTIFY_CHANNEL
+from ..retrying import Backoff
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -40,16 +41,15 @@ class Listener(threading.Thread):
         return raw
 
     def run(self) -> None:
-        delay = 0.1
+        backoff = Backoff()
         while not self.halt.is_set():
             try:
                 raw = self._connect()
             except Exception as exc:
                 logger.warning("LISTEN connection failed (%s); polling until it is back", exc)
-                self.halt.wait(delay)
-                delay = min(delay * 2, 5.0)
+                self.halt.wait(backoff.next_delay())
                 continue
-            delay = 0.1
+            backoff.reset()
             self.ready.set()
             # Anything enqueued while we were not listening is found by polling.
             self.wake.set()

@@ -1,5 +1,12 @@
 """The scheduler process: fires due Jobs. Every host may run one; the CAS on each
-job's version makes sure each tick fires once."""
+job's version makes sure each tick fires once.
+
+It also keeps the declarations of code jobs alive: every ``DECLARE_EVERY``
+seconds it marks the jobs its code declares, and retires the code jobs that no
+live scheduler has declared for ``RDBTASKS_RETIRE_AFTER`` seconds. During a
+rolling deploy old and new schedulers declare different sets; a job stays live
+as long as any of them declares it.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,20 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
-from ..jobs import fire_due_jobs, sync_declared_jobs
+from ..jobs import (
+    DECLARE_EVERY,
+    JobSpec,
+    fire_due_jobs,
+    redeclare_jobs,
+    retire_undeclared_jobs,
+    sync_declared_jobs,
+)
+from ..retrying import retry_database
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
 
@@ -20,42 +36,75 @@ RETENTION_EVERY = 300.0
 
 
 class Scheduler:
-    def __init__(self, *, database: str = "default", interval: float = 1.0) -> None:
+    """Fires due jobs every ``interval`` seconds (at once again after a busy round).
+
+    ``jobs`` are the jobs this scheduler declares (default: the code's, read
+    from ``RDBTASKS_JOBS`` and ``@periodic`` at each declaration).
+    """
+
+    def __init__(
+        self,
+        *,
+        database: str = "default",
+        interval: float = 1.0,
+        jobs: Mapping[str, JobSpec] | None = None,
+        declare_every: float = DECLARE_EVERY,
+    ) -> None:
         self.database = database
         self.interval = interval
+        self.jobs = jobs
+        self.declare_every = declare_every
         self.stopping = threading.Event()
+        self._synced = False
+        self._next_declaration = time.monotonic()
+        self._next_retention = time.monotonic()
 
     def run(self, *, install_signals: bool = True) -> int:
         if install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         logger.info("scheduler started")
-        synced = False
-        delay = self.interval
-        next_retention = time.monotonic()
-        while not self.stopping.is_set():
-            try:
-                if not synced:
-                    sync_declared_jobs(self.database)
-                    synced = True
-                fired = fire_due_jobs(using=self.database)
-                if time.monotonic() >= next_retention:
-                    next_retention = time.monotonic() + RETENTION_EVERY
-                    self._apply_retention()
-                delay = self.interval
-            except DatabaseError as exc:
-                logger.warning("scheduler: database error (%s); retrying in %.1fs", exc, delay)
-                try:
-                    connections[self.database].close()
-                except DatabaseError:
-                    pass
-                fired = 0
-                delay = min(delay * 2, 5.0)
-            if not fired:
-                self.stopping.wait(delay)
-        connections.close_all()
+        try:
+            while not self.stopping.is_set():
+                fired = retry_database(
+                    self.step, "scheduling", alias=self.database, stop=self.stopping, log=logger
+                )
+                if fired is None:
+                    break  # stopped while the database was away
+                if not fired:
+                    self.stopping.wait(self.interval)
+        finally:
+            connections.close_all()
         logger.info("scheduler stopped")
         return 0
+
+    def step(self) -> int:
+        """One round: declare (when due), fire what is due, apply retention (when due).
+
+        Returns how many ticks it fired. A database error propagates; the
+        next call redoes whatever did not complete.
+        """
+        if time.monotonic() >= self._next_declaration:
+            self.declare()
+            self._next_declaration = time.monotonic() + self.declare_every
+        fired = fire_due_jobs(using=self.database)
+        if time.monotonic() >= self._next_retention:
+            # Set first: a failing prune waits for its next turn rather than
+            # being retried every round.
+            self._next_retention = time.monotonic() + RETENTION_EVERY
+            self._apply_retention()
+        return fired
+
+    def declare(self) -> None:
+        """Declare this scheduler's jobs (a full sync the first time), then retire the
+        ones nobody declares. Declaring first: a scheduler back after a long
+        outage must not retire its own jobs."""
+        if not self._synced:
+            sync_declared_jobs(self.database, self.jobs)
+            self._synced = True
+        else:
+            redeclare_jobs(self.database, self.jobs)
+        retire_undeclared_jobs(self.database)
 
     def _apply_retention(self) -> None:
         from django.conf import settings

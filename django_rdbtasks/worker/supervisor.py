@@ -14,7 +14,9 @@ from django.db import connections
 
 from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
-from .process import EXIT_RECYCLE, Worker
+from .keeper import EXIT_RECYCLE
+from .loop import Worker
+from .processtree import die_with_parent
 from .scheduler import Scheduler
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -23,17 +25,20 @@ logger = logging.getLogger("django_rdbtasks.worker")
 SCHEDULER = "scheduler"
 
 
-def _child_main(worker_options: dict[str, Any], kind: str) -> None:
-    # A process group of its own: Ctrl+C at a terminal reaches only the
-    # supervisor, which passes one SIGTERM on, so the first Ctrl+C is graceful.
-    os.setpgid(0, 0)
+def _child_main(worker_options: dict[str, Any], kind: str, supervisor_pid: int) -> None:
+    # The child stays in the supervisor's process group, so a kill of the
+    # group reaches it. Ctrl+C at a terminal sends SIGINT to the whole group:
+    # children ignore it and the supervisor passes one SIGTERM on, so the
+    # first Ctrl+C is graceful.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(supervisor_pid)
     if kind == SCHEDULER:
         code = Scheduler(
-            database=_database(worker_options), interval=worker_options["poll_interval"]
+            database=_database(worker_options),
+            interval=worker_options["poll_interval"],
         ).run()
     else:
-        code = Worker(**worker_options).run()
+        code = Worker(**worker_options, supervisor_pid=supervisor_pid).run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -96,7 +101,9 @@ class Supervisor:
         connections.close_all()  # never share a connection with a child
         kind = SCHEDULER if slot == SCHEDULER else "worker"
         process = self._context.Process(
-            target=_child_main, args=(self.worker_options, kind), name=f"rdbtasks-{kind}-{slot}"
+            target=_child_main,
+            args=(self.worker_options, kind, os.getpid()),
+            name=f"rdbtasks-{kind}-{slot}",
         )
         process.start()
         self.children[slot] = process

@@ -1,0 +1,127 @@
+"""What the claim protocol reads and writes, as plain values (no models, no SQL)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..states import ClaimMode, OutcomeKind, TaskStatus
+
+#: Columns a claim hands to the worker, in this order.
+CLAIM_COLUMNS = (
+    "id",
+    "version",
+    "task_path",
+    "args",
+    "kwargs",
+    "attempts",
+    "max_attempts",
+    "queue_name",
+    "backend_name",
+    "priority",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
+    "run_after",
+    "history",
+    "job_name",
+    "checkpoint",
+)
+#: What a claim needs to know of a row before it takes it.
+CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
+
+
+@dataclass(slots=True)
+class Candidate:
+    id: Any
+    version: int
+    status: str
+    worker_id: str
+    last_attempted_at: dt.datetime | None
+
+    @property
+    def was_running(self) -> bool:
+        """Claimed from a holder whose lease ran out, rather than READY."""
+        return self.status == TaskStatus.RUNNING
+
+
+@dataclass(slots=True)
+class ClaimedRow:
+    id: Any  # as the database driver returns it
+    version: int  # the version our claim wrote: the fence for every later write
+    task_path: str
+    args: list
+    kwargs: dict
+    attempts: int
+    max_attempts: int
+    queue_name: str
+    backend_name: str
+    priority: int
+    enqueued_at: dt.datetime
+    started_at: dt.datetime
+    claimed_at: dt.datetime
+    run_after: dt.datetime
+    history: list
+    job_name: str = ""
+    checkpoint: Any = None
+    #: Set when the claim took over a RUNNING row whose lease had expired.
+    lost_from: Candidate | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What to write about one claimed row when the worker is done with it."""
+
+    id: Any
+    version: int
+    kind: OutcomeKind
+    entry: dict | None = None  # appended to the row's history
+    return_value: Any = None
+    delay: float = 0.0  # seconds until the row may run again (retry, postpone, handover)
+    #: How long the attempt ran (monotonic), for the log and the job record.
+    duration: float = 0.0
+    error: BaseException | None = None
+    #: The claimed row this is about (None only in tests of the SQL).
+    row: ClaimedRow | None = None
+
+    @property
+    def job_name(self) -> str:
+        """The Job whose record follows this task ('' for none)."""
+        return self.row.job_name if self.row is not None else ""
+
+    def entry_json(self) -> str | None:
+        return None if self.entry is None else json.dumps(self.entry, default=str)
+
+    def return_json(self) -> str | None:
+        return None if self.return_value is None else json.dumps(self.return_value)
+
+    @classmethod
+    def release(cls, row: ClaimedRow) -> Outcome:
+        return cls(row.id, row.version, OutcomeKind.RELEASE, row=row)
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimRequest:
+    """Up to ``want`` runnable rows of ``queues``, leased for ``lease`` seconds."""
+
+    queues: Sequence[str]
+    want: int
+    worker_id: str
+    lease: float
+    mode: ClaimMode = ClaimMode.OPTIMISTIC
+
+
+@dataclass(slots=True)
+class Exchange:
+    """The answer to one round of writing outcomes and claiming more."""
+
+    #: Ids of the outcomes written, each mapped to whether the task has
+    #: dependants to settle (None where the database could not say).
+    written: dict[Any, bool | None] = field(default_factory=dict)
+    claimed: list[ClaimedRow] = field(default_factory=list)
+    #: Runnable rows seen but lost to other workers in this round: worth
+    #: asking again at once rather than waiting for the next poll.
+    contended: bool = False

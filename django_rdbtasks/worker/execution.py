@@ -1,0 +1,436 @@
+"""Running one task: a claimed row in, an ``Outcome`` out.
+
+Nothing here writes the task row: the outcome says what to write, and the
+loop hands it to the claim store with the next claim. What a task does while
+it runs (progress, checkpoints, a singleton lock, the record of a lost
+attempt) goes through the small ``ExecutionStore`` interface, so this module
+can be tested with a fake one and no database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from traceback import format_exception
+from typing import Any, Protocol
+
+from django.db import connections
+
+from ..backend import RDBTaskBackend, RDBTaskResult, task_key
+from ..compat import TaskResult, TaskResultStatus, normalize_json
+from ..context import _UNSET, RDBTaskContext
+from ..db.rows import ClaimedRow, Outcome
+from ..exceptions import (
+    HandOver,
+    InvalidTaskPath,
+    ReturnValueNotJSON,
+    TaskCancelled,
+    TaskTimeout,
+    WorkerLost,
+)
+from ..idempotency import AlreadyDone, current_task, once
+from ..loading import load_task
+from ..states import AttemptOutcome, OutcomeKind
+from .store import error_path
+
+logger = logging.getLogger("django_rdbtasks.worker")
+
+
+class ExecutionStore(Protocol):
+    """What running a task needs of the database (``ClaimStore`` in production)."""
+
+    def public_id(self, raw_id: Any) -> str: ...
+
+    def save_progress(
+        self,
+        row: ClaimedRow,
+        worker_id: str,
+        *,
+        progress: float | None,
+        message: str,
+        checkpoint: Any,
+        checkpoint_changed: bool,
+    ) -> bool: ...
+
+    def note_lost_attempt(self, row: ClaimedRow, worker_id: str, entry: dict) -> bool: ...
+
+    def singleton_lock(self, task_path: str, lease: float) -> Any: ...
+
+
+@dataclass(slots=True)
+class Running:
+    """A claimed row, from its claim until its outcome is written."""
+
+    row: ClaimedRow
+    worker_id: str
+    result: TaskResult | None = None
+    #: The lease keeper found the claim gone: whatever we write will match nothing.
+    lost: bool = False
+    #: An operator asked to cancel it.
+    cancel: bool = False
+    #: Set when the task should stop: cancelled, lost, timed out, or the worker is stopping.
+    stop: threading.Event = field(default_factory=threading.Event)
+    task: Any = None
+    started: float | None = None  # monotonic, while it runs
+    timeout: float | None = None
+    timed_out: bool = False
+
+
+class Control:
+    """The worker's side of a task's context: stop requests, progress, checkpoints."""
+
+    def __init__(
+        self, store: ExecutionStore, running: Running, *, interval: float, stopping: threading.Event
+    ) -> None:
+        self.store = store
+        self.running = running
+        self.interval = interval
+        self.stopping = stopping
+        self.checkpoint: Any = running.row.checkpoint
+        self.progress: float | None = None
+        self.message = ""
+        self.stop_observed = False
+        self._dirty = False
+        self._checkpoint_dirty = False
+        self._last_write = 0.0
+
+    def should_stop(self) -> bool:
+        if self.running.stop.is_set():
+            self.stop_observed = True
+            return True
+        return False
+
+    def update(self, progress: Any, message: str, checkpoint: Any, force: bool) -> None:
+        if progress is not _UNSET:
+            self.progress, self.message = progress, message
+        if checkpoint is not _UNSET:
+            self.checkpoint, self._checkpoint_dirty = checkpoint, True
+        self._dirty = True
+        if force or time.monotonic() - self._last_write >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what changed, fenced by the claim; one try (a task must not hang on it)."""
+        if not self._dirty:
+            return
+        running = self.running
+        try:
+            held = self.store.save_progress(
+                running.row,
+                running.worker_id,
+                progress=self.progress,
+                message=self.message[:200],
+                checkpoint=self.checkpoint,
+                checkpoint_changed=self._checkpoint_dirty,
+            )
+        except Exception as exc:
+            logger.warning("could not save progress of task %s (%s)", running.row.id, exc)
+            return
+        self._dirty = self._checkpoint_dirty = False
+        self._last_write = time.monotonic()
+        if not held:
+            running.lost = True
+            running.stop.set()
+
+
+class Executor:
+    """Runs claimed rows as framework tasks and says what became of each."""
+
+    def __init__(
+        self,
+        backend: RDBTaskBackend,
+        store: ExecutionStore,
+        *,
+        lease: float,
+        poll_interval: float,
+        progress_interval: float,
+        stopping: threading.Event,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.progress_interval = progress_interval
+        self.stopping = stopping
+
+    def run(self, running: Running) -> Outcome:
+        row = running.row
+        if row.lost_from is not None:
+            outcome = self._take_over_lost(running)
+            if outcome is not None:
+                return outcome
+        started = time.monotonic()
+        try:
+            task = load_task(row.task_path)
+        except InvalidTaskPath as exc:
+            # Permanent: retrying cannot make the path valid.
+            return self._failure(running, exc, started, retry=False)
+
+        result = RDBTaskResult(
+            task=task,
+            id=self.store.public_id(row.id),
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=row.enqueued_at,
+            started_at=row.started_at,
+            finished_at=None,
+            last_attempted_at=row.claimed_at,
+            args=row.args,
+            kwargs=row.kwargs,
+            backend=self.backend.alias,
+            errors=[],
+            worker_ids=[e.get("worker_id", "") for e in row.history] + [running.worker_id],
+        )
+        running.result = result
+        self.backend.send_signal("task_started", result)
+        lock = None
+        if getattr(task, "singleton", False):
+            lock = self.store.singleton_lock(row.task_path, self.lease)
+            try:
+                acquired = lock.acquire()
+            except Exception as exc:
+                logger.warning("singleton lock for %s failed (%s); later", row.task_path, exc)
+                acquired = False
+            if not acquired:
+                # One is running elsewhere: try again later, attempt not spent.
+                return self._outcome(
+                    running, OutcomeKind.POSTPONE, started, delay=self.poll_interval
+                )
+            lock.start_renewing()
+        token = current_task.set((result.id, running.worker_id))
+        control = Control(
+            self.store, running, interval=self.progress_interval, stopping=self.stopping
+        )
+        running.task = task
+        running.timeout = getattr(task, "timeout", None)
+        running.started = started
+        try:
+            value = self._call(task, result, row, control)
+        except HandOver as handover:
+            control.flush()
+            return self._handed_over(running, started, handover.delay)
+        except AlreadyDone as done:
+            outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
+            assert outcome.entry is not None
+            outcome.entry.update(outcome=AttemptOutcome.ALREADY_DONE, detail=str(done))
+            return outcome
+        except BaseException as error:  # a task's SystemExit must not end the worker
+            control.flush()
+            if running.cancel:
+                return self._cancelled(running, started)
+            reason = self._timeout_error(running) if running.timed_out else error
+            # An exception may say retrying cannot help (retryable = False).
+            retry = bool(getattr(reason, "retryable", True))
+            return self._failure(running, reason, started, task=task, retry=retry)
+        finally:
+            running.started = None
+            current_task.reset(token)
+            if lock is not None:
+                lock.stop_renewing()
+                try:
+                    lock.release()
+                except Exception as exc:
+                    logger.warning("could not release singleton lock (%s); it will lapse", exc)
+            reset_task_connections()
+        control.flush()
+        if running.cancel:
+            return self._cancelled(running, started)
+        if running.timed_out:
+            return self._failure(running, self._timeout_error(running), started, task=task)
+        if self.stopping.is_set() and control.stop_observed:
+            # It saw the shutdown and returned early: another worker resumes it.
+            return self._handed_over(running, started, 0.0)
+        try:
+            value = _json_value(task, value)
+        except ReturnValueNotJSON as exc:
+            return self._failure(running, exc, started, retry=False)
+        outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
+        outcome.return_value = value
+        return outcome
+
+    def _call(self, task: Any, result: TaskResult, row: ClaimedRow, control: Control) -> Any:
+        args: list[Any] = list(row.args)
+        if task.takes_context:
+            args.insert(0, RDBTaskContext(task_result=result, control=control))
+        template = getattr(task, "once_key", None)
+        if template is None:
+            return task.call(*args, **row.kwargs)
+        key = task_key(template, task, row.args, row.kwargs)
+        with once(task.module_path, key, using=self.backend.database):
+            return task.call(*args, **row.kwargs)
+
+    # -- outcomes ----------------------------------------------------------------------
+
+    def _outcome(
+        self,
+        running: Running,
+        kind: OutcomeKind,
+        started: float,
+        *,
+        attempt: AttemptOutcome | None = None,
+        error: BaseException | None = None,
+        delay: float = 0.0,
+    ) -> Outcome:
+        duration = time.monotonic() - started
+        row = running.row
+        entry = None
+        if attempt is not None or kind == OutcomeKind.SUCCESS:
+            entry = history_entry(running, duration, attempt or AttemptOutcome.SUCCESSFUL, error)
+        return Outcome(
+            row.id,
+            row.version,
+            kind,
+            entry=entry,
+            delay=delay,
+            duration=duration,
+            error=error,
+            row=row,
+        )
+
+    def _failure(
+        self,
+        running: Running,
+        exc: BaseException,
+        started: float,
+        *,
+        task: Any = None,
+        retry: bool = True,
+    ) -> Outcome:
+        row = running.row
+        if retry and row.attempts < row.max_attempts:
+            delay = self.backend.retry_delay(task, row.attempts)
+            return self._outcome(
+                running,
+                OutcomeKind.RETRY,
+                started,
+                attempt=AttemptOutcome.RETRY,
+                error=exc,
+                delay=delay,
+            )
+        return self._outcome(
+            running, OutcomeKind.FAILURE, started, attempt=AttemptOutcome.FAILED, error=exc
+        )
+
+    def timed_out(self, running: Running, grace: float) -> Outcome:
+        """The outcome of a task that ignored its timeout, written before the process recycles."""
+        error = TaskTimeout(
+            f"ran past its timeout of {running.timeout:g}s and did not stop within "
+            f"{grace:g}s; its worker process was recycled"
+        )
+        return self._failure(running, error, running.started or time.monotonic(), task=running.task)
+
+    def _handed_over(self, running: Running, started: float, delay: float) -> Outcome:
+        return self._outcome(
+            running, OutcomeKind.HANDOVER, started, attempt=AttemptOutcome.HANDED_OVER, delay=delay
+        )
+
+    def _timeout_error(self, running: Running) -> TaskTimeout:
+        return TaskTimeout(f"ran past its timeout of {running.timeout:g}s")
+
+    def _cancelled(self, running: Running, started: float) -> Outcome:
+        error = TaskCancelled("cancelled by an operator while running")
+        return self._outcome(
+            running, OutcomeKind.CANCELLED, started, attempt=AttemptOutcome.CANCELLED, error=error
+        )
+
+    def _take_over_lost(self, running: Running) -> Outcome | None:
+        """Record the lost attempt; fail the task unrun if that was its last one."""
+        row = running.row
+        lost = row.lost_from
+        assert lost is not None
+        exc = WorkerLost(
+            f"worker {lost.worker_id} stopped renewing its lease during attempt "
+            f"{row.attempts - 1}; the task was reclaimed by {running.worker_id}"
+        )
+        entry: dict[str, Any] = {
+            "attempt": row.attempts - 1,
+            "worker_id": lost.worker_id,
+            "started_at": _isoformat(lost.last_attempted_at),
+            "finished_at": _isoformat(row.claimed_at),
+            "outcome": AttemptOutcome.LOST,
+            "exception_class_path": error_path(exc),
+            "traceback": str(exc),
+        }
+        row.history.append(entry)
+        logger.warning("task %s %s: %s", self.store.public_id(row.id), row.task_path, exc)
+        if row.attempts - 1 >= row.max_attempts:
+            return Outcome(
+                row.id, row.version, OutcomeKind.ABANDON, entry=entry, error=exc, row=row
+            )
+        try:
+            self.store.note_lost_attempt(row, running.worker_id, entry)
+        except Exception as error:
+            # The history misses one entry; the task itself is unharmed.
+            logger.warning("could not record the lost attempt of %s (%s)", row.id, error)
+        return None
+
+
+def history_entry(
+    running: Running,
+    duration: float,
+    outcome: AttemptOutcome,
+    exc: BaseException | None = None,
+) -> dict[str, Any]:
+    """One attempt in the task's history. Both ends come from the database clock:
+    the claim's time plus the monotonic duration of the run."""
+    row = running.row
+    entry: dict[str, Any] = {
+        "attempt": row.attempts,
+        "worker_id": running.worker_id,
+        "started_at": _isoformat(row.claimed_at),
+        "finished_at": _isoformat(row.claimed_at + timedelta(seconds=duration)),
+        "outcome": outcome,
+    }
+    if exc is not None:
+        entry["exception_class_path"] = error_path(exc)
+        entry["traceback"] = "".join(format_exception(exc))
+    return entry
+
+
+def _json_value(task: Any, value: Any) -> Any:
+    """The return value as stored, or ``ReturnValueNotJSON`` naming the task that returned it."""
+    try:
+        value = normalize_json(value)
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        code = getattr(getattr(task, "func", None), "__code__", None)
+        where = f" ({code.co_filename}, line {code.co_firstlineno})" if code else ""
+        raise ReturnValueNotJSON(
+            f"{task.module_path}{where} returned {type(value).__name__!s} "
+            f"that cannot be stored as JSON: {exc}"
+        ) from exc
+    return value
+
+
+def _isoformat(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def reset_task_connections() -> None:
+    """Undo what a task may have left on this thread's connections.
+
+    Like Django's request-end cleanup, but the connection stays open whatever
+    ``CONN_MAX_AGE`` says: reconnecting per task would triple the cost.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        if connection.in_atomic_block or (
+            connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]
+        ):
+            _close_quietly(connection)
+        elif connection.errors_occurred:
+            if connection.is_usable():
+                connection.errors_occurred = False
+            else:
+                _close_quietly(connection)
+
+
+def _close_quietly(connection: Any) -> None:
+    try:
+        connection.close()
+    except Exception:
+        pass

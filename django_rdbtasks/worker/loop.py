@@ -1,0 +1,390 @@
+"""One worker process: slot threads that claim and run tasks, and the lease keeper.
+
+Each slot is a thread with a worker id of its own. It repeats one round: write
+the outcomes of the tasks it finished and claim the next ones, in one
+statement on PostgreSQL (one transaction elsewhere), then run what it claimed.
+The main thread is the lease keeper (``keeper.py``). Signal handlers only
+record the signal; the keeper acts on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+from django.utils.crypto import get_random_string
+
+from ..backend import RDBTaskBackend
+from ..compat import task_backends
+from ..db.rows import ClaimRequest, Exchange, Outcome
+from ..retrying import retry_database
+from ..states import ClaimMode
+from .connection import worker_alias
+from .execution import Executor
+from .keeper import EXIT_RECYCLE, LeaseKeeper
+from .processtree import ORPHAN_GRACE, ParentWatch
+from .registry import Registry
+from .reporting import Counters, Reporter
+from .slots import ClaimAhead, Slot
+from .store import ClaimStore
+
+logger = logging.getLogger("django_rdbtasks.worker")
+
+__all__ = ["EXIT_RECYCLE", "Worker"]
+
+#: How often the keeper looks at the slots, signals and deadlines.
+TICK = 0.01
+#: A signal this long after the first is a second one (exit at once); sooner,
+#: it is the same request arriving twice (a process group and its supervisor).
+SECOND_SIGNAL_AFTER = 1.0
+
+
+class Worker:
+    """Claims and runs tasks of some queues until stopped (or drained in burst mode)."""
+
+    def __init__(
+        self,
+        *,
+        backend: str = "default",
+        queues: Sequence[str] | None = None,
+        mode: str = ClaimMode.OPTIMISTIC,
+        batch: int | None = None,
+        threads: int = 1,
+        lease: float = 30.0,
+        poll_interval: float = 1.0,
+        burst: bool = False,
+        max_tasks: int | None = None,
+        grace: float = 30.0,
+        listen: bool = True,
+        processors: bool = False,
+        supervisor_pid: int | None = None,
+    ) -> None:
+        instance = task_backends[backend]
+        if not isinstance(instance, RDBTaskBackend):
+            raise ValueError(
+                f"Task backend {backend!r} is {type(instance).__name__}, not RDBTaskBackend."
+            )
+        try:
+            self.mode = ClaimMode(mode)
+        except ValueError:
+            raise ValueError("mode must be 'optimistic' or 'skip-locked'.") from None
+        self.backend = instance
+        self.database = instance.database
+        vendor = connections[self.database].vendor
+        if self.mode == ClaimMode.SKIP_LOCKED and vendor == "sqlite":
+            raise ValueError(
+                "--mode skip-locked needs SELECT ... FOR UPDATE SKIP LOCKED, which SQLite "
+                "does not have; use the default optimistic mode on SQLite."
+            )
+        self.queues = sorted(queues or instance.queues)
+        unknown = set(self.queues) - set(instance.queues)
+        if unknown:
+            raise ValueError(
+                f"Queues {sorted(unknown)} are not among backend {backend!r}'s QUEUES "
+                f"{sorted(instance.queues)}."
+            )
+        self.threads = max(1, threads)
+        self.batch = batch  # None: claim ahead adaptively
+        self.lease = lease
+        self.progress_interval = float(instance.options.get("PROGRESS_INTERVAL", 1.0))
+        self.timeout_grace = float(instance.options.get("TIMEOUT_GRACE", 5.0))
+        self.poll_interval = poll_interval
+        self.burst = burst
+        self.max_tasks = max_tasks
+        self.grace = grace
+        self.listen = listen and vendor == "postgresql" and instance.notify
+        self.processors = processors
+        self.parent = ParentWatch(supervisor_pid)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+        self.stopping = threading.Event()  # stop claiming, finish what runs
+        self.halt = threading.Event()  # background threads end
+        self.wake = threading.Event()
+        self.stop_deadline = float("inf")
+        self.counters = Counters()
+        self.recycle = False
+        self._claims_left = max_tasks
+        self._budget_lock = threading.Lock()
+        self._signal_at: float | None = None
+        self._signal_name = ""
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run until stopped; return the process exit code."""
+        if install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        alias = worker_alias(self.database, self.lease)
+        store = ClaimStore(alias, self.database)
+        registry = Registry(alias, self.name)
+        reporter = Reporter(self.backend, self.counters, store.public_id)
+        logger.info(
+            "worker %s started: queues=%s mode=%s threads=%d batch=%s lease=%.1fs",
+            self.name,
+            ",".join(self.queues),
+            self.mode,
+            self.threads,
+            self.batch or "auto",
+            self.lease,
+        )
+        registered = retry_database(
+            lambda: (
+                registry.register(
+                    queues=list(self.queues),
+                    mode=str(self.mode),
+                    threads=self.threads,
+                    batch=self.batch or 0,
+                )
+                or True
+            ),
+            "register worker",
+            alias=alias,
+            stop=self.halt,
+            give_up=self._signalled,
+            log=logger,
+        )
+        if registered is None:  # signalled before the database ever answered
+            return 0
+        slots = [Slot(i, f"{self.name}:{i}:{get_random_string(6)}") for i in range(self.threads)]
+        background = self._background_threads()
+        keeper = LeaseKeeper(
+            slots=slots,
+            store=store,
+            executor=self._executor(store),
+            reporter=reporter,
+            counters=self.counters,
+            registry=registry,
+            lease=self.lease,
+            timeout_grace=self.timeout_grace,
+            stopping=self.stopping.is_set,
+        )
+        threads = [
+            threading.Thread(
+                target=self._slot_main, args=(slot, alias), name=f"rdbtasks-slot-{slot.index}"
+            )
+            for slot in slots
+        ]
+        for thread in background + threads:
+            thread.start()
+        try:
+            while any(thread.is_alive() for thread in threads):
+                now = time.monotonic()
+                self._watch_signals_and_parent(now)
+                if now > self.stop_deadline:
+                    keeper.give_up()
+                keeper.tick(now)
+                time.sleep(TICK)
+            keeper.tick(time.monotonic())  # what the slots left to write
+        finally:
+            self.stop()
+            for thread in background:
+                if thread.name.startswith("rdbtasks-processor-"):
+                    thread.join(max(0.0, self.stop_deadline - time.monotonic()))
+            self.halt.set()
+            self.wake.set()
+            try:
+                registry.deregister(done=self.counters.processed, failed=self.counters.failed)
+            except Exception as exc:
+                logger.warning("could not deregister (%s)", exc)
+            store.close()
+            connections.close_all()
+        logger.info("worker %s stopped after %d tasks", self.name, self.counters.processed)
+        return EXIT_RECYCLE if self.recycle else 0
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop claiming; running tasks get ``grace`` seconds before their claims are released."""
+        deadline = time.monotonic() + (self.grace if grace is None else grace)
+        self.stop_deadline = min(self.stop_deadline, deadline)
+        if not self.stopping.is_set():
+            self.stopping.set()
+            self.wake.set()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only record it: a handler runs between two bytecodes of whatever the
+        # main thread was doing, possibly holding a lock it would need.
+        now = time.monotonic()
+        if self._signal_at is None:
+            self._signal_name = signal.Signals(signum).name
+            self._signal_at = now
+        elif now - self._signal_at >= SECOND_SIGNAL_AFTER:
+            os.write(2, b"second signal: exiting now; leases will expire and free the tasks\n")
+            os._exit(1)
+
+    def _signalled(self) -> bool:
+        return self._signal_at is not None
+
+    def _watch_signals_and_parent(self, now: float) -> None:
+        if self._signal_at is not None and not self.stopping.is_set():
+            logger.info(
+                "signal %s: finishing running tasks (grace %.0fs), claiming no more",
+                self._signal_name,
+                self.grace,
+            )
+            self.stop()
+        if self.parent.orphaned() and self.stop_deadline - now > ORPHAN_GRACE:
+            logger.warning("supervisor is gone; stopping within %.0fs", ORPHAN_GRACE)
+            self.stop(min(self.grace, ORPHAN_GRACE))
+
+    # -- a slot ------------------------------------------------------------------------
+
+    def _executor(self, store: ClaimStore) -> Executor:
+        return Executor(
+            self.backend,
+            store,
+            lease=self.lease,
+            poll_interval=self.poll_interval,
+            progress_interval=self.progress_interval,
+            stopping=self.stopping,
+        )
+
+    def _slot_main(self, slot: Slot, alias: str) -> None:
+        store = ClaimStore(alias, self.database)
+        executor = self._executor(store)
+        reporter = Reporter(self.backend, self.counters, store.public_id)
+        ahead = ClaimAhead(self.batch)
+        try:
+            while not self.stopping.is_set():
+                want = self._take_budget(ahead.want())
+                if want == 0:
+                    self.recycle = True
+                    self.stop()
+                    break
+                self.wake.clear()
+                exchange = self._round(slot, store, reporter, want)
+                self._give_back_budget(want - len(exchange.claimed))
+                if exchange.claimed:
+                    slot.add(exchange.claimed)
+                    self._run_claimed(slot, store, reporter, executor, ahead)
+                elif exchange.contended:
+                    continue  # others won this round; more may be there
+                elif self.burst and not self._retries_pending(store):
+                    break
+                else:
+                    self.wake.wait(self.poll_interval)
+        finally:
+            self._finish_slot(slot, store, reporter)
+            slot.done.set()
+            store.close()
+            connections.close_all()
+
+    def _run_claimed(
+        self,
+        slot: Slot,
+        store: ClaimStore,
+        reporter: Reporter,
+        executor: Executor,
+        ahead: ClaimAhead,
+    ) -> None:
+        while not self.stopping.is_set():
+            running = slot.take_next()
+            if running is None:
+                return
+            outcome = executor.run(running)
+            ahead.observe(outcome.duration)
+            slot.finish(outcome, running)
+            if slot.should_flush():
+                self._round(slot, store, reporter, 0)
+
+    def _round(self, slot: Slot, store: ClaimStore, reporter: Reporter, want: int) -> Exchange:
+        """Write what the slot finished and claim ``want`` more; retried through outages."""
+        finished = slot.take_finished()
+        outcomes = [outcome for outcome, _ in finished]
+        request = (
+            ClaimRequest(self.queues, want, slot.worker_id, self.lease, self.mode)
+            if want > 0 and not self.stopping.is_set()
+            else None
+        )
+        exchange = retry_database(
+            lambda: store.exchange(outcomes, slot.worker_id, request),
+            "claim" if request is not None else "write results",
+            alias=None,
+            on_error=store.close,
+            stop=self.halt,
+            # Claiming may give up on a shutdown; results are retried until
+            # the grace period ends (the keeper then leaves with what it has).
+            give_up=lambda: request is not None and self.stopping.is_set(),
+            log=logger,
+        )
+        if exchange is None:
+            if finished:
+                reporter.report(finished, {})
+            return Exchange()
+        reporter.report(finished, exchange.written)
+        return exchange
+
+    def _finish_slot(self, slot: Slot, store: ClaimStore, reporter: Reporter) -> None:
+        """Write what is finished and give back what never started, attempts unspent."""
+        for running in slot.take_unstarted():
+            slot.finish(Outcome.release(running.row), running)
+        if slot.held():
+            self._round(slot, store, reporter, 0)
+
+    # -- budgets and burst -------------------------------------------------------------
+
+    def _take_budget(self, want: int) -> int:
+        if self._claims_left is None:
+            return want
+        with self._budget_lock:
+            take = max(0, min(want, self._claims_left))
+            self._claims_left -= take
+            return take
+
+    def _give_back_budget(self, unused: int) -> None:
+        if self._claims_left is not None and unused > 0:
+            with self._budget_lock:
+                self._claims_left += unused
+
+    def _retries_pending(self, store: ClaimStore) -> bool:
+        """Burst mode: tasks this process failed are waiting out their backoff."""
+        with self.counters.lock:
+            retrying = set(self.counters.retrying)
+        if not retrying:
+            return False
+        still = retry_database(
+            lambda: store.ready_among(retrying),
+            "burst check",
+            alias=None,
+            on_error=store.close,
+            stop=self.halt,
+        )
+        with self.counters.lock:
+            self.counters.retrying &= still or set()
+        return bool(still)
+
+    # -- background threads ------------------------------------------------------------
+
+    def _background_threads(self) -> list[threading.Thread]:
+        threads: list[threading.Thread] = []
+        if self.listen:
+            from .listener import Listener
+
+            threads.append(Listener(self.database, self.queues, self.wake, self.halt))
+        if self.processors:
+            threads += self._processor_threads()
+        return threads
+
+    def _processor_threads(self) -> list[threading.Thread]:
+        from ..checkout import registered_processors, run_processor
+
+        return [
+            threading.Thread(
+                target=run_processor,
+                args=(
+                    processor,
+                    f"{self.name}:{processor.name}:{get_random_string(6)}",
+                    self.stopping,
+                ),
+                kwargs={"poll_interval": self.poll_interval, "mode": str(self.mode)},
+                name=f"rdbtasks-processor-{processor.name}",
+                daemon=True,
+            )
+            for processor in registered_processors()
+        ]

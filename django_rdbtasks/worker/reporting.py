@@ -1,0 +1,98 @@
+"""After an outcome is written (or found fenced off): the log line, the signal, the counters."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ..compat import TaskResultStatus
+from ..db.rows import Outcome
+from ..states import OutcomeKind
+from .execution import Running
+from .store import error_summary
+
+logger = logging.getLogger("django_rdbtasks.worker")
+
+
+@dataclass
+class Counters:
+    """What this process has done, for the worker registry and ``--max-tasks``."""
+
+    processed: int = 0
+    failed: int = 0
+    #: Public ids of tasks this process scheduled a retry for (``--burst`` waits for them).
+    retrying: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Reporter:
+    def __init__(self, backend: Any, counters: Counters, public_id: Any) -> None:
+        self.backend = backend
+        self.counters = counters
+        self.public_id = public_id
+
+    def report(
+        self, pairs: Sequence[tuple[Outcome, Running]], written: dict[Any, bool | None]
+    ) -> None:
+        for outcome, running in pairs:
+            self._one(outcome, running, outcome.id in written)
+
+    def _one(self, outcome: Outcome, running: Running, written: bool) -> None:
+        row = running.row
+        task_id = running.result.id if running.result is not None else self.public_id(row.id)
+        kind = outcome.kind
+        if kind == OutcomeKind.RELEASE:
+            if written:
+                logger.info("task %s %s released unfinished", task_id, row.task_path)
+            return
+        with self.counters.lock:
+            self.counters.processed += 1
+            if kind.counts_as_failure:
+                self.counters.failed += 1
+            if kind == OutcomeKind.RETRY and written:
+                self.counters.retrying.add(task_id)
+            else:
+                self.counters.retrying.discard(task_id)
+        if not written:
+            logger.warning(
+                "task %s %s: result discarded, this worker no longer holds the task "
+                "(its lease expired and it was reclaimed)",
+                task_id,
+                row.task_path,
+            )
+            return
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "task %s %s %s%s after %s (attempt %d/%d)%s",
+                task_id,
+                row.task_path,
+                kind.log_word,
+                f" in {format_seconds(outcome.delay)}" if outcome.delay else "",
+                format_seconds(outcome.duration),
+                row.attempts,
+                row.max_attempts,
+                f": {error_summary(outcome.error)}" if outcome.error is not None else "",
+            )
+        result = running.result
+        if result is not None and kind in (OutcomeKind.SUCCESS, OutcomeKind.FAILURE):
+            finished_at = row.claimed_at + timedelta(seconds=outcome.duration)
+            object.__setattr__(result, "finished_at", finished_at)
+            if kind == OutcomeKind.SUCCESS:
+                object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+                object.__setattr__(result, "_return_value", outcome.return_value)
+            else:
+                object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            self.backend.send_signal("task_finished", result)
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration for a log line: '850µs', '12.3ms', '4.20s'."""
+    if seconds < 0.001:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1000:.1f}ms"
+    return f"{seconds:.2f}s"

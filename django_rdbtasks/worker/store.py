@@ -1,0 +1,209 @@
+"""The claim store: every statement the worker makes about tasks.
+
+Claiming, writing outcomes, renewing leases, saving progress, following a
+Job's record and settling dependants all go through here, on the worker's own
+connection (see ``connection.py``). One store per thread: Django connections
+belong to the thread that opened them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..db import dialect_for
+from ..db.base import SETTLES_DEPENDANTS, Dialect
+from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
+from ..states import OutcomeKind, TaskStatus
+from .connection import close_in_thread, open_in_thread
+
+logger = logging.getLogger("django_rdbtasks.worker")
+
+
+class ClaimStore:
+    def __init__(self, alias: str, database: str) -> None:
+        #: The worker's own connection alias (``connection.worker_alias``),
+        #: opened in the thread that makes the store.
+        self.alias = alias
+        self.database = database
+        open_in_thread(alias)
+
+    @property
+    def connection(self) -> Any:
+        return connections[self.alias]
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(self.connection)
+
+    def close(self) -> None:
+        """Drop this thread's connection; the next call reconnects."""
+        close_in_thread(self.alias)
+
+    def public_id(self, raw_id: Any) -> str:
+        return str(self.dialect.decode_id(raw_id))
+
+    # -- rounds ------------------------------------------------------------------------
+
+    def exchange(
+        self, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
+    ) -> Exchange:
+        """Write ``outcomes`` and claim the next rows, in as few round trips as the database allows.
+
+        Every write is fenced by its claim; ``written`` says which went through.
+        """
+        dialect = self.dialect
+        if not dialect.exchange_is_one_statement:
+            with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+                result = dialect.exchange(cursor, outcomes, worker_id, request)
+                self._follow_up(outcomes, result.written, worker_id)
+            return result
+        # One statement, committed on its own: everything that needs more
+        # than the task row (a Job's record, dependants) is finished after it
+        # in a transaction of its own, which those tasks' claims still fence.
+        quick = [o for o in outcomes if not o.job_name]
+        with self.connection.cursor() as cursor:
+            result = dialect.exchange(cursor, quick, worker_id, request)
+        rest = [o for o in outcomes if o.job_name] + [
+            o for o in quick if o.id not in result.written and o.kind in SETTLES_DEPENDANTS
+        ]
+        if rest:
+            result.written.update(self.finish(rest, worker_id))
+        return result
+
+    def finish(self, outcomes: Sequence[Outcome], worker_id: str) -> dict[Any, bool | None]:
+        """Write outcomes with their follow-ups (job records, dependants) in one transaction."""
+        if not outcomes:
+            return {}
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            written = self.dialect.finish(cursor, outcomes, worker_id)
+            self._follow_up(outcomes, written, worker_id)
+        return written
+
+    def _follow_up(
+        self, outcomes: Sequence[Outcome], written: dict[Any, bool | None], worker_id: str
+    ) -> None:
+        self._update_job_records(outcomes, written, worker_id)
+        self._settle_dependants(outcomes, written)
+
+    def _update_job_records(
+        self, outcomes: Sequence[Outcome], written: dict[Any, bool | None], worker_id: str
+    ) -> None:
+        """A Job's record follows its task, in the transaction that ends the attempt."""
+        from ..models import JobRecord
+
+        for outcome in outcomes:
+            row = outcome.row
+            status = outcome.kind.status
+            if (
+                row is None
+                or not row.job_name
+                or outcome.id not in written
+                or status is None
+                or outcome.kind == OutcomeKind.RELEASE
+            ):
+                continue
+            duration = timedelta(seconds=outcome.duration)
+            error = outcome.error
+            JobRecord.objects.using(self.alias).filter(
+                task_id=self.public_id(row.id), job_name=row.job_name
+            ).update(
+                status=status,
+                started_at=row.started_at,
+                finished_at=row.claimed_at + duration,
+                duration=duration,
+                worker_id=worker_id,
+                error="" if error is None else error_summary(error),
+            )
+
+    def _settle_dependants(
+        self, outcomes: Sequence[Outcome], written: dict[Any, bool | None]
+    ) -> None:
+        """Release or end the dependants of what just finished, in the same transaction."""
+        from ..dependencies import end_dependants, release_dependants
+
+        succeeded, failed = [], []
+        for outcome in outcomes:
+            if written.get(outcome.id, False) is False:
+                continue  # not written, or known to have no dependants
+            if outcome.kind == OutcomeKind.SUCCESS:
+                succeeded.append(self.public_id(outcome.id))
+            elif outcome.kind in SETTLES_DEPENDANTS:
+                failed.append(self.public_id(outcome.id))
+        if succeeded:
+            release_dependants(self.alias, succeeded)
+        if failed:
+            end_dependants(self.alias, failed)
+
+    # -- while a task runs -------------------------------------------------------------
+
+    def renew(
+        self, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+    ) -> tuple[set[Any], set[Any]]:
+        """Extend our leases: the ids still ours, and those an operator asked to cancel."""
+        with self.connection.cursor() as cursor:
+            return self.dialect.renew(cursor, held, worker_id, lease)
+
+    def save_progress(
+        self,
+        row: ClaimedRow,
+        worker_id: str,
+        *,
+        progress: float | None,
+        message: str,
+        checkpoint: Any,
+        checkpoint_changed: bool,
+    ) -> bool:
+        """Write a running task's progress (and checkpoint), fenced; False if no longer ours."""
+        with self.connection.cursor() as cursor:
+            return self.dialect.save_progress(
+                cursor,
+                row.id,
+                row.version,
+                worker_id,
+                progress=progress,
+                message=message,
+                checkpoint_json=json.dumps(checkpoint) if checkpoint_changed else None,
+            )
+
+    def note_lost_attempt(self, row: ClaimedRow, worker_id: str, entry: dict) -> bool:
+        """Record a previous holder's lost attempt in the history; the claim is kept."""
+        outcome = Outcome(row.id, row.version, OutcomeKind.NOTE, entry=entry, row=row)
+        with self.connection.cursor() as cursor:
+            return bool(self.dialect.finish(cursor, [outcome], worker_id))
+
+    def singleton_lock(self, task_path: str, lease: float) -> Any:
+        """The cluster-wide lock a ``singleton`` task holds while it runs.
+
+        On the task database's ordinary alias: the lock renews itself from a
+        thread of its own, where the worker's private alias does not exist.
+        """
+        from ..locks import LeasedLock
+
+        return LeasedLock(f"task:{task_path}", lease=lease, using=self.database)
+
+    def ready_among(self, ids: Iterable[Any]) -> set[str]:
+        """Public ids of those of these tasks that are READY (waiting out a retry, say)."""
+        from ..models import Task
+
+        wanted = [self.dialect.decode_id(i) for i in ids]
+        if not wanted:
+            return set()
+        found = Task.objects.using(self.alias).filter(pk__in=wanted, status=TaskStatus.READY)
+        return {str(pk) for pk in found.values_list("pk", flat=True)}
+
+
+def error_summary(error: BaseException) -> str:
+    """``path.to.Error: message``, the class named once."""
+    path = error_path(error)
+    message = str(error)
+    return f"{path}: {message}" if message else path
+
+
+def error_path(error: BaseException) -> str:
+    return f"{type(error).__module__}.{type(error).__qualname__}"
