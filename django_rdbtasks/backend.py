@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import random
@@ -11,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 from django.db.models import F
 
 from .compat import (
     SIGNAL_MODULES,
+    TASK_REFRESH_ATTRS,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -36,6 +39,19 @@ from .models import TaskStatus, uuid7
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
 DEFAULT_MAX_BACKOFF = 3600.0
+
+#: The backend's ``OPTIONS``; any other key is probably a typo (a warning).
+KNOWN_OPTIONS = frozenset(
+    {
+        "DATABASE",
+        "MAX_ATTEMPTS",
+        "BACKOFF",
+        "MAX_BACKOFF",
+        "NOTIFY",
+        "PROGRESS_INTERVAL",
+        "TIMEOUT_GRACE",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,9 +87,15 @@ class RDBTaskResult(TaskResult):
     progress_message: str = ""
 
     def refresh(self) -> None:
-        # Zero-argument super() does not work in a slots dataclass.
-        TaskResult.refresh(self)
-        fresh = self.task.get_backend().get_result(self.id)
+        self._refresh_from(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        self._refresh_from(await self.task.get_backend().aget_result(self.id))
+
+    def _refresh_from(self, fresh: TaskResult) -> None:
+        # What the framework refreshes, plus the progress; one read, not two.
+        for attr in TASK_REFRESH_ATTRS:
+            object.__setattr__(self, attr, getattr(fresh, attr))
         object.__setattr__(self, "progress", getattr(fresh, "progress", None))
         object.__setattr__(self, "progress_message", getattr(fresh, "progress_message", ""))
 
@@ -125,11 +147,30 @@ class RDBTaskBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
         options = self.options
+        #: Bad OPTIONS, reported by check() and refused by enqueue(): raising
+        #: here instead would make ``manage.py check`` crash rather than say so.
+        self.option_errors: list[str] = []
         self.database: str = options.get("DATABASE", "default")
-        self.max_attempts = int(options.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS))
-        self.backoff = float(options.get("BACKOFF", DEFAULT_BACKOFF))
-        self.max_backoff = float(options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF))
+        self.max_attempts = self._number_option("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS, 1, int)
+        self.backoff = self._number_option("BACKOFF", DEFAULT_BACKOFF, 0, float)
+        self.max_backoff = self._number_option("MAX_BACKOFF", DEFAULT_MAX_BACKOFF, 0, float)
         self.notify = bool(options.get("NOTIFY", True))
+
+    def _number_option(self, name: str, default: Any, minimum: float, kind: type) -> Any:
+        raw = self.options.get(name, default)
+        try:
+            # Text is accepted: settings often come from environment variables.
+            value = kind(raw)
+            valid = not isinstance(raw, bool) and value >= minimum and float(raw) == value
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            what = "a whole number" if kind is int else "a number"
+            self.option_errors.append(
+                f"OPTIONS[{name!r}] must be {what} of at least {minimum}, not {raw!r}."
+            )
+            return default
+        return value
 
     # -- validation --------------------------------------------------------------------
 
@@ -153,6 +194,19 @@ class RDBTaskBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         errors = list(super().check(**kwargs))
+        errors += [
+            checks.Error(f"Task backend {self.alias!r}: {message}", id="django_rdbtasks.E003")
+            for message in self.option_errors
+        ]
+        unknown = sorted(set(self.options) - KNOWN_OPTIONS)
+        if unknown:
+            errors.append(
+                checks.Warning(
+                    f"Task backend {self.alias!r} has unknown OPTIONS {', '.join(unknown)}.",
+                    hint=f"Known: {', '.join(sorted(KNOWN_OPTIONS))}.",
+                    id="django_rdbtasks.W001",
+                )
+            )
         if self.database not in connections:
             errors.append(
                 checks.Error(
@@ -188,6 +242,7 @@ class RDBTaskBackend(BaseTaskBackend):
     def _new_task(
         self, task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, job_name: str = ""
     ) -> NewTask:
+        self._refuse_bad_options()
         args_json, kwargs_json = encode_arguments(args, kwargs)
         dedup = getattr(task, "dedup_key", None)
         return NewTask(
@@ -235,6 +290,12 @@ class RDBTaskBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
         return self._enqueue_one(task, self._new_task(task, args, kwargs))
+
+    def _refuse_bad_options(self) -> None:
+        if self.option_errors:
+            raise ImproperlyConfigured(
+                f"Task backend {self.alias!r}: {' '.join(self.option_errors)}"
+            )
 
     def enqueue_job_task(self, task: Task, kwargs: dict[str, Any], *, job_name: str) -> TaskResult:
         """Enqueue a Job's tick, marked so its JobRecord follows the task."""
@@ -307,7 +368,17 @@ class RDBTaskBackend(BaseTaskBackend):
         return self.result_from_row(row, task)
 
     def result_from_row(self, row: TaskRow, task: Task) -> TaskResult:
-        task = task.using(priority=row.priority, queue_name=row.queue_name, run_after=row.run_after)
+        # The task as it was enqueued, so that the result equals the one
+        # enqueue() returned: run_after is what the producer asked for (None
+        # when not deferred), not the column the queue orders by, which is
+        # the enqueue time then and moves with every retry's backoff.
+        task = dataclasses.replace(
+            task,
+            priority=row.priority,
+            queue_name=row.queue_name,
+            run_after=row.requested_run_after,
+            backend=self.alias,
+        )
         errors = [
             TaskError(
                 exception_class_path=entry["exception_class_path"],

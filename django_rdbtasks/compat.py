@@ -17,13 +17,14 @@ if HAS_DJANGO_TASKS:
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import (
         DEFAULT_TASK_QUEUE_NAME,
+        TASK_REFRESH_ATTRS,
         Task,
         TaskContext,
         TaskError,
         TaskResult,
         TaskResultStatus,
     )
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
     from django.utils.json import normalize_json
 else:
     from django_tasks import signals as framework_signals
@@ -31,6 +32,7 @@ else:
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import (
         DEFAULT_TASK_QUEUE_NAME,
+        TASK_REFRESH_ATTRS,
         Task,
         TaskContext,
         TaskError,
@@ -38,7 +40,7 @@ else:
         TaskResultStatus,
     )
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
-    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
     from django_tasks.utils import normalize_json
 
 # Signal modules to send to: the framework's, plus the backport's when a
@@ -61,6 +63,7 @@ __all__ = [
     "HAS_DJANGO_TASKS",
     "SIGNAL_MODULES",
     "TASK_BASE_CLASSES",
+    "TASK_REFRESH_ATTRS",
     "BaseTaskBackend",
     "InvalidTask",
     "Task",
@@ -68,6 +71,7 @@ __all__ = [
     "TaskError",
     "TaskResult",
     "TaskResultDoesNotExist",
+    "TaskResultMismatch",
     "TaskResultStatus",
     "normalize_json",
     "task_backends",

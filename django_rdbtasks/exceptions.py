@@ -14,8 +14,11 @@ class WorkerLost(RDBTasksError):
     """Recorded as the error of an attempt whose worker stopped renewing its lease."""
 
 
-class ReturnValueNotJSON(RDBTasksError):
-    """A task returned a value that cannot be stored as JSON."""
+class ReturnValueNotJSON(RDBTasksError, TypeError):
+    """A task returned a value that cannot be stored as JSON.
+
+    A ``TypeError``, as the framework's own backends record for such a value.
+    """
 
 
 class TaskCancelled(RDBTasksError):

@@ -1,0 +1,199 @@
+"""Enqueue micro-benchmark and profiler for django-rdbtasks, against PostgreSQL.
+
+Prints tasks/s for three ways of enqueueing a no-op task:
+
+- ``single``: ``task.enqueue()`` in autocommit, one transaction per call (what a web
+  request that starts one task pays);
+- ``txn``: many ``task.enqueue()`` calls inside one ``transaction.atomic()``;
+- ``bulk``: ``bulk_enqueue()``, ``--chunk`` tasks per call, each call its own transaction.
+
+It uses a database of its own (``bench_enqueue`` by default, created and migrated if
+missing, emptied between runs), never the test database. Examples::
+
+    .venv/bin/python bench/enqueue_profile.py
+    .venv/bin/python bench/enqueue_profile.py --count 5000 --repeat 5
+    .venv/bin/python bench/enqueue_profile.py --modes single --profile /tmp/single.prof
+    .venv-dj61/bin/python bench/enqueue_profile.py     # the Django 6.1 line
+
+``--profile FILE`` runs the first mode under cProfile and writes the stats there
+(``python -m pstats FILE``) after printing the 25 most expensive calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def database_settings(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise SystemExit(f"--db-url must be a postgres:// URL, not {url!r}")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts.path.lstrip("/") or "bench_enqueue",
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 5432),
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or os.environ.get("PGPASSWORD", "")),
+    }
+
+
+def create_database(db: dict[str, Any]) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"],
+        user=db["USER"],
+        password=db["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]])
+        if not exists.fetchone():
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
+
+
+def setup(url: str) -> None:
+    import django
+    from django.conf import settings
+
+    db = database_settings(url)
+    if db["NAME"] in {"test", "postgres"} or db["NAME"].startswith("test_"):
+        raise SystemExit(f"refusing to benchmark in the shared database {db['NAME']!r}")
+    create_database(db)
+    settings.configure(
+        DEBUG=False,  # DEBUG would record every query
+        USE_TZ=True,
+        SECRET_KEY="bench-only",
+        INSTALLED_APPS=["django_rdbtasks"],
+        DATABASES={"default": db},
+        TASKS={
+            "default": {
+                "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
+                "QUEUES": ["default"],
+            }
+        },
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        LOGGING_CONFIG=None,
+    )
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def noop() -> None:
+    """The task enqueued: module-level, as the framework requires."""
+
+
+def empty_table() -> None:
+    from django.db import connection
+
+    from django_rdbtasks.models import Task
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {connection.ops.quote_name(Task._meta.db_table)} CASCADE")
+        cursor.execute("CHECKPOINT")
+
+
+def modes(task: Any, count: int, chunk: int) -> dict[str, Callable[[], None]]:
+    from django.db import transaction
+
+    from django_rdbtasks.backend import bulk_enqueue
+
+    def single() -> None:
+        for _ in range(count):
+            task.enqueue()
+
+    def txn() -> None:
+        with transaction.atomic():
+            for _ in range(count):
+                task.enqueue()
+
+    calls = [((), {})] * chunk
+
+    def bulk() -> None:
+        for _ in range(max(1, count * 10 // chunk)):
+            bulk_enqueue(task, calls, batch_size=chunk)
+
+    return {"single": single, "txn": txn, "bulk": bulk}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--db-url",
+        default=os.environ.get(
+            "BENCH_ENQUEUE_URL", "postgres://postgres@127.0.0.1:5432/bench_enqueue"
+        ),
+    )
+    parser.add_argument("--count", type=int, default=2000, help="tasks per run (bulk: 10x)")
+    parser.add_argument("--chunk", type=int, default=1000, help="tasks per bulk_enqueue call")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per mode; the median is shown")
+    parser.add_argument("--modes", default="single,txn,bulk")
+    parser.add_argument("--profile", metavar="FILE", help="cProfile the first mode into FILE")
+    args = parser.parse_args()
+
+    setup(args.db_url)
+    import django
+
+    from django_rdbtasks.compat import HAS_DJANGO_TASKS
+
+    if HAS_DJANGO_TASKS:
+        from django.tasks import task
+    else:
+        from django_tasks import task
+
+    noop_task = task()(noop)
+    runs = modes(noop_task, args.count, args.chunk)
+    selected = [m.strip() for m in args.modes.split(",") if m.strip()]
+    print(f"Django {django.get_version()}, Python {sys.version.split()[0]}, {args.db_url}")
+
+    # Warm up: the connection, the dialect's statements, the first planning.
+    empty_table()
+    for _ in range(50):
+        noop_task.enqueue()
+
+    if args.profile:
+        mode = selected[0]
+        empty_table()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        runs[mode]()
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+        stats = pstats.Stats(args.profile)
+        stats.sort_stats("cumulative").print_stats(25)
+        stats.sort_stats("tottime").print_stats(25)
+        return
+
+    for mode in selected:
+        rates = []
+        for _ in range(args.repeat):
+            empty_table()
+            tasks = args.count * 10 // args.chunk * args.chunk if mode == "bulk" else args.count
+            start = time.perf_counter()
+            runs[mode]()
+            rates.append(tasks / (time.perf_counter() - start))
+        shown = ", ".join(f"{r:,.0f}" for r in rates)
+        print(f"{mode:>6}: {statistics.median(rates):>8,.0f} tasks/s   (runs: {shown})")
+    empty_table()
+
+
+if __name__ == "__main__":
+    main()
