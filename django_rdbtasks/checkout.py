@@ -35,6 +35,7 @@ from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 from .db.functions import DbNow
+from .retrying import LeaseRenewer, retry_database
 
 logger = logging.getLogger("django_rdbtasks.checkout")
 
@@ -199,32 +200,40 @@ def run_processor(
     """Check out, process and check in due records until ``stopping`` is set."""
     manager = processor.model._default_manager
     alias = router.db_for_write(processor.model)
-    delay = poll_interval
-    while not stopping.is_set():
-        try:
-            records = manager.check_out(
-                holder, limit=processor.batch, lease=processor.lease, mode=mode
+
+    def check_out() -> list[Any]:
+        return manager.check_out(holder, limit=processor.batch, lease=processor.lease, mode=mode)
+
+    try:
+        while not stopping.is_set():
+            records = retry_database(
+                check_out, f"{processor.name}: check-out", alias=alias, stop=stopping, log=logger
             )
-        except DatabaseError as exc:
-            logger.warning("%s: check-out failed (%s); retrying", processor.name, exc)
-            connections[alias].close()
-            stopping.wait(delay)
-            delay = min(delay * 2, 5.0)
-            continue
-        delay = poll_interval
-        if not records:
-            stopping.wait(poll_interval)
-            continue
-        for record in records:
-            if stopping.is_set():
-                # Give the rest back, due at once, for another process.
-                record.check_in(next_due_in=timedelta(0), error=record.last_error)
+            if records is None:
+                break  # stopping while the database was away
+            if not records:
+                stopping.wait(poll_interval)
                 continue
-            _process_one(processor, record)
-    connections.close_all()
+            for record in records:
+                if stopping.is_set():
+                    # Give the rest back, due at once, for another process.
+                    _give_back(processor, record)
+                    continue
+                _process_one(processor, record, alias)
+    finally:
+        connections.close_all()
 
 
-def _process_one(processor: RecordProcessor, record: Any) -> None:
+def _give_back(processor: RecordProcessor, record: Any) -> None:
+    try:
+        record.check_in(next_due_in=timedelta(0), error=record.last_error)
+    except DatabaseError as exc:
+        logger.warning(
+            "%s: could not give %s back (%s); its lease will expire", processor.name, record.pk, exc
+        )
+
+
+def _process_one(processor: RecordProcessor, record: Any, alias: str) -> None:
     # A record may have waited in its batch past its lease and been reclaimed:
     # confirm it is still ours (and extend the lease) before touching it.
     try:
@@ -234,19 +243,12 @@ def _process_one(processor: RecordProcessor, record: Any) -> None:
     except DatabaseError as exc:
         logger.warning("%s: could not renew %s (%s); skipping it", processor.name, record.pk, exc)
         return
-    renewer_stop = threading.Event()
-
-    def renew() -> None:
-        while not renewer_stop.wait(processor.lease / 3):
-            try:
-                if not record.renew_checkout(processor.lease):
-                    return
-            except DatabaseError:
-                pass
-        connections.close_all()
-
-    renewer = threading.Thread(target=renew, daemon=True)
-    renewer.start()
+    renewer = LeaseRenewer(
+        lambda: record.renew_checkout(processor.lease),
+        interval=processor.lease / 3,
+        name=f"rdbtasks-checkout-{record.pk}",
+        alias=alias,
+    ).start()
     error = ""
     try:
         processor.function(record)
@@ -254,8 +256,7 @@ def _process_one(processor: RecordProcessor, record: Any) -> None:
         error = traceback.format_exc()
         logger.warning("%s: record %s failed:\n%s", processor.name, record.pk, error)
     finally:
-        renewer_stop.set()
-        renewer.join()
+        renewer.stop()
     next_due = processor.every if not error else (processor.retry_after or processor.every)
     try:
         if not record.check_in(next_due_in=next_due, error=error):

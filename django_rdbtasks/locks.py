@@ -10,22 +10,28 @@ import time
 from datetime import timedelta
 from types import TracebackType
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db import IntegrityError, router, transaction
 from django.db.models import F, Q
+from django.db.models.expressions import CombinedExpression
 from django.utils.crypto import get_random_string
 
 from .db.functions import DbNow
 from .models import Lock
+from .retrying import LeaseRenewer
 
 logger = logging.getLogger("django_rdbtasks.locks")
 
 
 class LockNotAcquired(Exception):
-    """Someone else holds the lock."""
+    """Raised by ``with LeasedLock(...)`` when someone else holds the lock.
+
+    The ``with`` form does not wait; to wait for the lock, call
+    ``acquire(blocking=True, timeout=...)``, which returns False instead of raising.
+    """
 
 
 class LockLost(Exception):
-    """The lease lapsed and another holder may have taken over."""
+    """Raised by ``check()``: the lease may have lapsed, another holder may have taken over."""
 
 
 class LeasedLock:
@@ -33,9 +39,9 @@ class LeasedLock:
 
     ::
 
-        with LeasedLock("hot-ranking", lease=30) as lock:
+        with LeasedLock("hot-ranking", lease=30) as lock:   # LockNotAcquired if held
             while work_left():
-                lock.check()            # raises LockLost once the lease is gone
+                lock.check()            # LockLost as soon as the lease can have run out
                 write_results(fencing_token=lock.token)
 
     Acquiring sets a lease from the database clock and increments ``token``,
@@ -43,6 +49,10 @@ class LeasedLock:
     the largest token it has seen can refuse late writes from an old holder.
     While held, a thread renews the lease every third of it. A holder that dies
     stops renewing; after the lease anyone may take over.
+
+    Without ``with``: ``acquire()`` (False if held elsewhere; ``blocking=True``
+    waits, up to ``timeout`` seconds if given), ``start_renewing()``,
+    ``stop_renewing()`` and ``release()``.
     """
 
     def __init__(self, name: str, *, lease: float = 30.0, using: str | None = None) -> None:
@@ -51,23 +61,49 @@ class LeasedLock:
         self.using = using or router.db_for_write(Lock)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{get_random_string(8)}"
         self.token: int | None = None
+        #: Set once a renewal found the lock taken over (or released).
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._renewer: LeaseRenewer | None = None
+        # Monotonic time before which the lease is certainly ours: ``lease``
+        # seconds after the last successful acquire or renew was *sent* (the
+        # database set the expiry from its clock later than that, never earlier).
+        self._valid_until: float | None = None
+        self._valid_until_lock = threading.Lock()
 
-    def _expiry(self) -> object:
+    def _expiry(self) -> CombinedExpression:
         return DbNow() + timedelta(seconds=self.lease)
 
+    def _extend(self, sent: float) -> None:
+        with self._valid_until_lock:
+            if self._valid_until is None or sent + self.lease > self._valid_until:
+                self._valid_until = sent + self.lease
+
     def acquire(self, *, blocking: bool = False, timeout: float | None = None) -> bool:
-        """Take the lock if free or lapsed; with ``blocking``, wait up to ``timeout``."""
+        """Take the lock if it is free or its lease has lapsed; True if taken.
+
+        By default it does not wait: False if someone else holds it. With
+        ``blocking=True`` it tries again (twice a second at most, and at least
+        every quarter of the lease) until it gets the lock, or for at most
+        ``timeout`` seconds (None: no limit) and then returns False. Acquiring
+        does not start renewal: use ``with``, or call ``start_renewing()``.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            sent = time.monotonic()
             if self._try_acquire():
                 self.lost.clear()
+                with self._valid_until_lock:
+                    self._valid_until = sent + self.lease
                 return True
-            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+            if not blocking:
                 return False
-            time.sleep(min(0.5, self.lease / 4))
+            pause = min(0.5, self.lease / 4)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                pause = min(pause, left)
+            time.sleep(pause)
 
     def _try_acquire(self) -> bool:
         locks = Lock.objects.using(self.using)
@@ -97,49 +133,63 @@ class LeasedLock:
 
     def renew(self) -> bool:
         """Extend the lease; False (and ``lost`` set) if it is no longer ours."""
+        sent = time.monotonic()
         renewed = (
             Lock.objects.using(self.using)
             .filter(name=self.name, holder=self.holder, token=self.token)
             .update(expires_at=self._expiry())
         )
-        if not renewed:
+        if renewed:
+            self._extend(sent)
+        else:
             self.lost.set()
         return bool(renewed)
 
     def release(self) -> None:
+        """Give the lock up at once (a no-op if it was taken over meanwhile)."""
+        with self._valid_until_lock:
+            self._valid_until = None
         Lock.objects.using(self.using).filter(
             name=self.name, holder=self.holder, token=self.token
         ).update(holder="", expires_at=None)
 
     def check(self) -> None:
-        if self.lost.is_set():
-            raise LockLost(f"lock {self.name!r} (token {self.token}) was lost")
+        """Raise ``LockLost`` unless the lease is certainly still ours.
 
-    def _renew_loop(self) -> None:
-        try:
-            while not self._stop.wait(self.lease / 3):
-                try:
-                    if not self.renew():
-                        logger.warning("lock %s lost (token %s)", self.name, self.token)
-                        return
-                except DatabaseError as exc:
-                    logger.warning("lock %s: renewal failed (%s); retrying", self.name, exc)
-                    connections[self.using].close()
-        finally:
-            connections.close_all()
+        That is: acquired, not released, not found taken over by a renewal, and
+        less than ``lease`` seconds since the last successful acquire or renewal
+        was sent (measured on this process's monotonic clock). So it raises as
+        soon as the lease can have expired, whether or not anyone took over,
+        without waiting for the renewal thread to notice.
+        """
+        if self.lost.is_set():
+            raise LockLost(f"lock {self.name!r} (token {self.token}) was taken over or released")
+        valid_until = self._valid_until
+        if valid_until is None:
+            raise LockLost(f"lock {self.name!r} is not held")
+        if time.monotonic() >= valid_until:
+            raise LockLost(
+                f"lock {self.name!r} (token {self.token}) was not renewed for "
+                f"{self.lease:g}s: its lease may have run out"
+            )
+
+    def _on_lost(self) -> None:
+        logger.warning("lock %s lost (token %s)", self.name, self.token)
 
     def start_renewing(self) -> None:
         """Renew the lease from a background thread until ``stop_renewing``."""
-        self._stop.clear()
-        self._renewer = threading.Thread(
-            target=self._renew_loop, name=f"rdbtasks-lock-{self.name}", daemon=True
-        )
-        self._renewer.start()
+        self.stop_renewing()
+        self._renewer = LeaseRenewer(
+            self.renew,
+            interval=self.lease / 3,
+            name=f"rdbtasks-lock-{self.name}",
+            alias=self.using,
+            on_lost=self._on_lost,
+        ).start()
 
     def stop_renewing(self) -> None:
-        self._stop.set()
         if self._renewer is not None:
-            self._renewer.join()
+            self._renewer.stop()
             self._renewer = None
 
     def __enter__(self) -> LeasedLock:

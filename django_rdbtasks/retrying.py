@@ -99,7 +99,10 @@ class LeaseRenewer:
 
     ``renew`` returns False when the lease is no longer ours: then ``lost`` is
     set, ``on_lost`` is called and the thread ends. A database error is logged
-    and retried at the next interval (the lease is still ours until it runs out).
+    and retried sooner than the interval (jittered backoff from 0.1 s, never
+    later than the interval): the lease is still ours until it runs out, and
+    waiting a whole interval after each failure would let two failures in a
+    row lose it.
     """
 
     def __init__(
@@ -129,17 +132,31 @@ class LeaseRenewer:
             self._thread.join()
 
     def _run(self) -> None:
+        backoff = Backoff(cap=self.interval)
+        delay = self.interval
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.wait(delay):
                 try:
-                    if not self.renew():
-                        self.lost.set()
-                        if self.on_lost is not None:
-                            self.on_lost()
-                        return
+                    renewed = self.renew()
                 except DatabaseError as exc:
-                    logger.warning("%s: renewal failed (%s); retrying", self._thread.name, exc)
+                    delay = min(self.interval, backoff.next_delay())
+                    loud = backoff.failures == 1 or backoff.failures % 20 == 0
+                    logger.log(
+                        logging.WARNING if loud else logging.DEBUG,
+                        "%s: renewal failed (%s); retrying in %.1fs",
+                        self._thread.name,
+                        exc,
+                        delay,
+                    )
                     if self.alias is not None:
                         close_quietly(self.alias)
+                    continue
+                if not renewed:
+                    self.lost.set()
+                    if self.on_lost is not None:
+                        self.on_lost()
+                    return
+                backoff.reset()
+                delay = self.interval
         finally:
             connections.close_all()
