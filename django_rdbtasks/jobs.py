@@ -3,6 +3,11 @@
 A due job is fired by a compare-and-set on its ``version`` that also moves
 ``next_run_at`` to the following tick; only the scheduler whose update matched
 writes the tick's ``JobRecord`` and enqueues the task, all in one transaction.
+
+Jobs declared in code are re-declared by every live scheduler every minute
+(``last_declared_at``, the database's clock). One that no scheduler has declared
+for ``RDBTASKS_RETIRE_AFTER`` seconds was removed from the code everywhere: it
+is retired (``retired_at``) and never fires again, unless code declares it again.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -23,6 +28,7 @@ from django.db.models import F
 
 from .compat import Task
 from .db import dialect_for
+from .db.functions import DbNow
 from .exceptions import InvalidTaskPath
 from .loading import load_task
 from .models import Job, JobRecord, MisfirePolicy
@@ -31,6 +37,18 @@ logger = logging.getLogger("django_rdbtasks.scheduler")
 
 #: How late a tick may fire under the "skip" policy before it counts as missed.
 DEFAULT_MISFIRE_GRACE = 60.0
+
+#: How often every scheduler re-declares the jobs in its code, in seconds.
+DECLARE_EVERY = 60.0
+
+#: Default of ``RDBTASKS_RETIRE_AFTER``: a code job no live scheduler declared
+#: for this long is retired. Several re-declare intervals, so a scheduler that
+#: is slow, restarting or briefly cut off from the database retires nothing.
+DEFAULT_RETIRE_AFTER = 600.0
+
+#: The least retirement window accepted: below it a merely late re-declaration
+#: would retire a job that is still declared.
+MIN_RETIRE_AFTER = 3 * DECLARE_EVERY
 
 
 # -- validation and cron arithmetic ----------------------------------------------------
@@ -178,15 +196,18 @@ def declared_jobs() -> dict[str, JobSpec]:
     return jobs
 
 
-def sync_declared_jobs(using: str = "default") -> None:
-    """Create or update the Job rows of jobs declared in code.
+def sync_declared_jobs(using: str = "default", jobs: Mapping[str, JobSpec] | None = None) -> None:
+    """Create or update the Job rows of jobs declared in code (``jobs``, default: all).
 
     An operator's pause (``enabled``) is never overwritten; a changed schedule
-    takes effect from the next tick.
+    takes effect from the next tick. A retired job declared again is live again,
+    from its next tick (the ticks it missed while retired are not owed). Every
+    job synced counts as declared now.
     """
+    specs = declared_jobs() if jobs is None else jobs
     now = database_now(using)
-    jobs = Job.objects.using(using)
-    for spec in declared_jobs().values():
+    rows = Job.objects.using(using)
+    for spec in specs.values():
         wanted = {
             "task_path": spec.task_path,
             "cron": spec.cron,
@@ -196,30 +217,123 @@ def sync_declared_jobs(using: str = "default") -> None:
             "queue_name": spec.queue_name,
             "priority": spec.priority,
         }
-        job = jobs.filter(name=spec.name).first()
+        job = rows.filter(name=spec.name).first()
         if job is None:
             try:
                 with transaction.atomic(using=using):
-                    jobs.create(
+                    rows.create(
                         name=spec.name,
                         enabled=spec.enabled,
                         next_run_at=next_tick(spec.cron, spec.timezone, now),
                         from_code=True,
+                        last_declared_at=DbNow(),
                         **wanted,
                     )
                 logger.info("job %s created from code", spec.name)
             except IntegrityError:
                 pass  # another worker created it at the same moment
             continue
-        changed = {k: v for k, v in wanted.items() if getattr(job, k) != v}
-        if not changed and job.from_code:
+        changed: dict[str, Any] = {k: v for k, v in wanted.items() if getattr(job, k) != v}
+        retired = job.retired_at is not None
+        if not changed and job.from_code and not retired:
             continue
-        if "cron" in changed or "timezone" in changed or job.next_run_at is None:
+        if (
+            "cron" in changed
+            or "timezone" in changed
+            or job.next_run_at is None
+            or (retired and job.next_run_at <= now)
+        ):
             changed["next_run_at"] = next_tick(spec.cron, spec.timezone, now)
-        jobs.filter(pk=job.pk, version=job.version).update(
-            **changed, from_code=True, version=F("version") + 1
+        updated = rows.filter(pk=job.pk, version=job.version).update(
+            **changed,
+            from_code=True,
+            # In the same statement as un-retiring: a sweep running meanwhile
+            # must not see it live and undeclared, and retire it again.
+            retired_at=None,
+            last_declared_at=DbNow(),
+            version=F("version") + 1,
         )
-        logger.info("job %s updated from code: %s", spec.name, ", ".join(sorted(changed)))
+        if updated and retired:
+            logger.warning("job %s is declared again: no longer retired", spec.name)
+        elif updated:
+            logger.info("job %s updated from code: %s", spec.name, ", ".join(sorted(changed)))
+    declare_jobs(list(specs), using=using)
+
+
+def declare_jobs(names: list[str], *, using: str = "default") -> int:
+    """Record that a live scheduler declares these jobs now, in one UPDATE.
+
+    Returns how many live code jobs it touched: fewer than ``names`` means a
+    row is missing (deleted by an operator), retired or not from code, and
+    only ``sync_declared_jobs`` puts that right.
+    """
+    if not names:
+        return 0
+    return (
+        Job.objects.using(using)
+        .filter(name__in=names, from_code=True, retired_at__isnull=True)
+        .update(last_declared_at=DbNow())
+    )
+
+
+def redeclare_jobs(using: str = "default", jobs: Mapping[str, JobSpec] | None = None) -> None:
+    """A scheduler's periodic declaration: one UPDATE, a full sync only if rows are off."""
+    specs = declared_jobs() if jobs is None else jobs
+    if declare_jobs(list(specs), using=using) < len(specs):
+        sync_declared_jobs(using, specs)
+
+
+_warned_retire_after: set[float] = set()
+
+
+def retire_after() -> float:
+    """``RDBTASKS_RETIRE_AFTER`` in seconds (default 600), never below ``MIN_RETIRE_AFTER``."""
+    value = getattr(settings, "RDBTASKS_RETIRE_AFTER", DEFAULT_RETIRE_AFTER)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(
+            f"RDBTASKS_RETIRE_AFTER must be a number of seconds, not {value!r}."
+        ) from exc
+    if seconds < MIN_RETIRE_AFTER:
+        if seconds not in _warned_retire_after:  # once, not every minute
+            _warned_retire_after.add(seconds)
+            logger.warning(
+                "RDBTASKS_RETIRE_AFTER=%s is below %ss (three re-declare intervals); using %ss",
+                value,
+                int(MIN_RETIRE_AFTER),
+                int(MIN_RETIRE_AFTER),
+            )
+        seconds = MIN_RETIRE_AFTER
+    return seconds
+
+
+def retire_undeclared_jobs(using: str = "default", *, after: float | None = None) -> list[str]:
+    """Retire the code jobs no live scheduler declared for ``after`` seconds.
+
+    ``after`` defaults to ``retire_after()``. The database's clock decides. A
+    retired job keeps its row and history, never fires, and comes back if code
+    declares it again. Jobs created in the admin are never retired. Returns the
+    names this call retired.
+    """
+    window = dt.timedelta(seconds=retire_after() if after is None else after)
+    live = Job.objects.using(using).filter(from_code=True, retired_at__isnull=True)
+    # Rows synced before declarations were recorded (or by older code that does
+    # not record them): their window starts now, not at some unknown past.
+    live.filter(last_declared_at__isnull=True).update(last_declared_at=DbNow())
+    stale = live.filter(last_declared_at__lt=DbNow() - window)
+    retired = []
+    # Rare, and each name is logged: one UPDATE per job, each re-checking the
+    # condition so a declaration that lands meanwhile wins.
+    for pk, name in stale.values_list("pk", "name"):
+        if stale.filter(pk=pk).update(retired_at=DbNow(), version=F("version") + 1):
+            retired.append(name)
+            logger.warning(
+                "job %s retired: no live scheduler has declared it for %ss",
+                name,
+                int(window.total_seconds()),
+            )
+    return retired
 
 
 # -- firing ------------------------------------------------------------------------------
@@ -254,7 +368,7 @@ def fire(job: Job, *, using: str) -> bool:
         run = not (job.misfire_policy == MisfirePolicy.SKIP and (missed_several or late))
         won = (
             Job.objects.using(using)
-            .filter(pk=job.pk, version=job.version, enabled=True)
+            .filter(pk=job.pk, version=job.version, enabled=True, retired_at__isnull=True)
             .update(
                 next_run_at=next_run,
                 last_run_at=tick if run else F("last_run_at"),
