@@ -226,7 +226,7 @@ class PostgreSQLDialect(Dialect):
                 result.written[row[1]] = False
             else:
                 seen = row[2]
-        result.contended = claim and mode == ClaimMode.OPTIMISTIC and seen > len(result.claimed)
+        result.contended = claim and seen > len(result.claimed)
         return result
 
     def _claim_params(self, request: ClaimRequest, finishing: list[Any]) -> list[Any]:
@@ -282,7 +282,9 @@ class PostgreSQLDialect(Dialect):
             "SELECT 'c', claimed.* FROM claimed",
             *(f"SELECT 'd', id, {blanks} FROM {d}" for d in done),
         ]
-        pool = "pool" if mode != ClaimMode.SKIP_LOCKED else "pick"
+        # How many runnable rows the claim saw: more than it won means others
+        # won or hold the rest (skip-locked: only the expired leases it saw).
+        pool = "pool" if mode != ClaimMode.SKIP_LOCKED else "ce"
         parts.append(f"SELECT 'p', NULL, (SELECT count(*) FROM {pool}), {blanks[6:]}")
         return f"WITH {', '.join(ctes)} {' UNION ALL '.join(parts)}"
 

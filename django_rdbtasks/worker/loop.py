@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import threading
@@ -43,7 +44,7 @@ __all__ = ["EXIT_RECYCLE", "Worker"]
 TICK = 0.01
 #: A signal this long after the first is a second one (exit at once); sooner,
 #: it is the same request arriving twice (a process group and its supervisor).
-SECOND_SIGNAL_AFTER = 1.0
+SECOND_SIGNAL_AFTER = 0.2
 
 
 class Worker:
@@ -264,7 +265,9 @@ class Worker:
                     slot.add(exchange.claimed)
                     self._run_claimed(slot, store, reporter, executor, ahead)
                 elif exchange.contended:
-                    continue  # others won this round; more may be there
+                    # Runnable rows were there but others won them, or hold
+                    # them locked: look again soon, not at once.
+                    self.wake.wait(random.uniform(0.005, 0.05))
                 elif self.burst and not self._retries_pending(store):
                     break
                 else:

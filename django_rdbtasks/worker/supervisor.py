@@ -61,6 +61,7 @@ class Supervisor:
         self.burst = bool(worker_options.get("burst"))
         self.scheduler = scheduler
         self.stopping = False
+        self._signals: list[int] = []
         self.children: dict[int | str, multiprocessing.Process] = {}
         self.crashes: dict[int | str, list[float]] = {}
         self._context = multiprocessing.get_context("fork")
@@ -78,7 +79,8 @@ class Supervisor:
         for slot in range(self.processes):
             self._start(slot)
         while self.children:
-            time.sleep(0.1)
+            time.sleep(0.05)
+            self._pass_signals_on()
             for slot, process in list(self.children.items()):
                 if process.is_alive():
                     continue
@@ -115,24 +117,31 @@ class Supervisor:
         pause = min(30.0, 0.5 * 2 ** (len(recent) - 1)) if len(recent) > 1 else 0.0
         deadline = now + pause
         while time.monotonic() < deadline and not self.stopping:
-            time.sleep(0.1)
+            time.sleep(0.05)
+            self._pass_signals_on()
         if not self.stopping:
             self._start(slot)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        again = self.stopping
-        self.stopping = True
-        logger.info(
-            "supervisor got %s: %s",
-            signal.Signals(signum).name,
-            "stopping workers now" if again else "stopping workers gracefully",
-        )
-        for process in self.children.values():
-            if process.pid is not None:
-                try:
-                    os.kill(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        # Only counted here; the loop passes it on (a handler must take no lock).
+        self._signals.append(signum)
+
+    def _pass_signals_on(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            again = self.stopping
+            self.stopping = True
+            logger.info(
+                "supervisor got %s: %s",
+                signal.Signals(signum).name,
+                "stopping workers now" if again else "stopping workers gracefully",
+            )
+            for process in self.children.values():
+                if process.pid is not None:
+                    try:
+                        os.kill(process.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
 
 
 def _database(worker_options: dict[str, Any]) -> str:

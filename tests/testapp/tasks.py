@@ -187,3 +187,15 @@ def step(name, seconds=0.0):
     SideEffect.objects.create(key=f"step:{name}", pid=os.getpid())
     time.sleep(seconds)
     return name
+
+
+@task(takes_context=True)
+def reports_progress(context, steps):
+    """Reports progress with a checkpoint each step; stops as soon as it is asked to."""
+    for done in range(steps):
+        if context.should_stop():
+            return f"stopped after {done}"
+        context.report_progress(
+            done=done + 1, total=steps, checkpoint={"done": done + 1}, force=True
+        )
+    return "done"

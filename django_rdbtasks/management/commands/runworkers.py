@@ -10,6 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import autodiscover_modules
 
+from ...states import ClaimMode
 from ...worker import Supervisor, Worker
 
 
@@ -32,16 +33,16 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--mode",
-            choices=["optimistic", "skip-locked"],
-            default="optimistic",
+            choices=[mode.value for mode in ClaimMode],
+            default=ClaimMode.OPTIMISTIC.value,
             help="Claim by version compare-and-set (default) or SELECT ... FOR UPDATE SKIP LOCKED.",
         )
         parser.add_argument(
             "--batch",
             type=int,
-            default=1,
-            help="Tasks claimed per round trip by each thread (default 1; raise it for short "
-            "tasks: a claimed task waits for the ones before it in its batch).",
+            default=None,
+            help="Tasks claimed per round trip by each thread (default: adaptive, from 1 up to "
+            "100 while tasks are short; tasks waiting behind a long one are handed back).",
         )
         parser.add_argument(
             "--lease",
@@ -88,7 +89,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._setup_logging(options["log_level"])
-        if options["processes"] < 0 or options["threads"] < 1 or options["batch"] < 1:
+        batch = options["batch"]
+        if options["processes"] < 0 or options["threads"] < 1 or (batch is not None and batch < 1):
             raise CommandError("--threads and --batch must be at least 1, --processes at least 0.")
         if options["processes"] == 0 and options["no_scheduler"]:
             raise CommandError("--processes 0 with --no-scheduler would run nothing.")

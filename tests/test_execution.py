@@ -1,0 +1,150 @@
+"""Task execution: a row in, an Outcome out. No database: the store is a fake, and
+pytest-django refuses any query these tests would make."""
+
+import datetime as dt
+import threading
+import uuid
+
+import pytest
+
+from django_rdbtasks.compat import task_backends
+from django_rdbtasks.db.rows import Candidate, ClaimedRow
+from django_rdbtasks.exceptions import InvalidTaskPath, ReturnValueNotJSON, WorkerLost
+from django_rdbtasks.states import AttemptOutcome, OutcomeKind
+from django_rdbtasks.worker.execution import Executor, Running
+
+NOW = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
+
+
+class FakeStore:
+    def __init__(self, held=True):
+        self.progress = []
+        self.notes = []
+        self.held = held
+
+    def public_id(self, raw_id):
+        return str(raw_id)
+
+    def save_progress(self, row, worker_id, **values):
+        self.progress.append(values)
+        return self.held
+
+    def note_lost_attempt(self, row, worker_id, entry):
+        self.notes.append(entry)
+        return True
+
+    def singleton_lock(self, task_path, lease):
+        raise AssertionError("no singleton task here")
+
+
+def claimed(path, *args, attempts=1, max_attempts=3, lost_from=None, **kwargs):
+    return ClaimedRow(
+        id=uuid.uuid4(),
+        version=7,
+        task_path=f"tests.testapp.tasks.{path}",
+        args=list(args),
+        kwargs=kwargs,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        queue_name="default",
+        backend_name="default",
+        priority=0,
+        enqueued_at=NOW,
+        started_at=NOW,
+        claimed_at=NOW,
+        run_after=NOW,
+        history=[],
+        lost_from=lost_from,
+    )
+
+
+def execute(row, store=None, **running):
+    store = store or FakeStore()
+    executor = Executor(
+        task_backends["default"],
+        store,
+        lease=30,
+        poll_interval=1,
+        progress_interval=0,
+        stopping=threading.Event(),
+    )
+    return executor.run(Running(row, "host:1:0:abc", **running)), store
+
+
+def test_success_carries_its_value_and_one_history_entry():
+    outcome, _ = execute(claimed("add", 2, 3))
+    assert (outcome.kind, outcome.return_value, outcome.version) == (OutcomeKind.SUCCESS, 5, 7)
+    assert outcome.entry["outcome"] == AttemptOutcome.SUCCESSFUL
+    assert outcome.entry["worker_id"] == "host:1:0:abc" and outcome.entry["attempt"] == 1
+
+
+def test_an_exception_is_retried_while_attempts_remain_then_fails():
+    retry, _ = execute(claimed("always_fails", "x", attempts=1, max_attempts=2))
+    assert retry.kind == OutcomeKind.RETRY and retry.entry["outcome"] == AttemptOutcome.RETRY
+    assert "ValueError" in retry.entry["exception_class_path"] or retry.error is not None
+    assert "Traceback" in retry.entry["traceback"]
+    failure, _ = execute(claimed("always_fails", "x", attempts=2, max_attempts=2))
+    assert failure.kind == OutcomeKind.FAILURE and failure.kind.ends_task
+
+
+def test_a_row_naming_no_task_fails_at_once():
+    outcome, _ = execute(claimed("plain_function"))
+    assert outcome.kind == OutcomeKind.FAILURE
+    assert isinstance(outcome.error, InvalidTaskPath)
+
+
+def test_a_return_value_that_is_not_json_is_a_type_error_naming_the_task():
+    outcome, _ = execute(claimed("returns_object"))
+    assert outcome.kind == OutcomeKind.FAILURE  # retrying cannot make it JSON
+    assert isinstance(outcome.error, ReturnValueNotJSON)
+    assert "tests.testapp.tasks.returns_object" in str(outcome.error)
+    assert "tasks.py" in str(outcome.error)
+    assert outcome.error.__traceback__ is not None and outcome.error.__cause__ is not None
+
+
+def test_a_takeover_records_the_lost_attempt_then_runs():
+    lost = Candidate("x", 6, "RUNNING", "dead:1:0:zzz", NOW - dt.timedelta(minutes=1))
+    outcome, store = execute(claimed("add", 1, 1, attempts=2, lost_from=lost))
+    [note] = store.notes
+    assert note["outcome"] == AttemptOutcome.LOST and note["worker_id"] == "dead:1:0:zzz"
+    assert note["exception_class_path"] == f"{WorkerLost.__module__}.WorkerLost"
+    assert outcome.kind == OutcomeKind.SUCCESS
+
+
+def test_a_takeover_with_no_attempt_left_is_abandoned_unrun():
+    lost = Candidate("x", 6, "RUNNING", "dead:1:0:zzz", NOW)
+    outcome, store = execute(claimed("add", 1, 1, attempts=4, max_attempts=3, lost_from=lost))
+    assert outcome.kind == OutcomeKind.ABANDON and not outcome.kind.spends_attempt
+    assert store.notes == []
+
+
+def test_progress_goes_to_the_store_fenced_and_a_refused_write_stops_the_task():
+    outcome, store = execute(claimed("reports_progress", 3))
+    assert outcome.return_value == "done"
+    assert [p["progress"] for p in store.progress] == [1 / 3, 2 / 3, 1.0]
+    assert store.progress[-1]["checkpoint"] == {"done": 3}
+    # The claim is gone (the store's fenced write matched nothing): the task is
+    # told to stop at its next look, and its result will be fenced off too.
+    refused = FakeStore(held=False)
+    running = Running(claimed("reports_progress", 3), "host:1:0:abc")
+    executor = Executor(
+        task_backends["default"],
+        refused,
+        lease=30,
+        poll_interval=1,
+        progress_interval=0,
+        stopping=threading.Event(),
+    )
+    outcome = executor.run(running)
+    assert running.lost and outcome.return_value == "stopped after 1"
+
+
+def test_a_cancel_request_ends_the_task_cancelled():
+    outcome, _ = execute(claimed("add", 1, 1), cancel=True)
+    assert outcome.kind == OutcomeKind.CANCELLED and outcome.kind.ends_task
+
+
+def test_outcome_kinds_say_what_they_do():
+    assert not OutcomeKind.RELEASE.spends_attempt and OutcomeKind.RETRY.spends_attempt
+    assert OutcomeKind.NOTE.status is None
+    assert {k.status for k in OutcomeKind if k.ends_task} == {"SUCCESSFUL", "FAILED", "CANCELLED"}

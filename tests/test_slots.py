@@ -1,0 +1,107 @@
+"""Slots and claim-ahead: pure logic, no database."""
+
+import datetime as dt
+import threading
+
+from django_rdbtasks.db.rows import ClaimedRow, Outcome
+from django_rdbtasks.states import OutcomeKind
+from django_rdbtasks.worker.slots import ClaimAhead, Slot
+
+NOW = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
+
+
+def row(n, priority=0):
+    return ClaimedRow(
+        id=n,
+        version=1,
+        task_path="tests.testapp.tasks.noop",
+        args=[],
+        kwargs={},
+        attempts=1,
+        max_attempts=3,
+        queue_name="default",
+        backend_name="default",
+        priority=priority,
+        enqueued_at=NOW,
+        started_at=NOW,
+        claimed_at=NOW,
+        run_after=NOW + dt.timedelta(seconds=n),
+        history=[],
+    )
+
+
+def test_claim_ahead_grows_while_tasks_are_short_and_drops_at_once_for_a_long_one():
+    ahead = ClaimAhead(budget=0.05, most=100)
+    assert ahead.want() == 1  # nothing known yet: one at a time
+    wants = []
+    for _ in range(40):
+        ahead.observe(0.0002)
+        wants.append(ahead.want())
+    assert wants == sorted(wants) and wants[-1] == 100
+    ahead.observe(2.0)
+    assert ahead.want() == 1
+
+
+def test_a_fixed_batch_is_kept():
+    ahead = ClaimAhead(7)
+    ahead.observe(10.0)
+    assert ahead.want() == 7
+
+
+def test_claimed_rows_run_in_priority_order():
+    slot = Slot(0, "w")
+    slot.add([row(1, 0), row(2, 10), row(3, 5)])
+    order = []
+    while (running := slot.take_next()) is not None:
+        order.append(running.row.id)
+        slot.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
+    assert order == [2, 3, 1]
+    assert [o.id for o, _ in slot.take_finished()] == [2, 3, 1]
+
+
+def test_tasks_behind_a_long_one_are_handed_back_and_not_started():
+    slot = Slot(0, "w")
+    slot.add([row(1), row(2), row(3)])
+    first = slot.take_next()
+    slot.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    long = slot.take_next()
+    assert long.row.id == 2
+    # Not yet: the running task is young.
+    assert slot.hand_back_if_stuck(now=0.0, after=3600) is None
+    import time
+
+    taken = slot.hand_back_if_stuck(now=time.monotonic() + 1, after=0.5)
+    assert [r.row.id for r in taken.unstarted] == [3]
+    assert [o.id for o, _ in taken.finished] == [1]  # written promptly, not after the long task
+    assert slot.take_next() is None  # the slot will not start what it handed back
+    assert [r.row.id for r in slot.held()] == [2]
+
+
+def test_every_task_is_taken_by_exactly_one_side():
+    """The slot's thread and the keeper race for the same queue: no task twice, none lost."""
+    for _ in range(50):
+        slot = Slot(0, "w")
+        slot.add([row(n) for n in range(200)])
+        started: list[int] = []
+        handed: list[int] = []
+
+        def run_slot(slot=slot, started=started):
+            while (running := slot.take_next()) is not None:
+                started.append(running.row.id)
+                slot.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
+
+        thread = threading.Thread(target=run_slot)
+        thread.start()
+        while thread.is_alive():
+            taken = slot.hand_back_if_stuck(now=float("inf"), after=0)
+            if taken is not None:
+                handed += [r.row.id for r in taken.unstarted]
+        thread.join()
+        assert sorted(started + handed) == list(range(200))
+
+
+def test_a_lost_claim_waiting_in_the_queue_is_not_started():
+    slot = Slot(0, "w")
+    slot.add([row(1), row(2)])
+    slot.held()[0].lost = True  # the keeper learnt it was reclaimed
+    assert slot.take_next().row.id == 2
