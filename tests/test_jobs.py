@@ -4,16 +4,22 @@ import datetime as dt
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.utils import timezone
 
+from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.jobs import (
+    MIN_RETIRE_AFTER,
+    JobSpec,
     database_now,
     fire,
     fire_due_jobs,
     next_tick,
+    redeclare_jobs,
+    retire_after,
+    retire_undeclared_jobs,
     sync_declared_jobs,
     tick_key,
     upcoming_ticks,
@@ -274,6 +280,117 @@ def test_periodic_refuses_a_bad_cron_at_import():
 def test_tick_key_is_utc_to_the_second():
     tick = timezone.make_aware(dt.datetime(2026, 3, 29, 3, 0), BERLIN)
     assert tick_key(tick) == "2026-03-29T01:00:00Z"
+
+
+# -- retirement of jobs no live scheduler declares --------------------------------------
+
+
+def specs(*names, cron="0 0 1 1 *"):
+    return {
+        name: JobSpec(name=name, task_path="tests.testapp.tasks.record_job", cron=cron)
+        for name in names
+    }
+
+
+def declared_minutes_ago(name, minutes):
+    Job.objects.filter(name=name).update(last_declared_at=DbNow() - dt.timedelta(minutes=minutes))
+
+
+@pytestmark_db
+def test_retired_job_never_fires():
+    job = make_job(name="gone", from_code=True)
+    Job.objects.filter(pk=job.pk).update(retired_at=DbNow())
+    assert not Job.objects.due().exists()
+    assert list(Job.objects.retired()) == [job]
+    assert fire_due_jobs() == 0
+    # A scheduler that read the job before it was retired loses its CAS.
+    assert fire(job, using="default") is False
+    assert not JobRecord.objects.exists() and not Task.objects.exists()
+
+
+@pytestmark_db
+def test_code_job_nobody_declares_is_retired_after_the_window():
+    sync_declared_jobs(jobs=specs("kept", "removed"))
+    admin_job = make_job(name="from-the-admin", next_run_at=database_now("default"))
+    declared_minutes_ago("removed", 9)
+    declared_minutes_ago("from-the-admin", 60)
+    assert retire_undeclared_jobs() == []  # 9 minutes: within the 10-minute window
+    declared_minutes_ago("removed", 11)
+    version = Job.objects.get(name="removed").version
+    assert retire_undeclared_jobs() == ["removed"]
+    removed = Job.objects.get(name="removed")
+    assert removed.retired_at is not None and removed.version == version + 1
+    assert set(Job.objects.filter(retired_at__isnull=True).values_list("name", flat=True)) == {
+        "kept",
+        admin_job.name,  # created in the admin: never retired
+    }
+    assert retire_undeclared_jobs() == []  # once
+
+
+@pytestmark_db
+def test_retirement_window_follows_the_setting(settings):
+    sync_declared_jobs(jobs=specs("hourly-window"))
+    declared_minutes_ago("hourly-window", 30)
+    settings.RDBTASKS_RETIRE_AFTER = 3600
+    assert retire_undeclared_jobs() == []
+    declared_minutes_ago("hourly-window", 61)
+    assert retire_undeclared_jobs() == ["hourly-window"]
+
+
+def test_retire_after_setting(settings):
+    assert retire_after() == 600
+    settings.RDBTASKS_RETIRE_AFTER = 1800
+    assert retire_after() == 1800
+    settings.RDBTASKS_RETIRE_AFTER = 5  # a late re-declaration would retire live jobs
+    assert retire_after() == MIN_RETIRE_AFTER
+    settings.RDBTASKS_RETIRE_AFTER = "10m"
+    with pytest.raises(ImproperlyConfigured, match="RDBTASKS_RETIRE_AFTER"):
+        retire_after()
+
+
+@pytestmark_db
+def test_code_job_declared_before_declarations_were_recorded_gets_a_whole_window():
+    job = make_job(name="from-0.1", from_code=True)
+    assert job.last_declared_at is None  # synced by a version that did not record it
+    assert retire_undeclared_jobs() == []
+    job.refresh_from_db()
+    assert job.retired_at is None
+    assert abs(job.last_declared_at - database_now("default")) < dt.timedelta(seconds=5)
+
+
+@pytestmark_db
+def test_retired_job_declared_again_comes_back_from_its_next_tick():
+    sync_declared_jobs(jobs=specs("back", cron="* * * * *"))
+    declared_minutes_ago("back", 11)
+    assert retire_undeclared_jobs() == ["back"]
+    # Retired for an hour: its stored tick is long past.
+    stale_tick = database_now("default") - dt.timedelta(hours=1)
+    Job.objects.filter(name="back").update(next_run_at=stale_tick)
+    assert fire_due_jobs() == 0
+
+    redeclare_jobs(jobs=specs("back", cron="* * * * *"))  # its code is deployed again
+    job = Job.objects.get(name="back")
+    now = database_now("default")
+    assert job.retired_at is None and job.next_run_at > now
+    assert now - job.last_declared_at < dt.timedelta(seconds=5)
+    assert fire_due_jobs() == 0  # the ticks it missed while retired are not owed
+    assert retire_undeclared_jobs() == []
+
+
+@pytestmark_db
+def test_redeclaring_is_one_update_unless_a_row_needs_a_sync(django_assert_max_num_queries):
+    jobs = specs("a", "b", "c")
+    sync_declared_jobs(jobs=jobs)
+    Job.objects.filter(name="b").update(enabled=False)  # an operator's pause
+    declared_minutes_ago("a", 5)
+    with django_assert_max_num_queries(1):
+        redeclare_jobs(jobs=jobs)
+    assert Job.objects.filter(last_declared_at__lt=DbNow() - dt.timedelta(minutes=1)).count() == 0
+    # An operator deleted a code job: the next declaration puts it back.
+    Job.objects.filter(name="c").delete()
+    redeclare_jobs(jobs=jobs)
+    assert set(Job.objects.values_list("name", flat=True)) == {"a", "b", "c"}
+    assert Job.objects.get(name="b").enabled is False  # the pause stands
 
 
 @pytestmark_db

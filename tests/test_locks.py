@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from django.db import OperationalError
 
 from django_rdbtasks.locks import LeasedLock, LockLost, LockNotAcquired
 from django_rdbtasks.models import Lock, Task
@@ -40,6 +41,85 @@ def test_context_manager_renews_while_held():
         with pytest.raises(LockNotAcquired), LeasedLock("long", lease=0.3):
             pass
     assert Lock.objects.get(name="long").holder == ""
+
+
+def test_check_raises_as_soon_as_the_lease_can_have_run_out():
+    with LeasedLock("quiet", lease=1.5) as lock:
+        lock.stop_renewing()  # a renewal thread that cannot run (GIL-bound code, a stall)
+        lock.check()
+        time.sleep(1.6)
+        # Nobody took over and no renewal noticed anything: the lease alone decides.
+        assert not lock.lost.is_set()
+        assert Lock.objects.get(name="quiet").holder == lock.holder
+        with pytest.raises(LockLost, match=r"not renewed for 1\.5s"):
+            lock.check()
+        # Nobody took over, so a late renewal (same token) makes it ours again.
+        assert lock.renew()
+        lock.check()
+
+
+class UnreachableDatabase(LeasedLock):
+    """Renewals fail as they would with the database away."""
+
+    renewals = 0
+
+    def renew(self) -> bool:
+        self.renewals += 1
+        raise OperationalError("server closed the connection unexpectedly")
+
+
+def test_check_raises_when_renewals_keep_failing():
+    with UnreachableDatabase("cut-off", lease=1.5) as lock:
+        time.sleep(0.7)
+        lock.check()  # renewals failing, but the lease is not over yet
+        time.sleep(0.9)
+        with pytest.raises(LockLost):
+            lock.check()
+        assert not lock.lost.is_set()
+        # Failed renewals are retried sooner than every lease / 3 (0.5 s here).
+        assert lock.renewals >= 4
+
+
+def test_check_raises_before_acquire_and_after_release():
+    lock = LeasedLock("unheld", lease=5)
+    with pytest.raises(LockLost, match="not held"):
+        lock.check()
+    assert lock.acquire()
+    lock.check()
+    lock.release()
+    with pytest.raises(LockLost, match="not held"):
+        lock.check()
+
+
+def test_blocking_acquire_waits_for_the_lease_to_lapse_or_the_timeout():
+    holder = LeasedLock("queue-head", lease=1.0)
+    assert holder.acquire()  # and never renews: the lease lapses after a second
+    waiter = LeasedLock("queue-head", lease=1.0)
+    started = time.monotonic()
+    assert waiter.acquire(blocking=True, timeout=10)
+    assert 0.5 < time.monotonic() - started < 5
+    assert waiter.token == holder.token + 1
+
+    waiter.start_renewing()
+    try:
+        impatient = LeasedLock("queue-head", lease=1.0)
+        started = time.monotonic()
+        assert not impatient.acquire(blocking=True, timeout=0.6)
+        assert 0.6 <= time.monotonic() - started < 3
+        assert not impatient.acquire()  # the default: no waiting at all
+        waiter.check()
+    finally:
+        waiter.stop_renewing()
+        waiter.release()
+    assert impatient.acquire(blocking=True, timeout=5)
+
+
+def test_with_does_not_wait():
+    with LeasedLock("busy", lease=5):
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired, match="'busy' is held"), LeasedLock("busy"):
+            pass
+        assert time.monotonic() - started < 2
 
 
 HOLDER = """

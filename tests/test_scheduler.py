@@ -1,4 +1,5 @@
-"""Scheduler processes racing over due jobs, and a scheduler killed mid-fire."""
+"""Scheduler processes racing over due jobs, a scheduler killed mid-fire, and schedulers
+of different code versions side by side (rolling deploys)."""
 
 import datetime as dt
 import os
@@ -8,9 +9,12 @@ import time
 
 import pytest
 from django.db import connection, connections
+from django.db.models import F
 
-from django_rdbtasks.jobs import database_now, tick_key
+from django_rdbtasks.db.functions import DbNow
+from django_rdbtasks.jobs import JobSpec, database_now, tick_key
 from django_rdbtasks.models import Job, JobRecord, Task
+from django_rdbtasks.worker.scheduler import Scheduler
 from tests.conftest import wait_until, worker_children
 from tests.testapp.models import SideEffect
 
@@ -125,3 +129,88 @@ def test_scheduler_killed_between_preempting_and_committing(run_workers, vendor)
     wait_until(lambda: JobRecord.objects.filter(key=tick_key(tick)).exists(), timeout=60)
     time.sleep(0.5)
     assert JobRecord.objects.count() == 1 and Task.objects.filter(job_name="nightly").count() == 1
+
+
+# -- rolling deploys: schedulers declaring different sets of jobs ---------------------
+
+
+def _specs(*names):
+    return {
+        name: JobSpec(
+            name=name, task_path="tests.testapp.tasks.record_job", cron="0 0 1 1 *", kwargs={}
+        )
+        for name in names
+    }
+
+
+def _a_minute_passes(*schedulers):
+    """Simulated time: every declaration ages a minute, then the live schedulers run."""
+    Job.objects.update(last_declared_at=F("last_declared_at") - dt.timedelta(minutes=1))
+    for scheduler in schedulers:
+        scheduler.step()
+
+
+def _retired():
+    return set(Job.objects.retired().values_list("name", flat=True))
+
+
+def test_rolling_deploy_does_not_flap_and_retires_what_no_live_scheduler_declares():
+    # declare_every=0: each step declares, as each real minute would.
+    old = Scheduler(jobs=_specs("shared", "old-only"), declare_every=0)
+    new = Scheduler(jobs=_specs("shared", "new-only"), declare_every=0)
+    old.step()
+    new.step()
+    assert set(Job.objects.values_list("name", flat=True)) == {"shared", "old-only", "new-only"}
+    versions = dict(Job.objects.values_list("name", "version"))
+
+    for _ in range(30):  # half an hour of old and new code side by side
+        _a_minute_passes(old, new)
+        assert _retired() == set()
+    assert dict(Job.objects.values_list("name", "version")) == versions  # nothing rewritten
+
+    # The deploy is complete: the old code's schedulers are gone.
+    for minute in range(1, 16):
+        _a_minute_passes(new)
+        assert _retired() == ({"old-only"} if minute >= 10 else set())
+
+    # A retired job never fires, even when its tick has come.
+    Job.objects.update(next_run_at=DbNow() - dt.timedelta(seconds=5))
+    assert new.step() == 2
+    assert set(JobRecord.objects.values_list("job_name", flat=True)) == {"shared", "new-only"}
+
+    # Rolled back: the old code declares it again and it is live from its next tick.
+    old.step()
+    job = Job.objects.get(name="old-only")
+    assert job.retired_at is None and job.next_run_at > database_now("default")
+    for _ in range(15):
+        _a_minute_passes(old, new)
+    assert _retired() == set()
+
+
+def test_a_scheduler_back_after_a_long_outage_declares_before_it_retires():
+    first = Scheduler(jobs=_specs("mine"), declare_every=0)
+    first.step()
+    Job.objects.update(last_declared_at=DbNow() - dt.timedelta(hours=2))
+    restarted = Scheduler(jobs=_specs("mine"), declare_every=0)
+    restarted.step()
+    assert _retired() == set()
+
+
+def test_running_scheduler_declares_every_interval():
+    scheduler = Scheduler(jobs=_specs("looped"), interval=0.05, declare_every=0.2)
+    thread = threading.Thread(target=scheduler.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: Job.objects.filter(name="looped").exists(), timeout=30)
+        Job.objects.update(last_declared_at=DbNow() - dt.timedelta(minutes=9))
+        wait_until(
+            lambda: Job.objects.filter(
+                name="looped", last_declared_at__gt=DbNow() - dt.timedelta(minutes=1)
+            ).exists(),
+            timeout=30,
+        )
+    finally:
+        scheduler.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert _retired() == set()
