@@ -3,11 +3,14 @@
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
+from django.db.models import F
 
 from django_rdbtasks.db import dialect_for
-from django_rdbtasks.db.base import Outcome
+from django_rdbtasks.db.functions import DbNow
+from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
+from django_rdbtasks.states import ClaimMode, OutcomeKind
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -15,17 +18,25 @@ pytestmark = pytest.mark.django_db(transaction=True)
 QUEUES = ["default"]
 
 
-def claim(worker_id, lease=30.0, limit=10):
-    dialect = dialect_for(connection)
-    with connection.cursor() as cursor:
-        found = dialect.candidates(cursor, QUEUES, limit)
-        return dialect.claim(cursor, found, worker_id, lease)
+def claim(worker_id, lease=30.0, limit=10, mode=ClaimMode.OPTIMISTIC, using=connection):
+    dialect = dialect_for(using)
+    with transaction.atomic(using=using.alias), using.cursor() as cursor:
+        rows, _ = dialect.claim(cursor, ClaimRequest(QUEUES, limit, worker_id, lease, mode))
+        return rows
 
 
 def finish(worker_id, outcomes):
     dialect = dialect_for(connection)
     with transaction.atomic(), connection.cursor() as cursor:
         return set(dialect.finish(cursor, outcomes, worker_id))
+
+
+def outcome(row, kind, **values):
+    return Outcome(row.id, row.version, OutcomeKind(kind), **values)
+
+
+def modes(vendor):
+    return [ClaimMode.OPTIMISTIC] + ([ClaimMode.SKIP_LOCKED] if vendor != "sqlite" else [])
 
 
 def renew(worker_id, rows, lease=30.0):
@@ -53,8 +64,9 @@ def test_stale_version_claims_nothing():
     with connection.cursor() as cursor:
         found = dialect.candidates(cursor, QUEUES, 10)
     Task.objects.update(priority=5, version=7)  # changed behind the reader's back
-    with connection.cursor() as cursor:
-        assert dialect.claim(cursor, found, "w1", 30) == []
+    with transaction.atomic(), connection.cursor() as cursor:
+        chosen = dialect.lock_unchanged(cursor, found)
+        assert (dialect.claim_chosen(cursor, chosen, "w1", 30) if chosen else []) == []
     assert Task.objects.get().status == "READY"
 
 
@@ -69,8 +81,8 @@ def test_expired_lease_is_claimable_and_fences_the_old_holder():
     # Every write of the old holder now matches nothing.
     assert renew("old", [old]) == set()
     for kind in ("success", "failure", "retry", "release"):
-        outcome = Outcome(old.id, old.version, kind, entry={"outcome": "stale"}, return_value=1)
-        assert finish("old", [outcome]) == set()
+        stale = outcome(old, kind, entry={"outcome": "stale"}, return_value=1)
+        assert finish("old", [stale]) == set()
     task = Task.objects.get()
     assert (task.status, task.worker_id, task.version, task.history) == (
         "RUNNING",
@@ -80,9 +92,7 @@ def test_expired_lease_is_claimable_and_fences_the_old_holder():
     )
     # The new holder's writes land.
     assert renew("new", [new]) == {new.id}
-    done = Outcome(
-        new.id, new.version, "success", entry={"outcome": "SUCCESSFUL"}, return_value={"sum": 3}
-    )
+    done = outcome(new, "success", entry={"outcome": "SUCCESSFUL"}, return_value={"sum": 3})
     assert finish("new", [done]) == {new.id}
     task.refresh_from_db()
     assert (task.status, task.return_value, task.history) == (
@@ -97,7 +107,7 @@ def test_same_worker_id_with_an_old_version_is_fenced_too():
     [first] = claim("w", lease=0.2)
     time.sleep(0.4)
     [_second] = claim("w", lease=30)
-    stale = Outcome(first.id, first.version, "success", entry={}, return_value=0)
+    stale = outcome(first, "success", entry={}, return_value=0)
     assert finish("w", [stale]) == set()
     assert Task.objects.get().status == "RUNNING"
 
@@ -110,8 +120,8 @@ def test_release_gives_the_attempt_back_and_retry_defers():
     written = finish(
         "w",
         [
-            Outcome(rows[0].id, rows[0].version, "release"),
-            Outcome(rows[1].id, rows[1].version, "retry", entry={"outcome": "RETRY"}, delay=60),
+            outcome(rows[0], "release"),
+            outcome(rows[1], "retry", entry={"outcome": "RETRY"}, delay=60),
         ],
     )
     assert written == {rows[0].id, rows[1].id}
@@ -142,3 +152,97 @@ def test_candidates_only_of_the_given_queues():
         assert len(dialect.candidates(cursor, ["emails"], 10)) == 1
         assert len(dialect.candidates(cursor, ["default", "emails"], 10)) == 2
         assert dialect.candidates(cursor, ["other"], 10) == []
+
+
+def exchange(worker_id, outcomes, want, mode=ClaimMode.OPTIMISTIC):
+    dialect = dialect_for(connection)
+    request = ClaimRequest(QUEUES, want, worker_id, 30.0, mode) if want else None
+    with transaction.atomic(), connection.cursor() as cursor:
+        return dialect.exchange(cursor, outcomes, worker_id, request)
+
+
+def test_exchange_writes_outcomes_and_claims_the_next_in_one_round(vendor):
+    for i in range(4):
+        tasks.add.enqueue(i, i)
+    for mode in modes(vendor):
+        first = claim("w", limit=2, mode=mode)
+        done = [
+            outcome(r, "success", entry={"outcome": "SUCCESSFUL"}, return_value=1) for r in first
+        ]
+        result = exchange("w", done, want=2, mode=mode)
+        assert set(result.written) == {r.id for r in first}
+        assert len(result.claimed) == 2 and not {r.id for r in result.claimed} & set(result.written)
+        rest = [outcome(r, "success", entry={}, return_value=2) for r in result.claimed]
+        assert set(exchange("w", rest, want=0).written) == {r.id for r in result.claimed}
+        assert Task.objects.filter(status="SUCCESSFUL").count() == 4
+        Task.objects.update(status="READY", version=0, worker_id="", attempts=0)
+
+
+def test_exchange_is_fenced_a_stale_completion_matches_nothing_and_the_claim_still_works(vendor):
+    tasks.add.enqueue(1, 2)
+    for mode in modes(vendor):
+        [old] = claim("w", lease=0.2, mode=mode)
+        time.sleep(0.4)
+        [taken] = claim("other", mode=mode)  # reclaimed: "w" is now stale
+        fresh = tasks.add.enqueue(3, 4)
+        stale = outcome(old, "success", entry={"outcome": "stale"}, return_value=0)
+        result = exchange("w", [stale], want=5, mode=mode)
+        assert result.written == {}
+        assert [str(dialect_for(connection).decode_id(r.id)) for r in result.claimed] == [fresh.id]
+        row = Task.objects.get(pk=dialect_for(connection).decode_id(taken.id))
+        assert (row.status, row.worker_id, row.version, row.history) == (
+            "RUNNING",
+            "other",
+            taken.version,
+            [],
+        )
+        Task.objects.all().delete()
+        tasks.add.enqueue(1, 2)
+
+
+def test_expired_leases_are_claimed_before_any_backlog(vendor):
+    lost = tasks.add.using(priority=-100).enqueue(0, 0)
+    claim("dead", lease=0.2)
+    for i in range(30):
+        tasks.add.using(priority=100).enqueue(i, i)
+    time.sleep(0.4)
+    holder = "dead"
+    for mode in modes(vendor):
+        [first] = claim(f"alive-{mode}", limit=1, mode=mode)
+        assert str(dialect_for(connection).decode_id(first.id)) == lost.id
+        assert first.lost_from is not None and first.lost_from.worker_id == holder
+        holder = f"alive-{mode}"
+        Task.objects.filter(pk=lost.id).update(lease_expires_at=DbNow())
+        time.sleep(0.01)
+
+
+def test_a_claim_skips_a_row_another_session_holds_locked_and_never_waits(vendor):
+    """A frozen holder between its UPDATE and its COMMIT must delay only its own task."""
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: one writer holds the whole database")
+    frozen = tasks.add.enqueue(1, 1)
+    other = tasks.add.using(priority=-1).enqueue(2, 2)
+    holder = connections.create_connection("default")
+    bounded = connections.create_connection("default")
+    try:
+        with bounded.cursor() as cursor:  # if the claim waited, fail in 5 s, not hang
+            if vendor == "postgresql":
+                cursor.execute("SET lock_timeout = '5s'")
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 5")
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {Task._meta.db_table} SET progress = 0.5 WHERE id = %s",
+                [dialect_for(holder).encode_id(frozen.id) if vendor != "postgresql" else frozen.id],
+            )
+        for mode in modes(vendor):
+            rows = claim("w", mode=mode, using=bounded)
+            assert [str(dialect_for(bounded).decode_id(r.id)) for r in rows] == [other.id]
+            Task.objects.filter(pk=other.id).update(status="READY", version=F("version") + 1)
+        holder.rollback()  # the holder's session ends: its row is free again
+        rows = claim("w", using=bounded)
+        assert {str(dialect_for(bounded).decode_id(r.id)) for r in rows} == {frozen.id, other.id}
+    finally:
+        holder.close()
+        bounded.close()
