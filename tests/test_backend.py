@@ -4,6 +4,8 @@ import threading
 
 import psycopg
 import pytest
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -15,7 +17,7 @@ from django_rdbtasks.compat import (
     TaskResultStatus,
     task_backends,
 )
-from django_rdbtasks.exceptions import ArgumentsNotJSON
+from django_rdbtasks.exceptions import ArgumentsNotJSON, ReturnValueNotJSON
 from django_rdbtasks.models import Task
 from django_rdbtasks.worker import Worker
 from tests.testapp import backport_tasks, tasks
@@ -206,3 +208,182 @@ def test_notify_is_delivered_on_commit_only(vendor):
             tasks.send_email.enqueue("x@example.com")
         thread.join()
     assert received == ["emails"]
+
+
+# -- run_after reads back as the producer asked (issue 10) -----------------------------
+
+ROW_COLUMNS = (
+    "task_path",
+    "queue_name",
+    "backend_name",
+    "priority",
+    "args",
+    "kwargs",
+    "max_attempts",
+    "status",
+    "version",
+    "worker_id",
+    "attempts",
+    "history",
+    "job_name",
+    "dedup_key",
+    "waiting_on",
+    "on_parent_failure",
+    "requested_run_after",
+)
+
+
+def test_a_task_not_deferred_reads_back_as_not_deferred():
+    result = tasks.add.enqueue(1, 2)
+    assert result.task.run_after is None
+    row = Task.objects.get(pk=result.id)
+    # The queue still orders by the enqueue time; the producer asked for nothing.
+    assert row.requested_run_after is None and row.run_after == row.enqueued_at
+    fetched = tasks.add.get_result(result.id)
+    assert fetched.task.run_after is None
+    assert fetched == result
+
+
+def test_a_deferred_task_reads_back_the_time_asked_for():
+    later = timezone.now() + dt.timedelta(minutes=3)
+    result = tasks.add.using(run_after=later).enqueue(1, 2)
+    row = Task.objects.get(pk=result.id)
+    assert row.requested_run_after == later == row.run_after
+    assert tasks.add.get_result(result.id).task.run_after == later
+    assert tasks.add.get_result(result.id) == result
+
+
+def test_run_after_read_back_survives_retries_and_requeue():
+    later = timezone.now() + dt.timedelta(minutes=3)
+    plain = tasks.always_fails.enqueue("x")
+    deferred = tasks.always_fails.using(run_after=later).enqueue("y")
+    Task.objects.filter(pk=deferred.id).update(run_after=timezone.now())  # due now
+    Worker(burst=True).run(install_signals=False)
+    backend = task_backends["default"]
+    for result, asked in ((plain, None), (deferred, later)):
+        row = Task.objects.get(pk=result.id)
+        assert (row.status, row.attempts) == ("FAILED", 2)
+        assert tasks.always_fails.get_result(result.id).task.run_after == asked
+        assert backend.requeue(result.id)
+        assert tasks.always_fails.get_result(result.id).task.run_after == asked
+
+
+def test_one_row_and_batch_inserts_write_the_same_rows():
+    later = timezone.now() + dt.timedelta(minutes=3)
+    for run_after in (None, later):
+        task = tasks.send_email.using(run_after=run_after) if run_after else tasks.send_email
+        one = task.enqueue("a@example.com")
+        batch = bulk_enqueue(task, [(("a@example.com",), {})] * 2)
+        rows = Task.objects.filter(pk__in=[one.id, *(r.id for r in batch)])
+        values = [tuple(getattr(row, column) for column in ROW_COLUMNS) for row in rows]
+        assert len(values) == 3 and values[0] == values[1] == values[2], values
+        written = values[0]
+        assert written[ROW_COLUMNS.index("requested_run_after")] == run_after
+        for row in rows:
+            assert row.run_after == (run_after or row.enqueued_at)
+        assert {tasks.send_email.get_result(r.id).task.run_after for r in [one, *batch]} == {
+            run_after
+        }
+
+
+def test_one_row_insert_works_with_server_side_binding(vendor):
+    if vendor != "postgresql":
+        pytest.skip("server-side binding is a psycopg 3 option")
+    from django_rdbtasks.db import dialect_for
+
+    backend = task_backends["default"]
+    dialect = dialect_for(connection)
+    later = timezone.now() + dt.timedelta(minutes=3)
+    connection.ensure_connection()
+    for notify, run_after in ((True, None), (False, later)):
+        new = backend._new_task(tasks.add.using(run_after=run_after), [1], {"b": 2})
+        with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
+            enqueued_at = dialect.insert_tasks(cursor, [new], notify)
+        row = Task.objects.get(pk=new.id)
+        assert (row.args, row.kwargs, row.requested_run_after) == ([1], {"b": 2}, run_after)
+        assert row.enqueued_at == enqueued_at
+
+
+def test_bulk_enqueue_wakes_each_queue_once_on_commit(vendor):
+    if vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other databases poll")
+    params = connection.get_connection_params()
+    with psycopg.connect(
+        **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
+    ) as listener:
+        listener.execute("LISTEN rdbtasks")
+        with transaction.atomic():
+            bulk_enqueue(tasks.add, [((1, 1), {})] * 3)
+            bulk_enqueue(tasks.send_email, [(("x@example.com",), {})] * 3)
+            assert list(listener.notifies(timeout=0.2)) == []  # nothing before the commit
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+    assert sorted(payloads) == ["default", "emails"]
+
+
+# -- results -------------------------------------------------------------------------
+
+
+def test_refresh_reads_once_and_brings_progress(django_assert_num_queries):
+    result = tasks.add.enqueue(1, 2)
+    Task.objects.filter(pk=result.id).update(
+        status="RUNNING", progress=0.5, progress_message="half"
+    )
+    with django_assert_num_queries(1):
+        result.refresh()
+    assert (result.status, result.progress, result.progress_message) == (
+        TaskResultStatus.RUNNING,
+        0.5,
+        "half",
+    )
+    Task.objects.filter(pk=result.id).update(progress=0.75, progress_message="most")
+    async_to_sync(result.arefresh)()
+    assert (result.progress, result.progress_message) == (0.75, "most")
+
+
+def test_return_value_not_json_is_a_type_error_like_arguments_not_json():
+    assert issubclass(ReturnValueNotJSON, TypeError)
+    assert issubclass(ArgumentsNotJSON, TypeError)
+
+
+# -- OPTIONS -------------------------------------------------------------------------
+
+
+def options_backend(**options):
+    return RDBTaskBackend("opts", {"QUEUES": ["default"], "OPTIONS": options})
+
+
+def test_options_may_be_text_from_the_environment():
+    backend = options_backend(MAX_ATTEMPTS="5", BACKOFF="0.5", MAX_BACKOFF=60)
+    assert (backend.max_attempts, backend.backoff, backend.max_backoff) == (5, 0.5, 60.0)
+    assert backend.check() == []
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("MAX_ATTEMPTS", 0),
+        ("MAX_ATTEMPTS", 2.5),
+        ("MAX_ATTEMPTS", "three"),
+        ("MAX_ATTEMPTS", True),
+        ("MAX_ATTEMPTS", None),
+        ("BACKOFF", -1),
+        ("BACKOFF", "nan"),
+        ("MAX_BACKOFF", -0.5),
+    ],
+)
+def test_bad_options_are_reported_and_refused(name, value):
+    backend = options_backend(**{name: value})
+    [error] = backend.check()
+    assert error.id == "django_rdbtasks.E003"
+    assert name in error.msg and repr(value) in error.msg
+    with pytest.raises(ImproperlyConfigured, match=name):
+        backend.enqueue(tasks.add, [1, 2], {})
+    with pytest.raises(ImproperlyConfigured, match=name):
+        backend.bulk_enqueue(tasks.add, [([1, 2], {})])
+    assert not Task.objects.exists()
+
+
+def test_unknown_options_are_a_warning():
+    [warning] = options_backend(MAX_ATTEMPT=3, NOTIFY=False).check()
+    assert warning.id == "django_rdbtasks.W001"
+    assert "MAX_ATTEMPT" in warning.msg and "MAX_ATTEMPTS" in warning.hint
