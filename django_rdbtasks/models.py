@@ -224,8 +224,12 @@ class Task(models.Model):
                 condition=Q(status=TaskStatus.WAITING),
                 name="rdbtasks_task_waiting",
             ),
-            # Throughput and failures over time, retention by age.
-            models.Index(fields=["finished_at"], name="rdbtasks_task_finished"),
+            # Throughput and failures over time, retention by age. Status and
+            # queue are keys too, so the dashboard's counts per bucket of time
+            # read the index alone (on PostgreSQL: an index-only scan).
+            models.Index(
+                fields=["finished_at", "status", "queue_name"], name="rdbtasks_task_finished"
+            ),
             # The admin's list of failed tasks (newest first), retry all failed, requeue.
             StatusIndex(
                 fields=["id"],

@@ -23,14 +23,14 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, router, transaction
 from django.db.models import Count, Min, Q, QuerySet
-from django.db.models.functions import TruncMinute
+from django.db.models.functions import TruncHour, TruncMinute
 
 from .compat import task_backends
 from .db import dialect_for
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
 
-FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+FINISHED = TaskStatus.finished()
 #: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
 REQUEUEABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY)
 #: A worker without a heartbeat for this long is gone (``Worker.objects.alive``).
@@ -100,17 +100,32 @@ class RowCount:
 
 @dataclass(slots=True)
 class Throughput:
-    """Finished tasks per minute, oldest minute first, the current one last."""
+    """Finished tasks per bucket of time, oldest first, the one holding "now" last."""
 
-    minutes: list[dt.datetime]
+    starts: list[dt.datetime]
     succeeded: list[int]
     failed: list[int]
     cancelled: list[int]
+    bucket: dt.timedelta = dt.timedelta(minutes=1)
 
     @property
     def peak(self) -> int:
         series = zip(self.succeeded, self.failed, self.cancelled, strict=True)
-        return max((sum(minute) for minute in series), default=0)
+        return max((sum(counts) for counts in series), default=0)
+
+
+def bucket_for(window: dt.timedelta) -> dt.timedelta:
+    """The chart's bar width for a window: about 50 to 100 bars, on round times."""
+    for limit, bucket in (
+        (dt.timedelta(hours=2), dt.timedelta(minutes=1)),
+        (dt.timedelta(hours=6), dt.timedelta(minutes=5)),
+        (dt.timedelta(days=1), dt.timedelta(minutes=15)),
+        (dt.timedelta(days=3), dt.timedelta(hours=1)),
+        (dt.timedelta(days=7), dt.timedelta(hours=2)),
+    ):
+        if window <= limit:
+            return bucket
+    return dt.timedelta(hours=6)
 
 
 @dataclass(slots=True)
@@ -180,10 +195,11 @@ def snapshot(
     using = using or default_database()
     now = database_now(using)
     tasks = Task.objects.using(using).order_by()
-    if queues:
+    if queues is not None:  # an empty list is no queue at all, not every queue
         tasks = tasks.filter(queue_name__in=list(queues))
     by_queue: dict[str, QueueStats] = {
-        name: QueueStats(name) for name in (queues or configured_queues(using))
+        name: QueueStats(name)
+        for name in (configured_queues(using) if queues is None else queues)
     }
 
     def stats_for(name: str) -> QueueStats:
@@ -260,39 +276,45 @@ def _count_waiting(tasks: QuerySet, stats_for: Callable) -> None:
 def _count_finished(
     tasks: QuerySet, now: dt.datetime, window: dt.timedelta, stats_for: Callable
 ) -> Throughput:
-    """Finished tasks of the window by queue, status and minute: one range of the index."""
-    first_minute = (now - window).replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
-    minutes = [
-        first_minute + dt.timedelta(minutes=i) for i in range(int(window.total_seconds() // 60))
-    ]
-    index = {minute: i for i, minute in enumerate(minutes)}
-    series = {status: [0] * len(minutes) for status in FINISHED}
+    """Finished tasks of the window by queue, status and bucket: one range of the index.
+
+    The database groups by minute or by hour (the ``finished_at`` index holds
+    status and queue too, so it is read alone); the buckets are summed here.
+    """
+    bucket = bucket_for(window)
+    width = bucket.total_seconds()
+    epoch = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    # Buckets fall on round times (whole 15 minutes, whole 2 hours, in UTC);
+    # the last one holds "now".
+    last = epoch + bucket * int((now - epoch).total_seconds() // width)
+    count = max(1, int(window.total_seconds() // width))
+    starts = [last - bucket * (count - 1 - i) for i in range(count)]
+    series = {status: [0] * count for status in FINISHED}
     attribute = {
         TaskStatus.SUCCESSFUL: "succeeded",
         TaskStatus.FAILED: "failed",
         TaskStatus.CANCELLED: "cancelled",
     }
+    trunc = TruncMinute if bucket < dt.timedelta(hours=1) else TruncHour
     rows = (
         tasks.filter(finished_at__gte=now - window, status__in=FINISHED)
-        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
-        .values("queue_name", "status", "minute")
-        .annotate(n=Count("id"))
+        .annotate(moment=trunc("finished_at", tzinfo=dt.UTC))
+        .values("queue_name", "status", "moment")
+        .annotate(n=Count("finished_at"))
     )
     for row in rows:
         stats = stats_for(row["queue_name"])
         name = attribute[row["status"]]
         setattr(stats, name, getattr(stats, name) + row["n"])
-        slot = index.get(_as_utc(row["minute"]))
-        if slot is None and minutes:
-            # The partial first minute of the window is counted in the first bar.
-            slot = 0 if _as_utc(row["minute"]) < minutes[0] else len(minutes) - 1
-        if slot is not None:
-            series[row["status"]][slot] += row["n"]
+        # The partial first bucket of the window is counted in the first bar.
+        slot = int((_as_utc(row["moment"]) - starts[0]).total_seconds() // width)
+        series[row["status"]][min(max(slot, 0), count - 1)] += row["n"]
     return Throughput(
-        minutes=minutes,
+        starts=starts,
         succeeded=series[TaskStatus.SUCCESSFUL],
         failed=series[TaskStatus.FAILED],
         cancelled=series[TaskStatus.CANCELLED],
+        bucket=bucket,
     )
 
 

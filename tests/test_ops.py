@@ -65,20 +65,39 @@ def test_snapshot_of_some_queues_only() -> None:
 def test_throughput_per_minute_over_the_window() -> None:
     moment = now()
     for minutes_ago, status in [
-        (0, "SUCCESSFUL"),
-        (1, "SUCCESSFUL"),
-        (1, "FAILED"),
-        (59, "CANCELLED"),
+        (0, TaskStatus.SUCCESSFUL),
+        (1, TaskStatus.SUCCESSFUL),
+        (1, TaskStatus.FAILED),
+        (59, TaskStatus.CANCELLED),
     ]:
         make_task(status, finished_at=moment - dt.timedelta(minutes=minutes_ago, seconds=1))
     series = ops.snapshot().throughput
-    assert len(series.minutes) == 60
-    assert series.minutes[-1] == moment.replace(second=0, microsecond=0)
-    assert series.minutes == sorted(series.minutes)
+    assert len(series.starts) == 60 and series.bucket == dt.timedelta(minutes=1)
+    assert series.starts[-1] == moment.replace(second=0, microsecond=0)
+    assert series.starts == sorted(series.starts)
     assert sum(series.succeeded) == 2 and sum(series.failed) == 1 and sum(series.cancelled) == 1
     assert sum(series.failed[-3:]) == 1
     assert series.cancelled[0] + series.cancelled[1] == 1
     assert series.peak == 2
+
+
+@pytest.mark.parametrize(
+    ("window", "bucket", "bars"),
+    [
+        (dt.timedelta(hours=1), dt.timedelta(minutes=1), 60),
+        (dt.timedelta(days=1), dt.timedelta(minutes=15), 96),
+        (dt.timedelta(days=7), dt.timedelta(hours=2), 84),
+    ],
+)
+def test_throughput_buckets_fall_on_round_times(window, bucket, bars) -> None:
+    moment = now()
+    make_task(TaskStatus.SUCCESSFUL, finished_at=moment - window + dt.timedelta(seconds=30))
+    make_task(TaskStatus.FAILED, finished_at=moment - dt.timedelta(seconds=1))
+    series = ops.snapshot(window=window).throughput
+    assert series.bucket == bucket and len(series.starts) == bars
+    assert all(start.timestamp() % bucket.total_seconds() == 0 for start in series.starts)
+    assert series.starts[-1] <= moment < series.starts[-1] + bucket
+    assert series.succeeded[0] == 1 and series.failed[-1] == 1  # the edges are counted
 
 
 def test_snapshot_as_json_is_complete() -> None:

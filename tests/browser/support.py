@@ -150,3 +150,51 @@ def staff(username: str, permissions: Iterable[str] = (), *, superuser: bool = F
             Permission.objects.get(content_type__app_label=app_label, codename=codename)
         )
     return User.objects.get(pk=user.pk)  # a fresh object: no cached permissions
+
+
+# -- the admin tests' client helpers ------------------------------------------------------------
+
+VIEW = ["django_rdbtasks.view_task"]
+RETRY = [*VIEW, "django_rdbtasks.retry_task"]
+CANCEL = [*VIEW, "django_rdbtasks.cancel_task"]
+DISCARD = [*VIEW, "django_rdbtasks.delete_task"]
+JOB_VIEW = ["django_rdbtasks.view_job", "django_rdbtasks.change_job"]
+
+
+def client_for(*permissions: str, superuser: bool = False, name: str = "op") -> Any:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(staff(name, permissions, superuser=superuser))
+    return client
+
+
+def url(name: str, *args: object) -> str:
+    from django.urls import reverse
+
+    return reverse(f"admin:django_rdbtasks_{name}", args=args)
+
+
+def log_messages(obj: Any, action_flag: int | None = None) -> list[str]:
+    """The admin log's change messages about ``obj`` (CHANGE entries unless told)."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    return list(
+        LogEntry.objects.filter(
+            object_id=str(obj.pk), action_flag=CHANGE if action_flag is None else action_flag
+        )
+        .order_by("pk")
+        .values_list("change_message", flat=True)
+    )
+
+
+def text(response: Any) -> str:
+    return response.content.decode()
+
+
+def in_groups(user: User, *names: str) -> User:
+    from django.contrib.auth.models import Group
+
+    for name in names:
+        user.groups.add(Group.objects.get_or_create(name=name)[0])
+    return User.objects.get(pk=user.pk)

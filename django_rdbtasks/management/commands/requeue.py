@@ -63,16 +63,53 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="Count the matching tasks; change nothing."
         )
         parser.add_argument("--database", default=None, help="The database alias of the tasks.")
+        parser.add_argument(
+            "--user",
+            metavar="USERNAME",
+            help="Act as this user: only the queues RDBTASKS_QUEUE_PERMISSIONS gives them, "
+            "and only with the permission to retry tasks. Logged in the admin log as theirs.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         selected = self.select(options)
+        user = self._user(options["user"]) if options["user"] else None
+        if user is not None:
+            from ...admin.permissions import access_for
+
+            selected = access_for(user).filter(selected)
         if options["dry_run"]:
             count = ops.capped_count(selected)
             about = "more than " if count.estimate else ""
             self.stdout.write(f"Would requeue {about}{count.value:,} tasks.")
             return
-        requeued = ops.requeue_tasks(selected, limit=options["limit"])
+        on_batch = None
+        if user is not None:
+            from django.contrib.admin.models import CHANGE, LogEntry
+
+            def on_batch(batch: list[ops.Requeued]) -> None:
+                for item in batch:
+                    LogEntry.objects.log_actions(
+                        user.pk,
+                        [Task(pk=item.id, task_path=item.task_path)],
+                        CHANGE,
+                        f"Requeued (was {item.was}) with manage.py requeue.",
+                    )
+
+        requeued = ops.requeue_tasks(selected, limit=options["limit"], on_batch=on_batch)
         self.stdout.write(f"Requeued {requeued:,} tasks.")
+
+    @staticmethod
+    def _user(username: str) -> Any:
+        from django.contrib.auth import get_user_model
+
+        model = get_user_model()
+        try:
+            user = model._default_manager.get_by_natural_key(username)
+        except model.DoesNotExist as exc:
+            raise CommandError(f"No user {username!r}.") from exc
+        if not user.is_active or not user.has_perm("django_rdbtasks.retry_task"):
+            raise CommandError(f"{username!r} may not retry tasks (django_rdbtasks.retry_task).")
+        return user
 
     def select(self, options: dict[str, Any]) -> QuerySet[Task]:
         using = options["database"] or ops.default_database()

@@ -1,0 +1,32 @@
+"""The operators' admin: what is stuck, what failed and why, and fixing it without a shell.
+
+Laid out as ``django.contrib.admin`` is: one module per ModelAdmin, and the
+filters, the changelist, the actions and the display helpers they share.
+"""
+
+from django.contrib import admin
+
+from ..models import Dashboard, Job, JobRecord, Task, Worker
+from .dashboard import Chart, DashboardAdmin
+from .display import cron_in_words, redact
+from .jobs import JobAdmin
+from .records import JobRecordAdmin
+from .tasks import TaskAdmin
+from .workers import WorkerAdmin
+
+admin.site.register(Task, TaskAdmin)
+admin.site.register(Dashboard, DashboardAdmin)
+admin.site.register(Job, JobAdmin)
+admin.site.register(JobRecord, JobRecordAdmin)
+admin.site.register(Worker, WorkerAdmin)
+
+__all__ = [
+    "Chart",
+    "DashboardAdmin",
+    "JobAdmin",
+    "JobRecordAdmin",
+    "TaskAdmin",
+    "WorkerAdmin",
+    "cron_in_words",
+    "redact",
+]
