@@ -35,7 +35,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
 class WorkerProcess:
     """``manage.py runworkers`` in a real process against the test database."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, *, new_session: bool = False) -> None:
         env = {
             **os.environ,
             "RDBTASKS_TEST_WORKER": "1",
@@ -50,6 +50,8 @@ class WorkerProcess:
             cwd=ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            # A process group of its own, for tests that signal the whole group.
+            start_new_session=new_session,
         )
 
     @property
@@ -72,7 +74,6 @@ class WorkerProcess:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            # The supervisor runs the workers in their own process groups.
             for child in _children(self.pid):
                 _kill(child)
             _kill(self.pid)
@@ -101,8 +102,10 @@ def run_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
     counter = iter(range(1000))
 
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(list(args), tmp_path / f"worker-{next(counter)}.log")
+    def start(*args: str, new_session: bool = False) -> WorkerProcess:
+        worker = WorkerProcess(
+            list(args), tmp_path / f"worker-{next(counter)}.log", new_session=new_session
+        )
         started.append(worker)
         return worker
 

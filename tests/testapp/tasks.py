@@ -199,3 +199,15 @@ def reports_progress(context, steps):
             done=done + 1, total=steps, checkpoint={"done": done + 1}, force=True
         )
     return "done"
+
+
+@task(priority=10)
+def waits_for(keys, timeout):
+    """Runs until every key has a SideEffect; fails if that takes longer than ``timeout``."""
+    SideEffect.objects.create(key="waiting", pid=os.getpid())
+    deadline = time.monotonic() + timeout
+    while SideEffect.objects.filter(key__in=keys).count() < len(keys):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{keys} never ran while this task was running")
+        time.sleep(0.02)
+    return "seen"
