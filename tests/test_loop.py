@@ -54,11 +54,12 @@ def test_sigterm_at_random_moments_every_worker_exits_within_its_grace(run_worke
             "--poll-interval",
             "0.1",
             "--no-scheduler",
-            "--log-level",
-            "WARNING",
             new_session=True,
         )
-        time.sleep(rng.uniform(0.4, 1.5))  # start-up, claims, completions: anywhere
+        # Once its handlers are in place (before that a signal simply kills
+        # it, as any program), anywhere: claims, runs, completions, idle polls.
+        wait_until(lambda: "started: queues" in workers.log(), timeout=60)
+        time.sleep(rng.uniform(0.0, 1.0))
         started = time.monotonic()
         if round_ % 3 == 0:
             os.killpg(os.getpgid(workers.pid), signal.SIGTERM)  # the whole group at once
