@@ -1,6 +1,8 @@
-# Two virtualenvs, one per supported Django line:
+# Two virtualenvs for the tests, one per supported Django line:
 #   .venv      Python 3.11, Django 5.2 LTS + the django-tasks backport
 #   .venv-dj61 Python 3.12+, Django 6.1 (django.tasks)
+# and one for the example project (make worker), which needs nothing but Python:
+#   .venv-example  Django 5.2 LTS, django-environ, a database driver only if DATABASE_URL asks
 PY_DJ52 ?= python3
 PY_DJ61 ?= $(shell ls -d $(HOME)/.pyenv/versions/3.13*/bin/python 2>/dev/null | tail -n1 || command -v python3.13 || command -v python3.12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
@@ -9,16 +11,54 @@ PYTEST_ARGS ?=
 
 .PHONY: venvs test test-quick lint worker bench clean
 
+# mysqlclient (in the test extra, and for the example on MySQL) compiles from
+# source: it needs these Debian packages, plus Python's headers.
+MYSQLCLIENT_BUILD_DEPS = libmariadb-dev pkg-config gcc
+
+# $(call need_packages,PACKAGES,PYTHON): install the Debian PACKAGES that are
+# missing (and python3-dev if PYTHON has no headers) with apt-get when root, as
+# .ci/run does; otherwise stop at once and print the command to run.
+define need_packages
+missing=""; \
+if command -v dpkg >/dev/null; then \
+  for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+  $(2) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' \
+    || missing="$$missing python3-dev"; \
+  if [ -z "$$missing" ]; then :; \
+  elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+    echo "Installing$$missing (apt-get)"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || exit 1; \
+  else \
+    echo "mysqlclient needs system packages that are missing:$$missing. Run:" >&2; \
+    echo "    sudo apt-get install -y$$missing" >&2; \
+    exit 1; \
+  fi; \
+elif ! { command -v pkg-config >/dev/null && command -v cc >/dev/null \
+         && { pkg-config --exists mysqlclient || pkg-config --exists libmariadb; }; }; then \
+  echo "mysqlclient needs pkg-config, a C compiler and the MySQL client library." >&2; \
+  echo "macOS:  brew install pkg-config mysql-client && export PKG_CONFIG_PATH=\"\$$(brew --prefix mysql-client)/lib/pkgconfig\"" >&2; \
+  exit 1; \
+fi
+endef
+
 .venv/.installed: pyproject.toml
+	@$(call need_packages,$(MYSQLCLIENT_BUILD_DEPS),$(PY_DJ52))
 	$(PY_DJ52) -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q "Django>=5.2,<5.3" -e ".[test]"
 	touch $@
 
 .venv-dj61/.installed: pyproject.toml
+	@$(call need_packages,$(MYSQLCLIENT_BUILD_DEPS),$(PY_DJ61))
 	$(PY_DJ61) -m venv .venv-dj61
 	.venv-dj61/bin/pip install -q --upgrade pip
 	.venv-dj61/bin/pip install -q "Django>=6.1,<6.2" -e ".[test]"
+	touch $@
+
+.venv-example/.installed: pyproject.toml
+	$(PY_DJ52) -m venv .venv-example
+	.venv-example/bin/pip install -q --upgrade pip
+	.venv-example/bin/pip install -q "Django>=5.2,<5.3" -e ".[example]"
 	touch $@
 
 venvs: .venv/.installed .venv-dj61/.installed
@@ -31,6 +71,10 @@ lint: .venv/.installed
 # The whole matrix: every database on both Django lines. A database that is
 # unreachable fails the run; nothing is skipped for lack of one.
 test: venvs lint
+	@command -v chromium >/dev/null || [ -n "$$RDBTASKS_CHROMIUM" ] \
+	  || if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "No chromium: the browser tests will be skipped (sudo apt-get install -y chromium)"; fi
 	.venv/bin/python scripts/check_databases.py "$(PG_URL)" "$(MYSQL_URL)"
 	for venv in .venv .venv-dj61; do \
 	  for url in sqlite "$(PG_URL)" "$(MYSQL_URL)"; do \
@@ -45,12 +89,23 @@ test-quick: .venv/.installed
 	.venv/bin/pytest $(PYTEST_ARGS)
 
 # The example project: create invoices (their e-mails enqueued in the same
-# transactions), then run workers until Ctrl+C. DATABASE_URL picks the database.
-worker: .venv/.installed
-	cd example_project && ../.venv/bin/python manage.py migrate -v0 \
-	  && ../.venv/bin/python manage.py create_invoices \
-	  && ../.venv/bin/python manage.py create_devices \
-	  && ../.venv/bin/python manage.py runworkers --processes 2 --threads 4
+# transactions), then run workers until Ctrl+C. DATABASE_URL picks the database;
+# its driver is installed the first time it is needed (psycopg's binary wheel
+# needs nothing else; mysqlclient compiles, its system packages are checked first).
+worker: .venv-example/.installed
+	@case "$(DATABASE_URL)" in \
+	  postgres*|postgis*|pgsql*|psql*) \
+	    .venv-example/bin/python -c "import psycopg" 2>/dev/null \
+	      || .venv-example/bin/pip install -q -e ".[example,postgres]";; \
+	  mysql*) \
+	    .venv-example/bin/python -c "import MySQLdb" 2>/dev/null || { \
+	      $(call need_packages,$(MYSQLCLIENT_BUILD_DEPS),.venv-example/bin/python); \
+	      .venv-example/bin/pip install -q -e ".[example,mysql]"; };; \
+	esac
+	cd example_project && ../.venv-example/bin/python manage.py migrate -v0 \
+	  && ../.venv-example/bin/python manage.py create_invoices \
+	  && ../.venv-example/bin/python manage.py create_devices \
+	  && ../.venv-example/bin/python manage.py runworkers --processes 2 --threads 4
 
 clean:
-	rm -rf .venv .venv-dj61 tests/*.sqlite3 example_project/*.sqlite3
+	rm -rf .venv .venv-dj61 .venv-example tests/*.sqlite3 example_project/*.sqlite3*
