@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.db import connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, F, Func, Q, QuerySet, Value
 from django.http import HttpRequest
 from django.urls import path
 from django.utils.translation import gettext_lazy as _
@@ -36,6 +36,19 @@ DISCARDABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED)
 ACTIVE = (TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RUNNING)
 #: Rows whose last error the list shows.
 WITH_ERRORS = (TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class ILike(Func):
+    """``column ILIKE pattern`` (PostgreSQL), the form a trigram index serves."""
+
+    arg_joiner = " ILIKE "
+    template = "(%(expressions)s)"
+    output_field = BooleanField()
+    conditional = True
+
+
+def escape_like(term: str) -> str:
+    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 class TaskChangeList(NoCountChangeList):
@@ -269,14 +282,24 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
             return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
             pass
-        # Trigram indexes on PostgreSQL serve "contains"; B-trees elsewhere
-        # serve "starts with" (see models.SearchIndex).
-        part = "icontains" if connections[queryset.db].vendor == "postgresql" else "istartswith"
+        if connections[queryset.db].vendor == "postgresql":
+            # Trigram indexes serve ILIKE on the column itself (Django's
+            # icontains compares UPPER(column), which no index holds).
+            pattern = Value(f"%{escape_like(term)}%")
+
+            def matches(field: str) -> Q:
+                return Q(ILike(F(field), pattern))
+
+        else:
+            # B-trees (see models.SearchIndex) serve a search by the beginning.
+            def matches(field: str) -> Q:
+                return Q(**{f"{field}__istartswith": term})
+
         condition = (
-            Q(**{f"task_path__{part}": term})
+            matches("task_path")
             # The conditions of the partial indexes, spelled out for the planner.
-            | (Q(**{f"job_name__{part}": term}) & ~Q(job_name=""))
-            | Q(**{f"dedup_key__{part}": term}, dedup_key__isnull=False)
+            | (matches("job_name") & ~Q(job_name=""))
+            | (matches("dedup_key") & Q(dedup_key__isnull=False))
             # Running tasks: the few rows of the lease index.
             | Q(status=TaskStatus.RUNNING, worker_id__startswith=term)
         )
