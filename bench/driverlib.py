@@ -22,7 +22,7 @@ RESULT_PREFIX = "BENCH-RESULT "
 
 @dataclass(frozen=True)
 class Driver:
-    """What a system provides to enqueue the benchmark's two tasks."""
+    """What a system provides to enqueue the benchmark's tasks."""
 
     #: Open connections/pools so that connecting is not timed as enqueueing.
     prepare: Callable[[], None]
@@ -34,6 +34,10 @@ class Driver:
     enqueue_keyed: Callable[[int], None]
     #: Close what ``prepare`` opened.
     close: Callable[[], None] = lambda: None
+    #: Enqueue the mixed load's task ``mixed(key, seconds)`` (record its start, then sleep
+    #: ``seconds``) once per ``(key, seconds)`` pair, all in one transaction: one ordinary
+    #: enqueue call for a single pair, the system's bulk API for more. None: not supported.
+    enqueue_mixed: Callable[[Sequence[tuple[int, float]]], None] | None = None
 
 
 def time_single(driver: Driver, count: int) -> float:
@@ -67,6 +71,51 @@ def enqueue_for_latency(driver: Driver, keys: Sequence[int], pause: float) -> di
     return enqueued
 
 
+def enqueue_mixed_load(
+    driver: Driver,
+    *,
+    first_key: int,
+    count: int,
+    rate: float,
+    burst: int,
+    long_every: int,
+    long_seconds: float,
+) -> dict[str, object]:
+    """Enqueue ``count`` mixed tasks at ``rate`` per second, ``burst`` per call.
+
+    Task ``i`` (from 0) sleeps ``long_seconds`` if ``i % long_every == long_every // 2``
+    (the middle of each run of ``long_every``), else nothing. Calls are scheduled on a
+    fixed timetable (call ``n`` at ``n * burst / rate`` seconds), so that a slow call does
+    not shift the ones after it. Returns the wall time just before each task's call.
+    """
+    if driver.enqueue_mixed is None:
+        raise SystemExit("this driver has no mixed load")
+    enqueued: dict[int, float] = {}
+    long_keys: list[int] = []
+    interval = burst / rate
+    start = time.monotonic()
+    for call, first in enumerate(range(0, count, burst)):
+        delay = start + call * interval - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        items = []
+        for index in range(first, min(first + burst, count)):
+            key = first_key + index
+            seconds = long_seconds if index % long_every == long_every // 2 else 0.0
+            if seconds:
+                long_keys.append(key)
+            items.append((key, seconds))
+        at = time.time()
+        driver.enqueue_mixed(items)
+        for key, _ in items:
+            enqueued[key] = at
+    return {
+        "enqueued": enqueued,
+        "long_keys": long_keys,
+        "seconds": time.monotonic() - start,
+    }
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Enqueue benchmark tasks.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,6 +127,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     latency.add_argument("--first-key", type=int, required=True)
     latency.add_argument("--count", type=int, required=True)
     latency.add_argument("--pause", type=float, default=0.02)
+    mixed = sub.add_parser("mixed", help="enqueue short and long tasks at a steady rate")
+    mixed.add_argument("--first-key", type=int, required=True)
+    mixed.add_argument("--count", type=int, required=True)
+    mixed.add_argument("--rate", type=float, required=True, help="tasks per second")
+    mixed.add_argument("--burst", type=int, default=1, help="tasks per enqueue call")
+    mixed.add_argument("--long-every", type=int, default=100)
+    mixed.add_argument("--long-seconds", type=float, default=2.0)
     return parser.parse_args(argv)
 
 
@@ -91,9 +147,19 @@ def main(driver: Driver, argv: Sequence[str] | None = None) -> None:
             else:
                 seconds = time_bulk(driver, args.count, args.chunk)
             result: dict[str, object] = {"count": args.count, "seconds": seconds}
-        else:
+        elif args.command == "latency":
             keys = range(args.first_key, args.first_key + args.count)
             result = {"enqueued": enqueue_for_latency(driver, keys, args.pause)}
+        else:
+            result = enqueue_mixed_load(
+                driver,
+                first_key=args.first_key,
+                count=args.count,
+                rate=args.rate,
+                burst=args.burst,
+                long_every=args.long_every,
+                long_seconds=args.long_seconds,
+            )
     finally:
         driver.close()
     print(RESULT_PREFIX + json.dumps(result), flush=True)

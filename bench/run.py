@@ -3,8 +3,9 @@
 Run from the repository root with the project's virtualenv (the harness needs
 psycopg; each peer gets a throwaway virtualenv of its own under bench/.envs/):
 
-    .venv/bin/python bench/run.py                   # drain, enqueue and latency, all systems
+    .venv/bin/python bench/run.py                   # everything, all systems
     .venv/bin/python bench/run.py --tasks 2000      # a quick run
+    .venv/bin/python bench/run.py --rdbtasks-variants "default=;batch1=--batch 1"
     .venv/bin/python bench/run.py --repeat 3        # medians of three runs
     .venv/bin/python bench/run.py --backlog         # django-rdbtasks, 1,000 vs 1,000,000 old rows
 
@@ -17,6 +18,7 @@ import argparse
 import datetime
 import os
 import platform
+import shlex
 import sys
 import time
 import traceback
@@ -36,9 +38,38 @@ except ImportError:  # pragma: no cover - a hint, not a feature
 
 from core import measure  # noqa: E402
 from core.pg import PgServer  # noqa: E402
-from core.report import SystemResults, render, write_json  # noqa: E402
-from systems import ALL, System  # noqa: E402
+from core.pgbench import COMMAND, SCRIPT, PgBench, find_pgbench  # noqa: E402
+from core.report import (  # noqa: E402
+    CommitLimit,
+    MixedResults,
+    SystemResults,
+    render,
+    write_json,
+)
+from systems import ALL, RDBTasks, System  # noqa: E402
 from systems.base import Context  # noqa: E402
+
+MEASUREMENTS = ("pgbench", "drain", "enqueue", "latency", "mixed")
+DEFAULT_VARIANTS = "default=;batch100=--batch 100"
+DEFAULT_MIXED_VARIANTS = "default=;batch1=--batch 1;batch100=--batch 100"
+
+
+def parse_variants(spec: str) -> list[tuple[str, list[str]]]:
+    """``"name=ARGS;name=ARGS"`` into ``[(name, [arg, ...]), ...]``; ARGS may be empty."""
+    variants: list[tuple[str, list[str]]] = []
+    for part in spec.split(";"):
+        if not part.strip():
+            continue
+        name, sep, args = part.partition("=")
+        name = name.strip()
+        if not sep or not name or ":" in name or " " in name:
+            raise ValueError(f"expected NAME=ARGS, got {part!r}")
+        if name in (known for known, _ in variants):
+            raise ValueError(f"variant {name!r} given twice")
+        variants.append((name, shlex.split(args)))
+    if not variants:
+        raise ValueError("no variant given")
+    return variants
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -98,7 +129,70 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated measurements to leave out: drain,enqueue,latency",
+        help=f"comma-separated measurements to leave out: {','.join(MEASUREMENTS)}",
+    )
+    parser.add_argument(
+        "--rdbtasks-variants",
+        default=None,
+        help="django-rdbtasks configurations measured side by side, each its own row:"
+        " 'NAME=RUNWORKERS ARGS;NAME=...', an empty ARGS meaning no flags"
+        f" (default: '{DEFAULT_VARIANTS}'; --backlog: 'default=')",
+    )
+    parser.add_argument(
+        "--pgbench", default=None, help="the pgbench executable (default: pgbench on PATH)"
+    )
+    parser.add_argument(
+        "--pgbench-seconds",
+        type=float,
+        default=10.0,
+        help="length of each pgbench run, one per worker count (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mixed-variants",
+        default=DEFAULT_MIXED_VARIANTS,
+        help="django-rdbtasks configurations under the mixed load (default: '%(default)s')",
+    )
+    parser.add_argument(
+        "--mixed-peers",
+        action="store_true",
+        help="put the peers under the mixed load too (about 30 s each)",
+    )
+    parser.add_argument(
+        "--mixed-workers",
+        type=int,
+        default=2,
+        help="worker processes under the mixed load (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mixed-seconds",
+        type=float,
+        default=24.0,
+        help="how long the mixed load is enqueued for (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mixed-burst",
+        type=int,
+        default=100,
+        help="mixed load, tasks per enqueue call, in one transaction; 1 for one enqueue"
+        " call per task (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mixed-interval",
+        type=float,
+        default=3.0,
+        help="mixed load, seconds from one enqueue call to the next (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--long-every",
+        type=int,
+        default=100,
+        help="mixed load, one task in this many is long (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--long-seconds",
+        type=float,
+        default=2.0,
+        help="mixed load, how long a long task sleeps (default: %(default)s)",
     )
     parser.add_argument(
         "--rdbtasks-python",
@@ -108,7 +202,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--rdbtasks-worker-args",
         default="",
-        help="extra runworkers options, e.g. '--batch 50 --mode skip-locked'",
+        help="runworkers options added to every variant, e.g. '--mode skip-locked'",
     )
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
     parser.add_argument("--pg-port", type=int, default=int(os.environ.get("PGPORT", "5432")))
@@ -138,6 +232,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.workers = [int(n) for n in (args.workers or ("1" if args.backlog else "1,2,4")).split(",")]
     args.backlog_rows = [int(n) for n in args.backlog_rows.split(",")]
     args.skip = {name.strip() for name in args.skip.split(",") if name.strip()}
+    unknown = sorted(args.skip - set(MEASUREMENTS))
+    if unknown:
+        parser.error(f"unknown measurements in --skip: {', '.join(unknown)}")
+    if args.rdbtasks_variants is None:
+        args.rdbtasks_variants = "default=" if args.backlog else DEFAULT_VARIANTS
+    try:
+        args.variants = parse_variants(args.rdbtasks_variants)
+        args.mixed_variant_list = parse_variants(args.mixed_variants)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.mixed_interval <= 0 or args.mixed_burst < 1 or args.long_every < 1:
+        parser.error("--mixed-interval, --mixed-burst and --long-every must be positive")
+    calls = max(1, round(args.mixed_seconds / args.mixed_interval))
+    args.mixed_tasks = calls * args.mixed_burst
+    args.mixed_rate = args.mixed_burst / args.mixed_interval
     return args
 
 
@@ -171,17 +280,42 @@ class Runner:
                 "rdbtasks_worker_args": args.rdbtasks_worker_args,
             },
         )
-        self.systems: list[System] = [ALL[key](self.context) for key in args.systems]
+        self.systems: list[System] = []
+        for key in args.systems:
+            if key == RDBTasks.key:
+                self.systems += [
+                    RDBTasks(self.context, name, variant_args)
+                    for name, variant_args in args.variants
+                ]
+            else:
+                self.systems.append(ALL[key](self.context))
         self.results = {
-            system.key: SystemResults(system.key, system.label) for system in self.systems
+            system.ident: SystemResults(
+                system.ident,
+                system.label,
+                variant=system.variant_title,
+                reference=system.reference,
+                worker_args=system.worker_args if isinstance(system, RDBTasks) else None,
+            )
+            for system in self.systems
         }
+        self.commit_limit: CommitLimit | None = None
+        self.pgbench: PgBench | None = None
+        if not args.backlog and "pgbench" not in args.skip:
+            self.commit_limit = CommitLimit(command=COMMAND, script=SCRIPT)
+        self.mixed: list[tuple[System, list[str] | None, MixedResults]] = []
+        self.set_up_databases: set[str] = set()
 
     def log_path(self, system: System, what: str) -> Path:
-        return self.context.logs_dir / f"{system.key}-{what}.log"
+        return self.context.logs_dir / f"{system.ident}-{what}.log".replace(":", "-")
+
+    def first_of_database(self, system: System) -> bool:
+        """Whether ``system`` is the first configuration measured in its database."""
+        return next(s for s in self.systems if s.database == system.database) is system
 
     def attempt(self, system: System, what: str, step: Callable[[System], None]) -> None:
         """Run one step; on failure record it and measure this system no further."""
-        result = self.results[system.key]
+        result = self.results[system.ident]
         if result.error is not None:
             return
         try:
@@ -189,17 +323,20 @@ class Runner:
         except Exception:
             result.error = f"{what}: {traceback.format_exc()}"
             log(
-                f"{system.label}: {what} FAILED, measuring it no further:\n{traceback.format_exc()}"
+                f"{system.title}: {what} FAILED, measuring it no further:\n{traceback.format_exc()}"
             )
 
     # -- set-up ------------------------------------------------------------------------
 
     def set_up(self, system: System) -> None:
-        log(f"{system.label}: environment and fresh database {system.database}")
         system.prepare_env()
-        self.server.recreate_database(system.database)
-        system.create_schema()
-        result = self.results[system.key]
+        # django-rdbtasks' variants share one database, created once.
+        if system.database not in self.set_up_databases:
+            log(f"{system.label}: environment and fresh database {system.database}")
+            self.server.recreate_database(system.database)
+            system.create_schema()
+            self.set_up_databases.add(system.database)
+        result = self.results[system.ident]
         result.version = system.version()
         result.notes = system.notes()
         result.bulk_api = system.bulk_api
@@ -208,7 +345,8 @@ class Runner:
 
     def measure_all(self, system: System) -> None:
         with self.server.connect(system.database) as conn:
-            if "enqueue" not in self.args.skip:
+            # Enqueueing does not depend on the worker's options: once per database.
+            if "enqueue" not in self.args.skip and self.first_of_database(system):
                 self.measure_enqueue(system, conn)
             if "drain" not in self.args.skip:
                 for workers in self.args.workers:
@@ -221,9 +359,9 @@ class Runner:
         run = measure.measure_enqueue(
             system, conn, single=args.single, bulk=args.bulk, chunk=args.chunk
         ).as_dict()
-        self.results[system.key].enqueue.append(run)
+        self.results[system.ident].enqueue.append(run)
         log(
-            f"{system.label}: enqueue {run['single_per_second']:,.0f}/s one per transaction,"
+            f"{system.title}: enqueue {run['single_per_second']:,.0f}/s one per transaction,"
             f" {run['bulk_per_second']:,.0f}/s bulk"
         )
 
@@ -233,9 +371,9 @@ class Runner:
         drain = measure.measure_drain(
             system, conn, tasks=args.tasks, workers=workers, chunk=args.chunk, log=log_path
         )
-        self.results[system.key].drain.setdefault(workers, []).append(drain.as_dict())
+        self.results[system.ident].drain.setdefault(workers, []).append(drain.as_dict())
         log(
-            f"{system.label}: drain with {workers} worker(s) {drain.rate:,.0f} tasks/s"
+            f"{system.title}: drain with {workers} worker(s) {drain.rate:,.0f} tasks/s"
             f" ({drain.seconds:.2f} s, first done after {drain.first_done_seconds:.2f} s)"
         )
 
@@ -245,16 +383,16 @@ class Runner:
         run = measure.measure_latency(
             system, conn, count=args.latency_count, pause=args.latency_pause, log=log_path
         ).as_dict()
-        self.results[system.key].latency.append(run)
-        log(f"{system.label}: latency p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms")
+        self.results[system.ident].latency.append(run)
+        log(f"{system.title}: latency p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms")
 
     def measure_backlog(self, system: System) -> None:
         args = self.args
-        by_rows = self.results[system.key].backlog
+        by_rows = self.results[system.ident].backlog
         with self.server.connect(system.database) as conn:
             for rows in args.backlog_rows:
                 for workers in args.workers:
-                    log(f"{system.label}: {rows:,} finished rows in the table, {workers} worker(s)")
+                    log(f"{system.title}: {rows:,} finished rows in the table, {workers} worker(s)")
                     drain = measure.measure_backlog_drain(
                         system,
                         conn,
@@ -265,24 +403,117 @@ class Runner:
                         log=self.log_path(system, "backlog"),
                     )
                     by_rows.setdefault(rows, {}).setdefault(workers, []).append(drain.as_dict())
-                    log(f"{system.label}: {drain.rate:,.0f} tasks/s ({drain.seconds:.2f} s)")
+                    log(f"{system.title}: {drain.rate:,.0f} tasks/s ({drain.seconds:.2f} s)")
+
+    # -- the commit limit ------------------------------------------------------------
+
+    def set_up_pgbench(self) -> None:
+        limit = self.commit_limit
+        assert limit is not None
+        try:
+            self.pgbench = PgBench(
+                self.server, find_pgbench(self.args.pgbench), self.context.logs_dir
+            )
+            limit.tool = self.pgbench.version()
+            log(f"commit limit: {limit.tool}, fresh database bench_pgbench")
+            self.pgbench.set_up()
+        except Exception:
+            limit.error = f"set-up: {traceback.format_exc()}"
+            log(f"commit limit: set-up FAILED:\n{traceback.format_exc()}")
+
+    def measure_commit_limit(self) -> None:
+        limit = self.commit_limit
+        if limit is None or limit.error is not None or self.pgbench is None:
+            return
+        try:
+            for clients in self.args.workers:
+                run = self.pgbench.measure(clients, self.args.pgbench_seconds)
+                limit.runs.setdefault(clients, []).append(run.as_dict())
+                log(f"commit limit: pgbench, {clients} client(s), {run.tps:,.0f} transactions/s")
+        except Exception:
+            limit.error = f"measuring: {traceback.format_exc()}"
+            log(f"commit limit: FAILED:\n{traceback.format_exc()}")
+
+    # -- the mixed load ----------------------------------------------------------------
+
+    def set_up_mixed(self) -> None:
+        """One row per django-rdbtasks mixed variant, then the peers if asked for."""
+        args = self.args
+        for system in self.systems:
+            if isinstance(system, RDBTasks):
+                for name, variant_args in args.mixed_variant_list:
+                    flags = " ".join(variant_args) or "no flags"
+                    key = f"{system.key}:{name}"
+                    label = f"{system.label} {name} ({flags})"
+                    self.mixed.append(
+                        (system, variant_args, MixedResults(key, label, variant_args))
+                    )
+                break  # one set of rows, whatever the drain variants
+        if args.mixed_peers:
+            for system in self.systems:
+                if not system.reference:
+                    result = MixedResults(system.ident, system.title)
+                    self.mixed.append((system, None, result))
+
+    def measure_mixed(self) -> None:
+        args = self.args
+        for system, worker_args, result in self.mixed:
+            if result.error is not None:
+                continue
+            set_up_error = self.results[system.ident].error
+            if set_up_error is not None and set_up_error.startswith("set-up"):
+                result.error = set_up_error
+                continue
+            try:
+                with self.server.connect(system.database) as conn:
+                    run = measure.measure_mixed(
+                        system,
+                        conn,
+                        commands=system.idle_worker_commands(args.mixed_workers, worker_args),
+                        workers=args.mixed_workers,
+                        tasks=args.mixed_tasks,
+                        rate=args.mixed_rate,
+                        burst=args.mixed_burst,
+                        long_every=args.long_every,
+                        long_seconds=args.long_seconds,
+                        log=self.context.logs_dir / f"{result.key.replace(':', '-')}-mixed.log",
+                    ).as_dict()
+            except Exception:
+                result.error = f"mixed load: {traceback.format_exc()}"
+                log(f"{result.label}: mixed load FAILED:\n{traceback.format_exc()}")
+                continue
+            result.runs.append(run)
+            log(
+                f"{result.label}: mixed load, short tasks' start delay p50"
+                f" {run['short_p50_ms']:.1f} ms, p99 {run['short_p99_ms']:.1f} ms,"
+                f" max {run['short_max_ms']:.1f} ms"
+            )
 
     def main(self) -> None:
+        if self.commit_limit is not None:
+            self.set_up_pgbench()
         for system in self.systems:
             self.attempt(system, "set-up", self.set_up)
+        if not self.args.backlog and "mixed" not in self.args.skip:
+            self.set_up_mixed()
         step = self.measure_backlog if self.args.backlog else self.measure_all
         for repeat in range(self.args.repeat):
             if self.args.repeat > 1:
                 log(f"-- run {repeat + 1} of {self.args.repeat}")
+            self.measure_commit_limit()
             for system in self.systems:
                 self.attempt(system, "measuring", step)
+            self.measure_mixed()
 
     def drop_databases(self) -> None:
-        for system in self.systems:
+        databases = dict.fromkeys(system.database for system in self.systems)
+        if self.pgbench is not None:
+            databases["bench_pgbench"] = None
+        for database in databases:
             try:
-                self.server.drop_database(system.database)
+                self.server.drop_database(database)
             except Exception as exc:
-                log(f"could not drop {system.database}: {exc}")
+                log(f"could not drop {database}: {exc}")
 
 
 def meta(
@@ -322,7 +553,18 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "latency_pause": args.latency_pause,
         "backlog_rows": args.backlog_rows,
         "skip": sorted(args.skip),
+        "rdbtasks_variants": {name: variant_args for name, variant_args in args.variants},
         "rdbtasks_worker_args": args.rdbtasks_worker_args,
+        "pgbench_seconds": args.pgbench_seconds,
+        "mixed_variants": {name: variant_args for name, variant_args in args.mixed_variant_list},
+        "mixed_peers": args.mixed_peers,
+        "mixed_workers": args.mixed_workers,
+        "mixed_tasks": args.mixed_tasks,
+        "mixed_rate": args.mixed_rate,
+        "mixed_burst": args.mixed_burst,
+        "mixed_interval": args.mixed_interval,
+        "long_every": args.long_every,
+        "long_seconds": args.long_seconds,
         "drain_poll_interval": [measure.DRAIN_POLL_MIN, measure.DRAIN_POLL_MAX],
     }
 
@@ -350,14 +592,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     info["postgresql"]["restarted_during_run"] = restarted
     info["host"]["load_average_before"] = load_before
     info["host"]["load_average_after"] = os.getloadavg()
-    write_json(output, info, results)
+    mixed = [result for _, _, result in runner.mixed]
+    write_json(output, info, results, runner.commit_limit, mixed)
     print()
-    print(render(results, config(args)))
+    print(render(results, config(args), runner.commit_limit, mixed))
     if restarted:
         log("WARNING: PostgreSQL restarted during the run; its figures are not to be trusted")
     log(f"took {time.perf_counter() - clock:.0f} s; results in {output}")
     log(f"worker logs in {runner.context.logs_dir}")
-    return 1 if restarted or any(result.error for result in results) else 0
+    failed = [result.error for result in [*results, *mixed]]
+    if runner.commit_limit is not None:
+        failed.append(runner.commit_limit.error)
+    return 1 if restarted or any(failed) else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The three measurements, the same for every system.
+"""The measurements, the same for every system.
 
 Every timed phase starts from emptied job tables, fresh planner statistics
 and a checkpoint (see ``pg.settle``), so that one system does not inherit
@@ -27,6 +27,9 @@ POLL_INTERVAL = 0.05
 #: where the interval is the error in the drain's time.
 DRAIN_POLL_MAX = 0.25
 DRAIN_POLL_MIN = 0.01
+#: A drain in which no task finishes for this long is broken (workers crashing and being
+#: restarted, say): the slowest system finishes a no-op task every few ms.
+DRAIN_STALL = 30.0
 #: After its warm-up task, how long the latency worker is left alone, so that
 #: it is idle (asleep, or waiting on LISTEN) when the probes arrive.
 IDLE_SETTLE = 1.5
@@ -77,6 +80,52 @@ class LatencyRun:
         }
 
 
+@dataclass(frozen=True)
+class MixedRun:
+    """Start delays (start minus the time just before the enqueue call) of a mixed load."""
+
+    delays_ms: list[float]  # every task's, in enqueue order
+    long_indexes: list[int]  # which of them slept
+    tasks: int
+    workers: int
+    enqueue_seconds: float  # how long the enqueuing took (planned: tasks / rate)
+    long_seconds: float
+
+    @property
+    def short_delays_ms(self) -> list[float]:
+        longs = set(self.long_indexes)
+        return [delay for i, delay in enumerate(self.delays_ms) if i not in longs]
+
+    @property
+    def long_delays_ms(self) -> list[float]:
+        return [self.delays_ms[i] for i in self.long_indexes]
+
+    def as_dict(self) -> dict[str, Any]:
+        short = self.short_delays_ms
+        long = self.long_delays_ms
+        threshold = self.long_seconds * 500
+        return {
+            "tasks": self.tasks,
+            "workers": self.workers,
+            "short_count": len(short),
+            "long_count": len(long),
+            "enqueue_seconds": self.enqueue_seconds,
+            "short_p50_ms": percentile(short, 50),
+            "short_p90_ms": percentile(short, 90),
+            "short_p99_ms": percentile(short, 99),
+            "short_max_ms": max(short),
+            "short_mean_ms": statistics.fmean(short),
+            # Short tasks that waited more than half a long task's time: most likely behind one.
+            "short_over_half_long": sum(1 for delay in short if delay > threshold),
+            "half_long_ms": threshold,
+            "long_p50_ms": percentile(long, 50) if long else None,
+            "long_max_ms": max(long) if long else None,
+            # Every task's delay in enqueue order (for plots), and which of them were long.
+            "delays_ms": [round(delay, 1) for delay in self.delays_ms],
+            "long_indexes": self.long_indexes,
+        }
+
+
 def percentile(values: list[float], q: float) -> float:
     """Linear interpolation between the closest ranks (as numpy's default)."""
     ordered = sorted(values)
@@ -109,6 +158,7 @@ def time_drain(
     timeout = 60 + tasks / 20  # far beyond the slowest peer's rate
     first_done: float | None = None
     start = time.perf_counter()
+    last_left, last_progress = left, start
     with WorkerGroup(
         system.drain_commands(workers), cwd=system.project_dir, env=system.env(), log=log
     ) as group:
@@ -119,6 +169,12 @@ def time_drain(
                 first_done = elapsed
             if left == 0:
                 break
+            if left < last_left:
+                last_left, last_progress = left, time.perf_counter()
+            elif time.perf_counter() - last_progress > DRAIN_STALL:
+                raise RuntimeError(
+                    f"{system.key}: no task finished for {DRAIN_STALL:g} s, {left} left; see {log}"
+                )
             if not group.running() and scalar(conn, system.unfinished_sql) > 0:
                 raise RuntimeError(
                     f"{system.key}: workers exited with {left} tasks left; see {log}"
@@ -197,6 +253,66 @@ def measure_latency(
     return LatencyRun([(started[key] - at) * 1000 for key, at in sorted(enqueued.items())])
 
 
+def measure_mixed(
+    system: System,
+    conn: psycopg.Connection,
+    *,
+    commands: list[list[str]],
+    workers: int,
+    tasks: int,
+    rate: float,
+    burst: int,
+    long_every: int,
+    long_seconds: float,
+    log: Path,
+) -> MixedRun:
+    """Short and long tasks enqueued at a steady rate to idle workers: start delays.
+
+    The workers (``commands``, long-running as in production) get one warm-up task
+    and are left idle; then the driver enqueues ``tasks`` at ``rate`` per second,
+    ``burst`` per call, every ``long_every``-th sleeping ``long_seconds``. Each task
+    writes its start time first, as the latency probes do.
+    """
+    reset(system, conn)
+    settle(conn, [])
+    with WorkerGroup(commands, cwd=system.project_dir, env=system.env(), log=log) as group:
+        system.drive("latency", "--first-key", "0", "--count", "1", "--pause", "0")
+        wait_for_probes(system, conn, group, 1, timeout=60, log=log)
+        time.sleep(IDLE_SETTLE)
+        result = system.drive(
+            "mixed",
+            "--first-key",
+            "1",
+            "--count",
+            str(tasks),
+            "--rate",
+            repr(rate),
+            "--burst",
+            str(burst),
+            "--long-every",
+            str(long_every),
+            "--long-seconds",
+            f"{long_seconds:g}",
+        )
+        # Generous: a system that falls behind still finishes, and shows it in its delays.
+        timeout = 60 + tasks * long_seconds / long_every
+        wait_for_probes(system, conn, group, tasks + 1, timeout=timeout, log=log)
+        # The workers are stopped with SIGTERM and finish their running (long) tasks.
+    started = dict(
+        conn.execute("SELECT key, started_at FROM bench_started WHERE key >= 1").fetchall()
+    )
+    enqueued = sorted((int(key), at) for key, at in result["enqueued"].items())
+    long_keys = set(result["long_keys"])
+    return MixedRun(
+        delays_ms=[(started[key] - at) * 1000 for key, at in enqueued],
+        long_indexes=[i for i, (key, _) in enumerate(enqueued) if key in long_keys],
+        tasks=tasks,
+        workers=workers,
+        enqueue_seconds=float(result["seconds"]),
+        long_seconds=long_seconds,
+    )
+
+
 def wait_for_probes(
     system: System,
     conn: psycopg.Connection,
@@ -209,10 +325,10 @@ def wait_for_probes(
     deadline = time.monotonic() + timeout
     while scalar(conn, "SELECT count(*) FROM bench_started") < count:
         if not group.running():
-            raise RuntimeError(f"{system.key}: the latency worker exited; see {log}")
+            raise RuntimeError(f"{system.key}: the worker(s) exited; see {log}")
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"{system.key}: probe tasks did not all start in {timeout:g} s; see {log}"
+                f"{system.key}: the tasks did not all start in {timeout:g} s; see {log}"
             )
         time.sleep(POLL_INTERVAL)
 

@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REFERENCE = "rdbtasks"  # the system every ratio is about
-
 
 @dataclass
 class SystemResults:
-    """Everything measured for one system, run by run."""
+    """Everything measured for one system (or one configuration of it), run by run."""
 
     key: str
     label: str
+    #: Which configuration, for django-rdbtasks' variants: ``batch100 (--batch 100)``.
+    variant: str = ""
+    #: django-rdbtasks, whose rows are compared with the best peer's.
+    reference: bool = False
+    #: The worker options of a django-rdbtasks variant; None for a peer.
+    worker_args: list[str] | None = None
     version: str = ""
     notes: list[str] = field(default_factory=list)
     bulk_api: str = ""
@@ -30,11 +34,19 @@ class SystemResults:
     latency: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, commit_limit: dict[int, float] | None = None) -> dict[str, Any]:
         """Medians of each figure over the repeats."""
+        drain = {
+            workers: median_of(runs, "tasks_per_second") for workers, runs in self.drain.items()
+        }
+        limit = commit_limit or {}
         return {
-            "drain_tasks_per_second": {
-                workers: median_of(runs, "tasks_per_second") for workers, runs in self.drain.items()
+            "drain_tasks_per_second": drain,
+            # The drain rate over pgbench's with as many clients as worker processes.
+            "drain_share_of_commit_limit": {
+                workers: rate / limit[workers]
+                for workers, rate in drain.items()
+                if rate is not None and limit.get(workers)
             },
             "backlog_tasks_per_second": {
                 rows: {
@@ -49,14 +61,16 @@ class SystemResults:
             "latency_p99_ms": median_of(self.latency, "p99_ms"),
         }
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, commit_limit: dict[int, float] | None = None) -> dict[str, Any]:
         return {
             "label": self.label,
+            "variant": self.variant,
             "version": self.version,
+            "worker_args": self.worker_args,
             "notes": self.notes,
             "bulk_api": self.bulk_api,
             "error": self.error,
-            "summary": self.summary(),
+            "summary": self.summary(commit_limit),
             "runs": {
                 "drain": self.drain,
                 "backlog": self.backlog,
@@ -66,14 +80,83 @@ class SystemResults:
         }
 
 
+@dataclass
+class CommitLimit:
+    """pgbench's single-row UPDATE rate, by number of clients, run by run."""
+
+    tool: str = ""
+    command: str = ""
+    script: str = ""
+    runs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    error: str | None = None
+
+    def tps(self) -> dict[int, float]:
+        medians = {clients: median_of(runs, "tps") for clients, runs in self.runs.items()}
+        return {clients: tps for clients, tps in medians.items() if tps is not None}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "command": self.command,
+            "script": self.script,
+            "error": self.error,
+            "summary": {"tps": self.tps()},
+            "runs": self.runs,
+        }
+
+
+@dataclass
+class MixedResults:
+    """The mixed load's start delays for one system or django-rdbtasks variant."""
+
+    key: str
+    label: str
+    worker_args: list[str] | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            name: median_of(self.runs, name)
+            for name in (
+                "short_p50_ms",
+                "short_p99_ms",
+                "short_max_ms",
+                "short_over_half_long",
+                "long_p50_ms",
+            )
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "worker_args": self.worker_args,
+            "error": self.error,
+            "summary": self.summary(),
+            "runs": self.runs,
+        }
+
+
 def median_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
     values = [run[key] for run in runs if run.get(key) is not None]
     return statistics.median(values) if values else None
 
 
-def write_json(path: Path, meta: dict[str, Any], results: Sequence[SystemResults]) -> None:
+def write_json(
+    path: Path,
+    meta: dict[str, Any],
+    results: Sequence[SystemResults],
+    commit_limit: CommitLimit | None = None,
+    mixed: Sequence[MixedResults] = (),
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"meta": meta, "systems": {result.key: result.as_dict() for result in results}}
+    limit = commit_limit.tps() if commit_limit else None
+    document = {
+        "meta": meta,
+        "commit_limit": commit_limit.as_dict() if commit_limit else None,
+        "systems": {result.key: result.as_dict(limit) for result in results},
+        "mixed": {result.key: result.as_dict() for result in mixed},
+    }
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
@@ -90,12 +173,10 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"x{value:.2f}"
 
 
-def ratio_row(rows: dict[str, list[float | None]], higher_is_better: bool) -> list[float | None]:
-    """Per column, how many times better the reference is than the best peer (>1: better)."""
-    reference = rows.get(REFERENCE)
-    peers = [values for key, values in rows.items() if key != REFERENCE]
-    if reference is None or not peers:
-        return []
+def ratio_row(
+    reference: list[float | None], peers: list[list[float | None]], higher_is_better: bool
+) -> list[float | None]:
+    """Per column, how many times better ``reference`` is than the best peer (>1: better)."""
     ratios: list[float | None] = []
     for column, value in enumerate(reference):
         peer_values = [values[column] for values in peers if values[column]]
@@ -114,16 +195,27 @@ def render_table(
     rows: dict[str, list[float | None]],
     labels: dict[str, str],
     *,
-    higher_is_better: bool,
-    digits: int = 0,
+    references: Sequence[str] = (),
+    higher_is_better: bool = True,
+    digits: int | Sequence[int] = 0,
+    extra: Sequence[Sequence[str]] = (),
 ) -> str:
+    """One row per key of ``rows`` (all-empty rows left out), then for each key in
+    ``references`` its ratio to the best of the other rows, then the ``extra`` rows."""
+    rows = {key: values for key, values in rows.items() if any(v is not None for v in values)}
+    places = [digits] * len(headers) if isinstance(digits, int) else list(digits)
     cells = [
-        [labels[key], *(fmt_number(value, digits) for value in values)]
+        [labels[key], *(fmt_number(value, d) for value, d in zip(values, places, strict=True))]
         for key, values in rows.items()
     ]
-    ratios = ratio_row(rows, higher_is_better)
-    if any(ratio is not None for ratio in ratios):
-        cells.append([f"{labels[REFERENCE]} vs best peer", *(fmt_ratio(ratio) for ratio in ratios)])
+    peers = [values for key, values in rows.items() if key not in references]
+    for key in references:
+        if key not in rows or not peers:
+            continue
+        ratios = ratio_row(rows[key], peers, higher_is_better)
+        if any(ratio is not None for ratio in ratios):
+            cells.append([f"{key} vs best peer", *(fmt_ratio(ratio) for ratio in ratios)])
+    cells += [list(row) for row in extra]
     header = ["", *headers]
     widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
 
@@ -140,52 +232,136 @@ def render_table(
     return "\n".join([title, rule, line(header), rule, *(line(row) for row in cells), ""])
 
 
-def render(results: Sequence[SystemResults], config: dict[str, Any]) -> str:
+def row_label(result: SystemResults, *, variant: bool = True) -> str:
+    version = "" if result.version in ("checkout", "not installed") else result.version
+    return " ".join(part for part in (result.label, version, variant and result.variant) if part)
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
+def render(
+    results: Sequence[SystemResults],
+    config: dict[str, Any],
+    commit_limit: CommitLimit | None = None,
+    mixed: Sequence[MixedResults] = (),
+) -> str:
     """The report printed at the end of a run."""
-    labels = {result.key: f"{result.label} {result.version}".strip() for result in results}
+    labels = {result.key: row_label(result) for result in results}
+    limit = commit_limit.tps() if commit_limit else {}
     # A system that failed part-way still shows what it measured before that.
-    summaries = {result.key: result.summary() for result in results}
+    summaries = {result.key: result.summary(limit) for result in results}
+    references = [result.key for result in results if result.reference]
     parts: list[str] = []
     workers: list[int] = config["workers"]
     repeat = f"median of {config['repeat']}" if config["repeat"] > 1 else "1 run"
 
     if config["mode"] == "backlog":
-        return _with_errors([render_backlog(results, config, repeat)], results)
+        return _with_errors([render_backlog(results, config, repeat)], results, commit_limit, mixed)
 
-    sections: list[
-        tuple[str, list[str], Callable[[dict[str, Any]], list[float | None]], bool, int]
-    ] = [
-        (
+    worker_headers = [plural(n, "worker") for n in workers]
+    extra: list[list[str]] = []
+    if limit:
+        extra.append(
+            [
+                "commit limit: pgbench 1-row UPDATE, as many clients",
+                *(fmt_number(limit.get(n)) for n in workers),
+            ]
+        )
+    parts.append(
+        render_table(
             f"Drain: {config['tasks']:,} no-op tasks queued, then N worker processes"
             f" (tasks/s, {repeat})",
-            [f"{n} worker{'s' if n > 1 else ''}" for n in workers],
-            lambda s: [s["drain_tasks_per_second"].get(n) for n in workers],
-            True,
-            0,
-        ),
-        (
+            worker_headers,
+            {
+                key: [s["drain_tasks_per_second"].get(n) for n in workers]
+                for key, s in summaries.items()
+            },
+            labels,
+            references=references,
+            extra=extra,
+        )
+    )
+    if limit:
+        parts.append(
+            render_table(
+                "Drain rate as a share of the commit limit with as many pgbench clients as"
+                f" worker processes (%, {repeat}; pgbench {config['pgbench_seconds']:g} s each)",
+                worker_headers,
+                {
+                    key: [
+                        None
+                        if (share := s["drain_share_of_commit_limit"].get(n)) is None
+                        else share * 100
+                        for n in workers
+                    ]
+                    for key, s in summaries.items()
+                },
+                labels,
+                digits=1,
+            )
+        )
+    # Enqueue does not depend on the worker's options: one row for django-rdbtasks.
+    enqueue_labels = {result.key: row_label(result, variant=False) for result in results}
+    parts.append(
+        render_table(
             f"Enqueue (tasks/s, {repeat}): {config['single']:,} one per transaction;"
             f" {config['bulk']:,} in bulk calls of {config['chunk']:,}",
             ["one per transaction", "bulk"],
-            lambda s: [s["enqueue_single_per_second"], s["enqueue_bulk_per_second"]],
-            True,
-            0,
-        ),
-        (
+            {
+                key: [s["enqueue_single_per_second"], s["enqueue_bulk_per_second"]]
+                for key, s in summaries.items()
+            },
+            enqueue_labels,
+            references=references,
+        )
+    )
+    parts.append(
+        render_table(
             f"Idle enqueue-to-start latency, {config['latency_count']} tasks"
             f" {config['latency_pause'] * 1000:g} ms apart, one idle worker (ms, {repeat})",
             ["p50", "p99"],
-            lambda s: [s["latency_p50_ms"], s["latency_p99_ms"]],
-            False,
-            1,
-        ),
-    ]
-    for title, headers, pick, higher, digits in sections:
-        rows = {key: pick(summary) for key, summary in summaries.items()}
-        parts.append(
-            render_table(title, headers, rows, labels, higher_is_better=higher, digits=digits)
+            {key: [s["latency_p50_ms"], s["latency_p99_ms"]] for key, s in summaries.items()},
+            labels,
+            references=references,
+            higher_is_better=False,
+            digits=1,
         )
-    return _with_errors(parts, results)
+    )
+    if mixed:
+        parts.append(render_mixed(mixed, config, repeat))
+    return _with_errors(parts, results, commit_limit, mixed)
+
+
+def render_mixed(mixed: Sequence[MixedResults], config: dict[str, Any], repeat: str) -> str:
+    burst = config["mixed_burst"]
+    calls = "one task per enqueue call" if burst == 1 else f"bulk calls of {burst}"
+    title = (
+        f"Mixed load: {config['mixed_tasks']:,} tasks, {calls} every"
+        f" {config['mixed_interval']:g} s ({config['mixed_rate']:.3g}/s), every"
+        f" {config['long_every']}th sleeping {config['long_seconds']:g} s,"
+        f" {plural(config['mixed_workers'], 'idle worker process', 'idle worker processes')};"
+        f" start minus enqueue (ms, {repeat})"
+    )
+    summaries = {result.key: result.summary() for result in mixed}
+    half_long = config["long_seconds"] / 2
+    return render_table(
+        title,
+        ["short p50", "short p99", "short max", f"short >{half_long:g} s", "long p50"],
+        {
+            key: [
+                s["short_p50_ms"],
+                s["short_p99_ms"],
+                s["short_max_ms"],
+                s["short_over_half_long"],
+                s["long_p50_ms"],
+            ]
+            for key, s in summaries.items()
+        },
+        {result.key: result.label for result in mixed},
+        digits=[1, 1, 1, 0, 1],
+    )
 
 
 def render_backlog(results: Sequence[SystemResults], config: dict[str, Any], repeat: str) -> str:
@@ -212,7 +388,7 @@ def render_backlog(results: Sequence[SystemResults], config: dict[str, Any], rep
         ]
         rule = "-" * len(table[0])
         lines += [
-            f"{result.label}: drain of {config['tasks']:,} no-op tasks with finished rows"
+            f"{row_label(result)}: drain of {config['tasks']:,} no-op tasks with finished rows"
             f" already in the table (tasks/s, {repeat})",
             rule,
             table[0],
@@ -233,11 +409,25 @@ def error_line(error: str) -> str:
     return lines[-1] if lines else error
 
 
-def _with_errors(parts: list[str], results: Sequence[SystemResults]) -> str:
-    notes = [f"  {result.label}: {note}" for result in results for note in result.notes]
+def _with_errors(
+    parts: list[str],
+    results: Sequence[SystemResults],
+    commit_limit: CommitLimit | None = None,
+    mixed: Sequence[MixedResults] = (),
+) -> str:
+    notes = [f"  {row_label(result)}: {note}" for result in results for note in result.notes]
+    if commit_limit is not None and commit_limit.tool:
+        script = " ".join(line for line in commit_limit.script.splitlines() if line)
+        notes.append(f"  commit limit: {commit_limit.tool}: {commit_limit.command}, {script}")
     if notes:
         parts.append("How each system ran:\n" + "\n".join(notes) + "\n")
-    errors = [f"  {result.label}: {error_line(result.error)}" for result in results if result.error]
+    failures: list[tuple[str, str | None]] = [
+        (row_label(result), result.error) for result in results
+    ]
+    if commit_limit is not None:
+        failures.append(("commit limit (pgbench)", commit_limit.error))
+    failures += [(f"mixed load, {result.label}", result.error) for result in mixed]
+    errors = [f"  {label}: {error_line(error)}" for label, error in failures if error]
     if errors:
         parts.append(
             "Failed (measured no further; traceback in the JSON):\n" + "\n".join(errors) + "\n"

@@ -1,10 +1,11 @@
-"""The throwaway Procrastinate app: its connector and the benchmark's two tasks.
+"""The throwaway Procrastinate app: its connector and the benchmark's tasks.
 
 Workers load it as ``procrastinate --app=procrastinate_app.app``. The tasks are
 ``async``, Procrastinate's native kind: a sync task would add a hop through a
 thread per job, and the comparison should give each peer its best case.
 """
 
+import asyncio
 import os
 import time
 
@@ -40,3 +41,15 @@ async def record_start(key: int) -> None:
         key=key,
         started=started,
     )
+
+
+@app.task(name="mixed")
+async def mixed(key: int, seconds: float) -> None:
+    """Mixed load: record the start like ``record_start``, then sleep ``seconds`` (0 or 2).
+
+    ``asyncio.sleep``: a long task in an async worker waits without holding its process,
+    which is Procrastinate's design and its best case.
+    """
+    await record_start(key)
+    if seconds:
+        await asyncio.sleep(seconds)

@@ -5,19 +5,28 @@ transaction and ``batch_defer`` (one statement) for bulk.
 """
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for driverlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from driverlib import Driver, main
-from procrastinate_app import app, noop, record_start
+from procrastinate_app import app, mixed, noop, record_start
 
 NO_ARGS: dict = {}
 
 
 def enqueue_many(count: int) -> None:
     noop.batch_defer(*([NO_ARGS] * count))
+
+
+def enqueue_mixed(items: Sequence[tuple[int, float]]) -> None:
+    calls = [{"key": key, "seconds": seconds} for key, seconds in items]
+    if len(calls) == 1:
+        mixed.defer(**calls[0])
+    else:
+        mixed.batch_defer(*calls)
 
 
 def prepare() -> None:
@@ -32,5 +41,6 @@ if __name__ == "__main__":
             enqueue_many=enqueue_many,
             enqueue_keyed=lambda key: record_start.defer(key=key),
             close=app.close,
+            enqueue_mixed=enqueue_mixed,
         )
     )

@@ -5,6 +5,7 @@
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import django
@@ -28,6 +29,13 @@ def enqueue_many(count: int) -> None:
     bulk_enqueue(tasks.noop, [NO_CALL] * count, batch_size=count)
 
 
+def enqueue_mixed(items: Sequence[tuple[int, float]]) -> None:
+    if len(items) == 1:
+        tasks.mixed.enqueue(*items[0])
+    else:
+        bulk_enqueue(tasks.mixed, [(item, {}) for item in items], batch_size=len(items))
+
+
 if __name__ == "__main__":
     main(
         Driver(
@@ -36,5 +44,6 @@ if __name__ == "__main__":
             enqueue_many=enqueue_many,
             enqueue_keyed=tasks.record_start.enqueue,
             close=connection.close,
+            enqueue_mixed=enqueue_mixed,
         )
     )

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +46,26 @@ class System(ABC):
         self.context = context
         self.python: Path | None = None
 
+    @property
+    def ident(self) -> str:
+        """Its key in the results: ``key``, or ``key:variant`` for a configuration of it."""
+        return self.key
+
+    @property
+    def variant_title(self) -> str:
+        """Which configuration of it this is, e.g. ``batch100 (--batch 100)``; or nothing."""
+        return ""
+
+    @property
+    def title(self) -> str:
+        """Its name in the table."""
+        return f"{self.label} {self.variant_title}".strip()
+
+    @property
+    def reference(self) -> bool:
+        """Whether it is django-rdbtasks (compared with the others) rather than a peer."""
+        return False
+
     # -- set-up ----------------------------------------------------------------------
 
     @abstractmethod
@@ -79,8 +100,14 @@ class System(ABC):
         """Commands that start ``workers`` worker processes to drain the queue."""
 
     @abstractmethod
-    def idle_worker_commands(self) -> list[list[str]]:
-        """Commands that start one long-running worker, as in production."""
+    def idle_worker_commands(
+        self, workers: int = 1, worker_args: Sequence[str] | None = None
+    ) -> list[list[str]]:
+        """Commands that start ``workers`` long-running worker processes, as in production.
+
+        ``worker_args`` replaces the configuration's own worker options, for systems that
+        have variants (django-rdbtasks); the others ignore it.
+        """
 
     # -- helpers ---------------------------------------------------------------------
 

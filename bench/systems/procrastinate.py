@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from core.envs import ensure_env
@@ -48,8 +49,10 @@ class Procrastinate(System):
         # --one-shot: exit once no job is left, rather than wait for more.
         return [self._worker("--one-shot")] * workers
 
-    def idle_worker_commands(self) -> list[list[str]]:
-        return [self._worker()]
+    def idle_worker_commands(
+        self, workers: int = 1, worker_args: Sequence[str] | None = None
+    ) -> list[list[str]]:
+        return [self._worker()] * workers
 
     def notes(self) -> list[str]:
         return [

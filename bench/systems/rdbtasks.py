@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 from core.pg import scalar
 
-from .base import BENCH_DIR, System
+from .base import BENCH_DIR, Context, System
 
 REPO_DIR = BENCH_DIR.parent
 TABLE = "django_rdbtasks_task"
@@ -32,6 +33,28 @@ class RDBTasks(System):
     failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"
     bulk_api = "django_rdbtasks.backend.bulk_enqueue"
 
+    def __init__(
+        self, context: Context, variant: str = "", variant_args: Sequence[str] = ()
+    ) -> None:
+        """``variant`` names a configuration: ``variant_args`` for ``runworkers``."""
+        super().__init__(context)
+        self.variant = variant
+        self.variant_args = list(variant_args)
+
+    @property
+    def ident(self) -> str:
+        return f"{self.key}:{self.variant}" if self.variant else self.key
+
+    @property
+    def variant_title(self) -> str:
+        if not self.variant:
+            return ""
+        return f"{self.variant} ({' '.join(self.variant_args) or 'no flags'})"
+
+    @property
+    def reference(self) -> bool:
+        return True
+
     @property
     def project_dir(self) -> Path:
         return BENCH_DIR / "rdbtasks_project"
@@ -41,9 +64,14 @@ class RDBTasks(System):
         return [self.interpreter, "driver.py"]
 
     @property
-    def worker_args(self) -> list[str]:
-        """Extra ``runworkers`` options from ``--rdbtasks-worker-args`` (e.g. ``--batch 50``)."""
+    def common_args(self) -> list[str]:
+        """``runworkers`` options every variant gets, from ``--rdbtasks-worker-args``."""
         return shlex.split(self.context.options.get("rdbtasks_worker_args", ""))
+
+    @property
+    def worker_args(self) -> list[str]:
+        """This variant's ``runworkers`` options (e.g. ``--batch 100``)."""
+        return [*self.variant_args, *self.common_args]
 
     def prepare_env(self) -> None:
         # The project's own virtualenv; the package is imported from the checkout.
@@ -78,23 +106,26 @@ class RDBTasks(System):
             ]
         ]
 
-    def idle_worker_commands(self) -> list[list[str]]:
+    def idle_worker_commands(
+        self, workers: int = 1, worker_args: Sequence[str] | None = None
+    ) -> list[list[str]]:
+        args = self.worker_args if worker_args is None else [*worker_args, *self.common_args]
         return [
             [
                 self.interpreter,
                 "manage.py",
                 "runworkers",
                 "--processes",
-                "1",
+                str(workers),
                 *QUIET,
-                *self.worker_args,
+                *args,
             ]
         ]
 
     def notes(self) -> list[str]:
-        args = " ".join(self.worker_args) or "defaults"
+        args = " ".join(self.worker_args) or "no flags"
         return [
-            f"runworkers --processes N ({args}), log level WARNING, CONN_MAX_AGE left at 0",
+            f"runworkers --processes N, {args}, log level WARNING, CONN_MAX_AGE left at 0",
             "bulk enqueue: bulk_enqueue, 1 call (multi-row INSERT) per chunk",
         ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from core.envs import ensure_env
@@ -61,8 +62,10 @@ class TasksDB(System):
         ]
         return [command] * workers
 
-    def idle_worker_commands(self) -> list[list[str]]:
-        return [[self.interpreter, "manage.py", "db_worker", *QUIET]]
+    def idle_worker_commands(
+        self, workers: int = 1, worker_args: Sequence[str] | None = None
+    ) -> list[list[str]]:
+        return [[self.interpreter, "manage.py", "db_worker", *QUIET]] * workers
 
     def notes(self) -> list[str]:
         return [

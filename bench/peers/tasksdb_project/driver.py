@@ -8,7 +8,9 @@ model with the fields its backend would set, not a public API. Run with
 import os
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import django
 
@@ -18,16 +20,16 @@ django.setup()
 
 from benchapp import tasks  # noqa: E402
 from django.db import connection  # noqa: E402
+from django_tasks.base import Task  # noqa: E402
 from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from driverlib import Driver, main  # noqa: E402
 
 
-def enqueue_many(count: int) -> None:
-    task = tasks.noop
+def bulk_create(task: Task, args: list[list[Any]]) -> None:
     rows = [
         DBTaskResult(
             id=uuid.uuid4(),
-            args_kwargs={"args": [], "kwargs": {}},
+            args_kwargs={"args": call, "kwargs": {}},
             priority=task.priority,
             task_path=task.module_path,
             queue_name=task.queue_name,
@@ -35,9 +37,20 @@ def enqueue_many(count: int) -> None:
             run_after=get_date_max(),
             backend_name="default",
         )
-        for _ in range(count)
+        for call in args
     ]
     DBTaskResult.objects.bulk_create(rows)
+
+
+def enqueue_many(count: int) -> None:
+    bulk_create(tasks.noop, [[]] * count)
+
+
+def enqueue_mixed(items: Sequence[tuple[int, float]]) -> None:
+    if len(items) == 1:
+        tasks.mixed.enqueue(*items[0])
+    else:
+        bulk_create(tasks.mixed, [list(item) for item in items])
 
 
 if __name__ == "__main__":
@@ -48,5 +61,6 @@ if __name__ == "__main__":
             enqueue_many=enqueue_many,
             enqueue_keyed=tasks.record_start.enqueue,
             close=connection.close,
+            enqueue_mixed=enqueue_mixed,
         )
     )

@@ -1,4 +1,4 @@
-"""The benchmark's two tasks, declared for django-rdbtasks."""
+"""The benchmark's tasks, declared for django-rdbtasks."""
 
 import time
 
@@ -19,3 +19,11 @@ def record_start(key: int) -> None:
         cursor.execute(
             "INSERT INTO bench_started (key, started_at) VALUES (%s, %s)", [key, started]
         )
+
+
+@task()
+def mixed(key: int, seconds: float) -> None:
+    """Mixed load: record the start like ``record_start``, then sleep ``seconds`` (0 or 2)."""
+    record_start.func(key)
+    if seconds:
+        time.sleep(seconds)
