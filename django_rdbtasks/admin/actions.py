@@ -88,8 +88,15 @@ class OperationsMixin:
 
     operations: ClassVar[Sequence[Operation]] = ()
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)  # type: ignore[misc]
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 also asks for the actions of a change form (``action_location``);
+        # there the operations are buttons of their own.
+        if action_location is None:
+            actions = super().get_actions(request)  # type: ignore[misc]
+        else:
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[misc]
+            if getattr(action_location, "name", "") != "CHANGE_LIST":
+                return actions
         for operation in self.operations:
             if operation.as_action and operation.allowed(self, request):
                 func = operation.action()
