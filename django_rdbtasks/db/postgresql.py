@@ -1,6 +1,6 @@
 """PostgreSQL: a whole round (finish a batch, claim the next) in one statement.
 
-``unnest`` turns the batch's arrays into rows, data-modifying CTEs write each
+``jsonb_to_recordset`` turns the batch into rows, data-modifying CTEs write each
 kind of outcome, and the claim locks its rows with ``FOR UPDATE SKIP LOCKED``,
 so it never waits on a row another session holds.
 """
@@ -8,6 +8,7 @@ so it never waits on a row another session holds.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,9 +31,30 @@ from .base import (
 
 NOTIFY_CHANNEL = "rdbtasks"
 
-#: The arrays every outcome kind's CTE takes, in this order.
-_OUTCOME_ARRAYS = "%s::uuid[], %s::bigint[], %s::jsonb[], %s::jsonb[], %s::float8[]"
+#: The outcomes of one kind, as rows: one JSON document is far cheaper to send
+#: than five arrays of quoted JSON texts.
+_OUTCOME_ROWS = (
+    "jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, "
+    "delay float8)"
+)
 _OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"}
+
+
+def _outcome_rows(outcomes: Sequence[Outcome]) -> str:
+    # A JSON null becomes SQL NULL in jsonb_to_recordset: None stays "no value".
+    return json.dumps(
+        [
+            {
+                "id": str(o.id),
+                "version": o.version,
+                "rv": o.return_value,
+                "entry": o.entry,
+                "delay": o.delay,
+            }
+            for o in outcomes
+        ],
+        default=str,
+    )
 
 
 class PostgreSQLDialect(Dialect):
@@ -199,14 +221,7 @@ class PostgreSQLDialect(Dialect):
         params: list[Any] = []
         for kind in kinds:
             group = sorted(by_kind[kind], key=lambda o: o.id)
-            params += [
-                [o.id for o in group],
-                [o.version for o in group],
-                [o.return_json() for o in group],
-                [o.entry_json() for o in group],
-                [o.delay for o in group],
-                worker_id,
-            ]
+            params += [_outcome_rows(group), worker_id]
         if claim:
             assert request is not None
             params += self._claim_params(request, [o.id for o in outcomes])
@@ -257,8 +272,7 @@ class PostgreSQLDialect(Dialect):
             )
             guard = " AND NOT t.has_children" if kind in SETTLES_DEPENDANTS else ""
             ctes.append(
-                f"d{i} AS (UPDATE {t} AS t SET {sets} "
-                f"FROM unnest({_OUTCOME_ARRAYS}) AS c(id, version, rv, entry, delay) "
+                f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {_OUTCOME_ROWS} "
                 "WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
                 f"AND t.status = '{RUNNING}'{guard} RETURNING t.id)"
             )
@@ -351,18 +365,10 @@ class PostgreSQLDialect(Dialect):
                 for column, value in self.outcome_assignments(kind, "t", _OUTCOME_VALUES)
             )
             cursor.execute(
-                f"UPDATE {self.table} AS t SET {sets} "
-                f"FROM unnest({_OUTCOME_ARRAYS}) AS c(id, version, rv, entry, delay) "
+                f"UPDATE {self.table} AS t SET {sets} FROM {_OUTCOME_ROWS} "
                 "WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
                 f"AND t.status = '{RUNNING}' RETURNING t.id, t.has_children",
-                [
-                    [o.id for o in group],
-                    [o.version for o in group],
-                    [o.return_json() for o in group],
-                    [o.entry_json() for o in group],
-                    [o.delay for o in group],
-                    worker_id,
-                ],
+                [_outcome_rows(group), worker_id],
             )
             written.update((row[0], row[1]) for row in cursor.fetchall())
         return written

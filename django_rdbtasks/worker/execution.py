@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from traceback import format_exception
 from typing import Any, Protocol
@@ -72,8 +72,9 @@ class Running:
     lost: bool = False
     #: An operator asked to cancel it.
     cancel: bool = False
-    #: Set when the task should stop: cancelled, lost, timed out, or the worker is stopping.
-    stop: threading.Event = field(default_factory=threading.Event)
+    #: The task should stop: cancelled, lost, timed out, or the worker is stopping.
+    #: A plain flag: set by the keeper, read by the task through its context.
+    stop_requested: bool = False
     task: Any = None
     started: float | None = None  # monotonic, while it runs
     timeout: float | None = None
@@ -99,7 +100,7 @@ class Control:
         self._last_write = 0.0
 
     def should_stop(self) -> bool:
-        if self.running.stop.is_set():
+        if self.running.stop_requested:
             self.stop_observed = True
             return True
         return False
@@ -134,7 +135,7 @@ class Control:
         self._last_write = time.monotonic()
         if not held:
             running.lost = True
-            running.stop.set()
+            running.stop_requested = True
 
 
 class Executor:

@@ -66,7 +66,7 @@ class LeaseKeeper:
             if self.stopping():
                 current = slot.current()
                 if current is not None:
-                    current.stop.set()  # context.should_stop() says True from now on
+                    current.stop_requested = True  # context.should_stop() says True from now on
                 # Claimed but not started: back to READY at once, for others.
                 self._release(slot.worker_id, slot.take_unstarted())
                 self._keep(slot.worker_id, slot.take_finished())
@@ -126,11 +126,11 @@ class LeaseKeeper:
                 task_id = running.row.id
                 if task_id in cancel and not running.cancel:
                     running.cancel = True
-                    running.stop.set()
+                    running.stop_requested = True
                     logger.info("task %s: cancel requested; asking it to stop", task_id)
                 if task_id not in still and not running.lost:
                     running.lost = True
-                    running.stop.set()
+                    running.stop_requested = True
                     logger.warning(
                         "task %s: lease lost (reclaimed or changed by someone else); "
                         "its result will not be written",
@@ -152,7 +152,7 @@ class LeaseKeeper:
             elapsed = now - running.started
             if not running.timed_out and elapsed > running.timeout:
                 running.timed_out = True
-                running.stop.set()
+                running.stop_requested = True
                 logger.warning(
                     "task %s ran past its timeout of %gs; asking it to stop",
                     running.row.id,

@@ -74,6 +74,8 @@ class ClaimStore:
         ]
         if rest:
             result.written.update(self.finish(rest, worker_id))
+        else:
+            self._wake_others(outcomes, result.written)
         return result
 
     def finish(self, outcomes: Sequence[Outcome], worker_id: str) -> dict[Any, bool | None]:
@@ -83,7 +85,19 @@ class ClaimStore:
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             written = self.dialect.finish(cursor, outcomes, worker_id)
             self._follow_up(outcomes, written, worker_id)
+            self._wake_others(outcomes, written)
         return written
+
+    def _wake_others(self, outcomes: Sequence[Outcome], written: dict[Any, bool | None]) -> None:
+        """Tasks given back unstarted are runnable now: wake idle workers (PostgreSQL)."""
+        queues = {
+            o.row.queue_name
+            for o in outcomes
+            if o.kind == OutcomeKind.RELEASE and o.row is not None and o.id in written
+        }
+        if queues:
+            with self.connection.cursor() as cursor:
+                self.dialect.notify(cursor, queues)
 
     def _follow_up(
         self, outcomes: Sequence[Outcome], written: dict[Any, bool | None], worker_id: str
