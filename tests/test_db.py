@@ -65,7 +65,7 @@ def test_stale_version_claims_nothing():
         found = dialect.candidates(cursor, QUEUES, 10)
     Task.objects.update(priority=5, version=7)  # changed behind the reader's back
     with transaction.atomic(), connection.cursor() as cursor:
-        chosen = dialect.lock_unchanged(cursor, found)
+        chosen = dialect.lock_unchanged(cursor, found, 10)
         assert (dialect.claim_chosen(cursor, chosen, "w1", 30) if chosen else []) == []
     assert Task.objects.get().status == "READY"
 

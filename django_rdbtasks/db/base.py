@@ -354,17 +354,22 @@ class Dialect:
                 break
         return found
 
-    def lock_unchanged(self, cursor: Any, candidates: Sequence[Candidate]) -> list[Candidate]:
-        """Of candidates read without locks, lock those still unchanged and claimable.
+    def lock_unchanged(
+        self, cursor: Any, candidates: Sequence[Candidate], want: int
+    ) -> list[Candidate]:
+        """Of candidates read without locks, lock up to ``want`` still unchanged and claimable.
 
         The optimistic compare-and-set, made unable to wait: a row that
-        changed lost the race, and so does a row someone holds locked.
+        changed lost the race, and so does a row someone holds locked (it is
+        skipped, and the next candidate taken in its place).
         """
         marks = ", ".join(["%s"] * len(candidates))
         cursor.execute(
             f"SELECT id, version FROM {self.table} WHERE id IN ({marks}) "
-            f"AND {self.claimable_sql} FOR UPDATE SKIP LOCKED",
-            [c.id for c in candidates],
+            f"AND {self.claimable_sql} "
+            f"ORDER BY CASE WHEN status = '{RUNNING}' THEN 0 ELSE 1 END, "
+            "priority DESC, run_after LIMIT %s FOR UPDATE SKIP LOCKED",
+            [*(c.id for c in candidates), want],
         )
         versions = dict(cursor.fetchall())
         return [c for c in candidates if versions.get(c.id) == c.version]
@@ -400,7 +405,7 @@ class Dialect:
         else:
             read = self.candidates(cursor, request.queues, request.want * CANDIDATE_SPREAD)
             read = [c for c in read if c.id not in excluded]
-            chosen = self.lock_unchanged(cursor, read[: request.want]) if read else []
+            chosen = self.lock_unchanged(cursor, read, request.want) if read else []
             contended = len(chosen) < min(len(read), request.want)
         chosen = [c for c in chosen if c.id not in excluded]
         if not chosen:

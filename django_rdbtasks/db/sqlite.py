@@ -28,9 +28,11 @@ class SQLiteDialect(Dialect):
     def json_append_sql(self, column: str, placeholder: str) -> str:
         return f"json_insert({column}, '$[#]', json({placeholder}))"
 
-    def lock_unchanged(self, cursor: Any, candidates: Sequence[Candidate]) -> list[Candidate]:
+    def lock_unchanged(
+        self, cursor: Any, candidates: Sequence[Candidate], want: int
+    ) -> list[Candidate]:
         # Nothing to lock: the claim's UPDATE compares the versions itself.
-        return list(candidates)
+        return list(candidates[:want])
 
     def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
         raise NotImplementedError("SQLite has no SELECT ... FOR UPDATE SKIP LOCKED.")
