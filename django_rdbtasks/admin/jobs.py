@@ -179,14 +179,28 @@ class JobColumns:
             module,
         )
 
+    @admin.display(description=_("name"), ordering="name")
+    def name_display(self, obj: Job) -> SafeString:
+        if not obj.from_code:
+            return format_html("{}", obj.name)
+        return format_html(
+            '{} <span class="rdbtasks-muted" title="{}">{}</span>',
+            obj.name,
+            _("Declared in code"),
+            _("code"),
+        )
+
     @admin.display(description=_("schedule"), ordering="cron")
     def schedule(self, obj: Job) -> SafeString:
         words = cron_in_words(obj.cron)
         return format_html(
-            '<span class="rdbtasks-schedule" title="{}"><code>{}</code> {}</span>',
+            '<span class="rdbtasks-schedule" title="{} ({})"><code>{}</code> {} '
+            '<span class="rdbtasks-muted">{}</span></span>',
             words,
+            obj.timezone,
             obj.cron,
             words,
+            obj.timezone,
         )
 
     @admin.display(description=_("in words"))
@@ -267,17 +281,16 @@ class JobFields(JobColumns):
 class JobAdmin(OperationsMixin, AppPagesMixin, JobFields, admin.ModelAdmin):
     form = JobForm
     list_display = (
-        "name",
+        "name_display",
         "task_display",
         "schedule",
-        "timezone",
         "state",
         "next_run",
         "last_run",
         "last_outcome",
-        "declared",
     )
     list_filter = (JobLifeFilter, "enabled", "misfire_policy")
+    list_display_links = ("name_display",)
     search_fields = ("name", "task_path")
     ordering = ("name",)
     actions = ()

@@ -25,11 +25,8 @@ class JobRecordAdmin(FastListMixin, admin.ModelAdmin):
         "job_display",
         "key",
         "status_display",
-        "scheduled",
         "created",
-        "finished",
         "duration_display",
-        "worker_id",
         "task_display",
         "error_display",
     )

@@ -123,13 +123,19 @@ class TaskColumns:
             return f"{duration_text((now - obj.last_attempted_at).total_seconds())} …"
         return EMPTY
 
-    @admin.display(description=_("progress or error"))
+    @admin.display(description=_("details"))
     def outcome_display(self, obj: Task) -> SafeString | str:
-        """A running task's progress; a failed one's error (the list loads it for those only)."""
+        """A running task's worker and progress; a failed one's error.
+
+        One column for the three, since no task has more than one of them to
+        show, keeps the list within a laptop's width.
+        """
         summary = getattr(obj, "error_summary", None)
         if summary is not None:
             return error_cell(summary)
-        return self.progress_display(obj)
+        if obj.status != TaskStatus.RUNNING:
+            return self.progress_display(obj)
+        return format_html("{} {}", self.worker_display(obj), self.progress_display(obj))
 
     @admin.display(description=_("progress"))
     def progress_display(self, obj: Task) -> SafeString | str:

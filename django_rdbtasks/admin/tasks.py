@@ -170,7 +170,6 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
         "task_name",
         "queue_display",
         "attempts_display",
-        "worker_display",
         "enqueued",
         "finished",
         "duration_display",

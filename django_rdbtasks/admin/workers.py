@@ -35,12 +35,10 @@ class WorkerAdmin(AppPagesMixin, admin.ModelAdmin):
         "name",
         "state_display",
         "queues_display",
-        "mode",
         "concurrency",
         "running_display",
         "done",
         "failed",
-        "started",
         "heartbeat_display",
     )
     list_filter = (WorkerStateFilter, "host")
@@ -52,7 +50,6 @@ class WorkerAdmin(AppPagesMixin, admin.ModelAdmin):
         "host",
         "pid",
         "queues_display",
-        "mode",
         "concurrency",
         "started",
         "heartbeat_display",
@@ -101,7 +98,7 @@ class WorkerAdmin(AppPagesMixin, admin.ModelAdmin):
 
     @admin.display(description=_("concurrency"))
     def concurrency(self, obj: Worker) -> str:
-        return f"{obj.threads} threads, batch {obj.batch}"
+        return f"{obj.mode}, {obj.threads} threads, batch {obj.batch}"
 
     @admin.display(description=_("running now"), ordering="running")
     def running_display(self, obj: Worker) -> SafeString | str:

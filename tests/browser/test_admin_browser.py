@@ -158,7 +158,7 @@ def test_operator_finds_a_failed_task_reads_why_and_retries_it(live_server, page
     # Retry it: the page says so and the row is READY, with its history kept.
     page.click("#rdbtasks-retry")
     page.wait_for_load_state()
-    assert "requeued" in success_message(page)
+    assert "Requeued 1 task" in success_message(page)
     assert page.locator(".field-status_display .rdbtasks-badge").inner_text() == "Ready"
     failed.refresh_from_db()
     assert failed.status == TaskStatus.READY and failed.attempts == 0
@@ -166,7 +166,7 @@ def test_operator_finds_a_failed_task_reads_why_and_retries_it(live_server, page
     screenshot("task-requeued")
 
     # The dashboard: counts per queue, the chart of the last hour, the workers.
-    page.get_by_role("link", name="Dashboard").first.click()
+    page.locator("#content").get_by_role("link", name="Dashboard").first.click()
     page.wait_for_url(re.compile(r"/dashboard/"))
     assert page.locator("#rdbtasks-chart rect.rdbtasks-bar-ok").count() >= 55
     assert page.locator("#rdbtasks-chart rect.rdbtasks-bar-failed").count() >= 1
@@ -205,7 +205,8 @@ def test_retry_from_the_list_and_retry_all_failed(live_server, page, screenshot)
     page.select_option("select[name=action]", "retry_tasks")
     page.click("button[name=index], input[name=index]")
     page.wait_for_load_state()
-    assert "Requeued 1 task." in success_message(page)
+    assert "Requeued 1 task;" in success_message(page)
+    assert page.locator(".messagelist .warning").count() == 0  # no "-1 tasks were not requeued"
     assert Task.objects.get(pk=first.pk).status == TaskStatus.READY
 
     # Every failed task, after a confirmation page that says how many.
@@ -229,3 +230,128 @@ def test_an_operator_without_the_permission_gets_no_retry_button(live_server, pa
     page.goto(f"{live_server.url}{TASKS}")
     assert page.locator("select[name=action] option[value=retry_tasks]").count() == 0
     assert Task.objects.get(pk=failed.pk).status == TaskStatus.FAILED
+
+
+def _layout(page: Any) -> dict[str, Any]:
+    """How wide the page is against the window, and how tall the list's rows are."""
+    return page.evaluate(
+        """() => {
+            const rows = [...document.querySelectorAll('#result_list tbody tr')];
+            const cells = [...document.querySelectorAll('#result_list thead th')];
+            const fixed = [...document.querySelectorAll('#result_list td')].filter(
+                td => td.querySelector('time, .rdbtasks-badge'));
+            const td = rows.length ? rows[0].querySelector('td') : null;
+            return {
+                scroll: document.documentElement.scrollWidth,
+                client: document.documentElement.clientWidth,
+                rows: rows.map(r => r.getBoundingClientRect().height),
+                line: td ? parseFloat(getComputedStyle(td).lineHeight) || 0 : 0,
+                right: Math.max(0, ...cells.map(c => c.getBoundingClientRect().right)),
+                viewport: window.innerWidth,
+                cut: fixed.filter(td => td.scrollWidth > td.clientWidth + 1).map(
+                    td => td.className + ': ' + td.innerText),
+            };
+        }"""
+    )
+
+
+LISTS = (
+    ("task-list", TASKS),
+    ("task-list-failed", f"{TASKS}?status=FAILED"),
+    ("job-list", "/admin/django_rdbtasks/job/"),
+    ("worker-list", "/admin/django_rdbtasks/worker/"),
+    ("jobrecord-list", "/admin/django_rdbtasks/jobrecord/"),
+)
+
+
+def test_lists_fit_1440_pixels_one_line_per_row(live_server, page, screenshot):
+    rows = seed_an_hour_of_work()
+    for i in range(3):  # long errors, long task paths, long worker ids
+        make_task(
+            TaskStatus.FAILED,
+            task_path="tests.testapp.tasks.a_task_with_a_rather_long_descriptive_name_" + str(i),
+            worker_id="a-very-long-host-name.internal.example.com:123456:0:abcdef",
+            history=[
+                {
+                    **attempt(1, "FAILED"),
+                    "exception_class_path": "app.payments.gateway.PaymentGatewayError",
+                    "traceback": "app.payments.gateway.PaymentGatewayError: "
+                    + "card declined " * 30,
+                }
+            ],
+        )
+    Job.objects.create(
+        name="a-job-with-a-long-name-for-the-weekly-finance-reports",
+        task_path="tests.testapp.tasks.record_job",
+        cron="*/15 8-18 * * 1-5",
+        timezone="America/Argentina/Buenos_Aires",
+        next_run_at=now() + dt.timedelta(minutes=10),
+        last_run_at=now() - dt.timedelta(minutes=5),
+    )
+    JobRecord.objects.create(job_name=rows["job"].name, key="latest", status="FAILED", error="x")
+    staff("operator", [], superuser=True)
+    page.set_viewport_size({"width": 1440, "height": 900})
+    log_in(page, live_server.url, "operator")
+    for sidebar in ("open", "folded"):
+        if sidebar == "folded":
+            page.goto(f"{live_server.url}{TASKS}")
+            page.click("#toggle-nav-sidebar")  # Django remembers it
+        for name, list_url in LISTS:
+            page.goto(f"{live_server.url}{list_url}")
+            layout = _layout(page)
+            screenshot(f"{name}-1440-{sidebar}", full_page=False)
+            # Nothing sideways: the page is as wide as the window, every column inside it.
+            assert layout["scroll"] <= layout["client"], (name, sidebar, layout)
+            assert layout["right"] <= layout["viewport"], (name, sidebar, layout)
+            # One line per row: two lines would be at least a line taller.
+            assert layout["rows"], name
+            assert max(layout["rows"]) < min(layout["rows"]) + layout["line"] / 2, (name, layout)
+            assert max(layout["rows"]) < 2.5 * layout["line"], (name, layout)
+            if sidebar == "folded":
+                # With the room operators give it, no time or status is cut short.
+                assert layout["cut"] == [], (name, layout["cut"])
+    page.goto(f"{live_server.url}{TASKS}?status=FAILED")
+    errors = page.locator("#result_list .rdbtasks-error")
+    assert errors.count() >= 3 and "PaymentGatewayError: card declined" in errors.first.inner_text()
+    page.goto(f"{live_server.url}{TASKS}")
+    screenshot("task-list", docs=True, full_page=False)
+
+
+def test_a_failed_task_page_is_no_wider_than_the_window(live_server, page, screenshot):
+    long_line = (
+        "    raise PaymentGatewayError(" + "'card declined by the issuing bank', " * 20 + ")"
+    )
+    failed = make_task(
+        TaskStatus.FAILED,
+        task_path="tests.testapp.tasks.always_fails",
+        history=[
+            {
+                **attempt(1, "FAILED"),
+                "exception_class_path": "app.tasks.PaymentGatewayError",
+                "traceback": "\n".join(
+                    [
+                        "Traceback (most recent call last):",
+                        '  File "/srv/venv/site-packages/django_rdbtasks/worker/process.py", '
+                        "line 480, in _call",
+                        "    return task.call(*args, **row.kwargs)",
+                        '  File "/srv/app/app/tasks.py", line 12, in charge',
+                        long_line,
+                        "app.tasks.PaymentGatewayError: card declined",
+                    ]
+                ),
+            }
+        ],
+    )
+    staff("operator", [], superuser=True)
+    page.set_viewport_size({"width": 1440, "height": 900})
+    log_in(page, live_server.url, "operator", f"{TASKS}{failed.pk}/change/")
+    layout = _layout(page)
+    assert layout["scroll"] <= layout["client"], layout
+    traceback = page.locator(".rdbtasks-traceback")
+    assert traceback.locator("details.rdbtasks-frames").count() == 1
+    assert not traceback.locator("details.rdbtasks-frames").get_attribute("open")
+    assert "1 frame of the task queue" in traceback.inner_text()
+    assert page.get_by_text("/srv/app/app/tasks.py").is_visible()
+    summary = page.locator("table.rdbtasks-history summary").first.inner_text()
+    assert summary.count("PaymentGatewayError") == 1
+    screenshot("task-failed-1440", full_page=True)
