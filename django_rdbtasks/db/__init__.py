@@ -14,12 +14,19 @@ def dialect_for(connection: Any) -> Dialect:
     key = (connection.alias, connection.vendor)
     dialect = _dialects.get(key)
     if dialect is None:
+        cls: type[Dialect]
         if connection.vendor == "postgresql":
-            from .postgresql import PostgreSQLDialect as cls
+            from .postgresql import PostgreSQLDialect
+
+            cls = PostgreSQLDialect
         elif connection.vendor == "mysql":
-            from .mysql import MySQLDialect as cls
+            from .mysql import MySQLDialect
+
+            cls = MySQLDialect
         elif connection.vendor == "sqlite":
-            from .sqlite import SQLiteDialect as cls
+            from .sqlite import SQLiteDialect
+
+            cls = SQLiteDialect
         else:
             raise NotImplementedError(
                 f"django-rdbtasks does not support the {connection.vendor!r} database."

@@ -14,7 +14,9 @@ class DbNow(models.Func):
 
     output_field = models.DateTimeField()
 
-    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list]:
+    def as_sql(  # type: ignore[override]
+        self, compiler: Any, connection: Any, **extra_context: Any
+    ) -> tuple[str, tuple[Any, ...]]:
         from . import dialect_for
 
-        return dialect_for(connection).now_sql, []
+        return dialect_for(connection).now_sql, ()

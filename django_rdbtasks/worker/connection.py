@@ -20,7 +20,8 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.signals import connection_created
-from django.db.utils import ConnectionDoesNotExist, load_backend
+from django.db.utils import load_backend
+from django.utils.connection import ConnectionDoesNotExist
 
 from ..db import dialect_for
 

@@ -25,7 +25,7 @@ class Registry:
 
         return WorkerRow.objects.using(self.alias)
 
-    def register(self, **fields: Any) -> None:
+    def register(self, **fields: Any) -> bool:
         rows = self._rows()
         # Rows of workers gone for a day are history nobody reads.
         rows.filter(last_heartbeat_at__lt=DbNow() - timedelta(days=1)).delete()
@@ -47,6 +47,7 @@ class Registry:
                     rows.create(name=self.name, **fields)
             except IntegrityError:
                 rows.filter(name=self.name).update(**fields)
+        return True
 
     def alive(self, *, running: int, done: int, failed: int) -> None:
         try:

@@ -62,7 +62,7 @@ class Supervisor:
         self.scheduler = scheduler
         self.stopping = False
         self._signals: list[int] = []
-        self.children: dict[int | str, multiprocessing.Process] = {}
+        self.children: dict[int | str, Any] = {}  # multiprocessing's fork Process
         self.crashes: dict[int | str, list[float]] = {}
         self._context = multiprocessing.get_context("fork")
 
@@ -76,8 +76,8 @@ class Supervisor:
             fire_due_jobs(using=database)
         elif self.scheduler:
             self._start(SCHEDULER)
-        for slot in range(self.processes):
-            self._start(slot)
+        for index in range(self.processes):
+            self._start(index)
         while self.children:
             time.sleep(0.05)
             self._pass_signals_on()
@@ -145,4 +145,5 @@ class Supervisor:
 
 
 def _database(worker_options: dict[str, Any]) -> str:
-    return task_backends[worker_options.get("backend", "default")].database
+    backend: Any = task_backends[worker_options.get("backend", "default")]
+    return str(backend.database)
