@@ -135,9 +135,9 @@ class Workflow:
         order = self._ordered()
         results: dict[str, TaskResult] = {}
         backends = {node.task.get_backend() for node in order}
-        if len(backends) != 1 or not isinstance(next(iter(backends)), RDBTaskBackend):
+        backend = next(iter(backends))
+        if len(backends) != 1 or not isinstance(backend, RDBTaskBackend):
             raise ValueError("All tasks of a workflow must use one RDBTaskBackend.")
-        backend: RDBTaskBackend = next(iter(backends))
         with transaction.atomic(using=backend.database):
             for node in order:
                 parent_ids = [results[p].id if p in self._nodes else p for p in node.depends_on]

@@ -133,6 +133,9 @@ class LeasedLock:
 
     def renew(self) -> bool:
         """Extend the lease; False (and ``lost`` set) if it is no longer ours."""
+        if self.token is None:  # never acquired: nothing to renew
+            self.lost.set()
+            return False
         sent = time.monotonic()
         renewed = (
             Lock.objects.using(self.using)
@@ -149,6 +152,8 @@ class LeasedLock:
         """Give the lock up at once (a no-op if it was taken over meanwhile)."""
         with self._valid_until_lock:
             self._valid_until = None
+        if self.token is None:
+            return
         Lock.objects.using(self.using).filter(
             name=self.name, holder=self.holder, token=self.token
         ).update(holder="", expires_at=None)
