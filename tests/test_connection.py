@@ -1,0 +1,93 @@
+"""The worker's own sessions are bounded; the connection a task uses is left alone."""
+
+import threading
+import time
+
+import pytest
+from django.db import DatabaseError, connection
+
+from django_rdbtasks.models import Task
+from django_rdbtasks.worker.connection import close_in_thread, open_in_thread, worker_alias
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def in_new_thread(function):
+    """Worker connections belong to the thread that opened them: test in a fresh one."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = function()
+        except BaseException as exc:  # reported in the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def setting(wrapper, vendor, name):
+    with wrapper.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute(f"SHOW {name}")
+        else:
+            cursor.execute(f"SELECT @@SESSION.{name}")
+        return cursor.fetchone()[0]
+
+
+def test_a_frozen_worker_session_is_ended_by_the_server_within_half_its_lease(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no server session to bound")
+    alias = worker_alias("default", lease=2.0)
+
+    def frozen_in_a_transaction():
+        wrapper = open_in_thread(alias)
+        try:
+            wrapper.set_autocommit(False)
+            with wrapper.cursor() as cursor:  # a transaction that has touched a table
+                cursor.execute(f"SELECT count(*) FROM {Task._meta.db_table}")
+            time.sleep(2.5)  # frozen past half the lease, inside the transaction
+            with wrapper.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return "still open"
+        except DatabaseError as exc:
+            return f"ended: {exc}"
+        finally:
+            close_in_thread(alias)
+
+    assert in_new_thread(frozen_in_a_transaction).startswith("ended")
+
+
+def test_worker_sessions_never_wait_long_on_a_lock_and_task_sessions_are_untouched(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no server session to bound")
+    alias = worker_alias("default", lease=30.0)
+
+    def bounds():
+        try:
+            wrapper = open_in_thread(alias)
+            if vendor == "postgresql":
+                return {
+                    name: setting(wrapper, vendor, name)
+                    for name in ("idle_in_transaction_session_timeout", "lock_timeout")
+                }
+            names = ["innodb_lock_wait_timeout"]
+            if wrapper.mysql_is_mariadb:
+                names.append("idle_transaction_timeout")
+            return {name: setting(wrapper, vendor, name) for name in names}
+        finally:
+            close_in_thread(alias)
+
+    found = in_new_thread(bounds)
+    if vendor == "postgresql":
+        assert found == {"idle_in_transaction_session_timeout": "15s", "lock_timeout": "5s"}
+        assert setting(connection, vendor, "idle_in_transaction_session_timeout") == "0"
+    else:
+        assert int(found["innodb_lock_wait_timeout"]) == 7
+        if "idle_transaction_timeout" in found:
+            assert int(found["idle_transaction_timeout"]) == 15
+        assert int(setting(connection, vendor, "innodb_lock_wait_timeout")) != 7
