@@ -266,9 +266,13 @@ def measure(request: Callable[[], Any], runs: int) -> dict[str, Any]:
 def pages(client: Any) -> dict[str, Callable[[], Any]]:
     from django.core.management import call_command
 
-    from django_rdbtasks.models import Task
+    from django_rdbtasks.models import Task, TaskStatus
 
-    failed = Task.objects.filter(status="FAILED").order_by("-pk").values_list("pk", flat=True)[0]
+    failed = (
+        Task.objects.filter(status=TaskStatus.FAILED)
+        .order_by("-pk")
+        .values_list("pk", flat=True)[0]
+    )
     base = "/admin/django_rdbtasks/task/"
 
     def get(path: str) -> Callable[[], Any]:
@@ -295,6 +299,8 @@ def pages(client: Any) -> dict[str, Callable[[], Any]]:
         "task list, page 200": get(f"{base}?p=200"),
         "failed task page (history)": get(f"{base}{failed}/change/"),
         "dashboard": get(f"{base}dashboard/"),
+        "dashboard, 24 hours": get(f"{base}dashboard/?range=24h"),
+        "dashboard, 7 days": get(f"{base}dashboard/?range=7d"),
         "retry all failed (confirmation)": get(f"{base}retry-failed/?window=24h"),
         "rdbtasks status --json": status_command,
     }
@@ -307,6 +313,12 @@ def main() -> None:
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--reuse", action="store_true", help="keep an already seeded database")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="WORDS",
+        help="time only the pages whose name contains WORDS; repeatable",
+    )
     parser.add_argument(
         "--proposed-index",
         action="store_true",
@@ -349,7 +361,12 @@ def main() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         server = cursor.fetchone()[0]
-    results = {name: measure(request, args.runs) for name, request in pages(client).items()}
+    chosen = {
+        name: request
+        for name, request in pages(client).items()
+        if not args.only or any(words in name for words in args.only)
+    }
+    results = {name: measure(request, args.runs) for name, request in chosen.items()}
     rows = Task.objects.count()
     print(
         f"\n{rows:,} task rows; PostgreSQL {server}; Django {django.get_version()}; "

@@ -19,6 +19,7 @@ from django.db import DatabaseError
 
 from ... import ops
 from ...retention import parse_age
+from ...states import TaskStatus
 
 EXIT_UNHEALTHY = 1
 EXIT_DATABASE = 2
@@ -159,15 +160,15 @@ class Command(BaseCommand):
         ]
         headers = [
             "QUEUE",
-            "READY",
+            TaskStatus.READY.value,
             "SCHEDULED",
-            "WAITING",
-            "RUNNING",
+            TaskStatus.WAITING.value,
+            TaskStatus.RUNNING.value,
             "STALLED",
             "LAG",
             f"OK/{window}",
-            f"FAILED/{window}",
-            f"CANCELLED/{window}",
+            f"{TaskStatus.FAILED.value}/{window}",
+            f"{TaskStatus.CANCELLED.value}/{window}",
         ]
         about = "about " if snap.rows.estimate else ""
         lines = [
