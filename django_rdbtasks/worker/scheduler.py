@@ -28,6 +28,7 @@ from ..jobs import (
     sync_declared_jobs,
 )
 from ..retrying import retry_database
+from .processtree import ParentWatch
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
 
@@ -49,12 +50,15 @@ class Scheduler:
         interval: float = 1.0,
         jobs: Mapping[str, JobSpec] | None = None,
         declare_every: float = DECLARE_EVERY,
+        supervisor_pid: int | None = None,
     ) -> None:
         self.database = database
         self.interval = interval
         self.jobs = jobs
         self.declare_every = declare_every
         self.stopping = threading.Event()
+        self.parent = ParentWatch(supervisor_pid)
+        self._signalled = False
         self._synced = False
         self._next_declaration = time.monotonic()
         self._next_retention = time.monotonic()
@@ -65,14 +69,19 @@ class Scheduler:
             signal.signal(signal.SIGINT, self._on_signal)
         logger.info("scheduler started")
         try:
-            while not self.stopping.is_set():
+            while not self._should_stop():
                 fired = retry_database(
-                    self.step, "scheduling", alias=self.database, stop=self.stopping, log=logger
+                    self.step,
+                    "scheduling",
+                    alias=self.database,
+                    stop=self.stopping,
+                    give_up=self._should_stop,
+                    log=logger,
                 )
                 if fired is None:
                     break  # stopped while the database was away
                 if not fired:
-                    self.stopping.wait(self.interval)
+                    self._idle(self.interval)
         finally:
             connections.close_all()
         logger.info("scheduler stopped")
@@ -119,4 +128,16 @@ class Scheduler:
         self.stopping.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stop()
+        # Only record it: a handler must take no lock (Event.set takes one).
+        self._signalled = True
+
+    def _should_stop(self) -> bool:
+        if self._signalled or self.parent.orphaned():
+            self.stopping.set()
+        return self.stopping.is_set()
+
+    def _idle(self, seconds: float) -> None:
+        """Wait, looking at signals and the supervisor every 0.1 s."""
+        deadline = time.monotonic() + seconds
+        while not self._should_stop() and time.monotonic() < deadline:
+            self.stopping.wait(min(0.1, max(0.0, deadline - time.monotonic())))

@@ -36,6 +36,7 @@ def _child_main(worker_options: dict[str, Any], kind: str, supervisor_pid: int) 
         code = Scheduler(
             database=_database(worker_options),
             interval=worker_options["poll_interval"],
+            supervisor_pid=supervisor_pid,
         ).run()
     else:
         code = Worker(**worker_options, supervisor_pid=supervisor_pid).run()
