@@ -4,13 +4,15 @@ import datetime as dt
 import itertools
 import os
 import signal
+import threading
 import time
 from collections import defaultdict
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError
 
-from django_rdbtasks.checkout import CheckoutStatus
+from django_rdbtasks.checkout import CheckoutStatus, RecordProcessor, run_processor
 from tests.conftest import wait_until, worker_children
 from tests.testapp.models import Device, DeviceVisit
 
@@ -60,6 +62,66 @@ def test_skip_locked_mode(vendor):
     second = Device.objects.check_out("two", limit=6, mode="skip-locked")
     assert len(first) == 6 and len(second) == 4
     assert not {d.pk for d in first} & {d.pk for d in second}
+
+
+def _run_in_thread(processor, holder):
+    stopping = threading.Event()
+    thread = threading.Thread(
+        target=run_processor, args=(processor, holder, stopping), kwargs={"poll_interval": 0.05}
+    )
+    thread.start()
+    return stopping, thread
+
+
+def test_record_is_renewed_while_it_is_processed():
+    make_devices(1)
+    processed = threading.Event()
+
+    def slow(device):
+        time.sleep(1.5)  # two and a half leases
+        processed.set()
+
+    processor = RecordProcessor(Device, slow, every=timedelta(minutes=5), lease=0.6)
+    stopping, thread = _run_in_thread(processor, "slow-holder")
+    try:
+        wait_until(lambda: Device.objects.checked_out_by("slow-holder").exists(), timeout=10)
+        while not processed.is_set():
+            assert Device.objects.check_out("thief", lease=30) == []  # never lapses
+            time.sleep(0.1)
+        wait_until(
+            lambda: Device.objects.filter(checkout_status=CheckoutStatus.IDLE).exists(), timeout=10
+        )
+    finally:
+        stopping.set()
+        thread.join(30)
+    device = Device.objects.get()
+    assert device.last_error == "" and device.checkout_version == 2  # out, and in by its holder
+    assert device.next_due_at - device.checkout_status_changed_at == timedelta(minutes=5)
+
+
+def test_check_out_is_retried_through_database_errors(monkeypatch):
+    make_devices(1)
+    visited = []
+    calls = []
+    real_check_out = Device.objects.check_out
+
+    def flaky_check_out(*args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_check_out(*args, **kwargs)
+
+    monkeypatch.setattr(Device._default_manager, "check_out", flaky_check_out)
+    processor = RecordProcessor(Device, visited.append, every=timedelta(minutes=5))
+    stopping, thread = _run_in_thread(processor, "patient")
+    try:
+        wait_until(lambda: visited, timeout=10)
+    finally:
+        stopping.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert [d.name for d in visited] == ["d0"]
+    assert calls[2] - calls[0] < 1.0  # backed off from 0.1 s, not given up
 
 
 @pytest.mark.slow
