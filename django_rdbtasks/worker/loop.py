@@ -264,6 +264,10 @@ class Worker:
                 if exchange.claimed:
                     slot.add(exchange.claimed)
                     self._run_claimed(slot, store, reporter, executor, ahead)
+                elif exchange.written:
+                    # What it just finished may have made more runnable (a
+                    # dependant released after the claim): look again at once.
+                    continue
                 elif exchange.contended:
                     # Runnable rows were there but others won them, or hold
                     # them locked: look again soon, not at once.

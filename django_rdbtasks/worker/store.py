@@ -60,8 +60,13 @@ class ClaimStore:
         dialect = self.dialect
         if not dialect.exchange_is_one_statement:
             with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-                result = dialect.exchange(cursor, outcomes, worker_id, request)
+                # Follow-ups before the claim: a dependant released here can
+                # be claimed in the same round.
+                result = dialect.exchange(cursor, outcomes, worker_id, None)
                 self._follow_up(outcomes, result.written, worker_id)
+                if request is not None and request.want > 0:
+                    exclude = [o.id for o in outcomes]
+                    result.claimed, result.contended = dialect.claim(cursor, request, exclude)
             return result
         # One statement, committed on its own: everything that needs more
         # than the task row (a Job's record, dependants) is finished after it
