@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class RDBTasksConfig(AppConfig):
     name = "django_rdbtasks"
-    verbose_name = "Tasks"
+    verbose_name = "Task queue"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

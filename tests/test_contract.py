@@ -564,11 +564,6 @@ def test_the_framework_checks_report_a_bad_config() -> None:
 # -- what the worker does not give yet (strict: these fail loudly once it does) -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker builds the running result from the decorator's task, not from the "
-    "row's priority, queue_name and requested_run_after (worker/execution.py)",
-)
 def test_the_running_result_has_the_task_as_enqueued(signals_seen: list) -> None:
     enqueued_task = get_task_id.using(priority=5, queue_name="emails")
     result = enqueued_task.enqueue()
@@ -578,11 +573,6 @@ def test_the_running_result_has_the_task_as_enqueued(signals_seen: list) -> None
     assert get_task_id.get_result(result.id).task == enqueued_task
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="task_finished for a failure is sent without the attempt's error, which the "
-    "framework's own backends append first (worker/reporting.py)",
-)
 def test_task_finished_of_a_failure_carries_its_error(signals_seen: list) -> None:
     failing_task_value_error.enqueue()
     drain()

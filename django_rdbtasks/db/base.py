@@ -453,6 +453,7 @@ class Dialect:
             history=self.decode_json(row[14]) or [],
             job_name=row[15],
             checkpoint=self.decode_json(row[16]),
+            requested_run_after=self.decode_dt(row[17]),
         )
 
     # -- leases ------------------------------------------------------------------------

@@ -37,6 +37,8 @@ _OUTCOME_ROWS = (
     "jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, "
     "delay float8)"
 )
+#: Where the previous holder's columns start in a row of the exchange's answer.
+_PREVIOUS = 1 + len(CLAIM_COLUMNS)
 _OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"}
 
 
@@ -231,10 +233,11 @@ class PostgreSQLDialect(Dialect):
         for row in cursor.fetchall():
             marker = row[0]
             if marker == "c":
-                claimed = self.decode_claimed(row[1:18])
-                if row[18] == RUNNING:
+                claimed = self.decode_claimed(row[1:_PREVIOUS])
+                previous_status, previous_worker, previous_attempt = row[_PREVIOUS:]
+                if previous_status == RUNNING:
                     claimed.lost_from = Candidate(
-                        claimed.id, claimed.version - 1, row[18], row[19], row[20]
+                        claimed.id, claimed.version - 1, RUNNING, previous_worker, previous_attempt
                     )
                 result.claimed.append(claimed)
             elif marker == "d":

@@ -29,6 +29,7 @@ CLAIM_COLUMNS = (
     "history",
     "job_name",
     "checkpoint",
+    "requested_run_after",
 )
 #: What a claim needs to know of a row before it takes it.
 CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
@@ -67,6 +68,8 @@ class ClaimedRow:
     history: list
     job_name: str = ""
     checkpoint: Any = None
+    #: The ``run_after`` the producer asked for (None: not deferred).
+    requested_run_after: dt.datetime | None = None
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
 

@@ -9,6 +9,7 @@ can be tested with a fake one and no database.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -171,6 +172,7 @@ class Executor:
             # Permanent: retrying cannot make the path valid.
             return self._failure(running, exc, started, retry=False)
 
+        task = self._as_enqueued(task, row)
         result = RDBTaskResult(
             task=task,
             id=self.store.public_id(row.id),
@@ -251,6 +253,19 @@ class Executor:
         outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
         outcome.return_value = value
         return outcome
+
+    def _as_enqueued(self, task: Any, row: ClaimedRow) -> Any:
+        """The task as it was enqueued (``using()`` options), as ``get_result()`` shows it."""
+        enqueued = (row.priority, row.queue_name, row.requested_run_after, self.backend.alias)
+        if (task.priority, task.queue_name, task.run_after, task.backend) == enqueued:
+            return task  # the common case: no copy, no validation
+        return dataclasses.replace(
+            task,
+            priority=row.priority,
+            queue_name=row.queue_name,
+            run_after=row.requested_run_after,
+            backend=self.backend.alias,
+        )
 
     def _call(self, task: Any, result: TaskResult, row: ClaimedRow, control: Control) -> Any:
         args: list[Any] = list(row.args)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ..compat import TaskResultStatus
+from ..compat import TaskError, TaskResultStatus
 from ..db.rows import Outcome
 from ..states import OutcomeKind
 from .execution import Running
@@ -86,6 +86,15 @@ class Reporter:
                 object.__setattr__(result, "_return_value", outcome.return_value)
             else:
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                # As the framework's own backends do: the error is on the
+                # result before task_finished is sent.
+                if outcome.entry is not None and "exception_class_path" in outcome.entry:
+                    result.errors.append(
+                        TaskError(
+                            exception_class_path=outcome.entry["exception_class_path"],
+                            traceback=outcome.entry.get("traceback", ""),
+                        )
+                    )
             self.backend.send_signal("task_finished", result)
 
 
