@@ -5,8 +5,6 @@ import datetime as dt
 import threading
 import uuid
 
-import pytest
-
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.db.rows import Candidate, ClaimedRow
 from django_rdbtasks.exceptions import InvalidTaskPath, ReturnValueNotJSON, WorkerLost

@@ -58,7 +58,7 @@ def test_sigterm_at_random_moments_every_worker_exits_within_its_grace(run_worke
         )
         # Once its handlers are in place (before that a signal simply kills
         # it, as any program), anywhere: claims, runs, completions, idle polls.
-        wait_until(lambda: "started: queues" in workers.log(), timeout=60)
+        wait_until(lambda workers=workers: "started: queues" in workers.log(), timeout=60)
         time.sleep(rng.uniform(0.0, 1.0))
         started = time.monotonic()
         if round_ % 3 == 0:
