@@ -561,16 +561,22 @@ def test_the_framework_checks_report_a_bad_config() -> None:
     assert not TaskRow.objects.exists()
 
 
-# -- what the worker does not give yet (strict: these fail loudly once it does) -------
+# -- the running result, as the framework's own backends give it ---------------------
 
 
 def test_the_running_result_has_the_task_as_enqueued(signals_seen: list) -> None:
-    enqueued_task = get_task_id.using(priority=5, queue_name="emails")
-    result = enqueued_task.enqueue()
+    later = timezone.now() + timedelta(hours=1)
+    enqueued_tasks = [
+        get_task_id.using(priority=5, queue_name="emails"),
+        get_task_id.using(priority=-5, run_after=later),
+    ]
+    results = [t.enqueue() for t in enqueued_tasks]
+    TaskRow.objects.filter(pk=results[1].id).update(run_after=DbNow())  # due now
     drain()
-    started = [s for name, _, s in signals_seen if name == "task_started"]
-    assert [s["task"] for s in started] == [enqueued_task]
-    assert get_task_id.get_result(result.id).task == enqueued_task
+    started = {s["id"]: s["task"] for name, _, s in signals_seen if name == "task_started"}
+    assert [started[r.id] for r in results] == enqueued_tasks
+    for result, enqueued_task in zip(results, enqueued_tasks, strict=True):
+        assert get_task_id.get_result(result.id).task == enqueued_task
 
 
 def test_task_finished_of_a_failure_carries_its_error(signals_seen: list) -> None:
