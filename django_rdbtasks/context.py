@@ -22,8 +22,9 @@ class TaskControl(Protocol):
     ) -> None: ...
 
 
+# TaskContext is frozen in Django and in the backport; django-stubs declares it non-frozen.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RDBTaskContext(TaskContext):
+class RDBTaskContext(TaskContext):  # type: ignore[misc]
     """The framework's ``TaskContext`` plus progress, checkpoints and cooperative stop.
 
     ::

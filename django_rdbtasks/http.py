@@ -22,8 +22,8 @@ from .compat import HAS_DJANGO_TASKS
 
 if HAS_DJANGO_TASKS:
     from django.tasks import task
-else:
-    from django_tasks import task
+else:  # one name, two homes: mypy types it by the first (django.tasks)
+    from django_tasks import task  # type: ignore[no-redef]
 
 #: Header names whose values the admin never shows.
 SENSITIVE_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "key", "password", "auth")
@@ -98,7 +98,9 @@ def redact_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-@task(max_attempts=5)
+# Both ``task`` decorators pass extra keywords to the backend's task class (``RDBTask``
+# takes ``max_attempts``); django-stubs declares no extra keywords.
+@task(max_attempts=5)  # type: ignore[call-overload]
 def http_request(
     url: str,
     method: str = "POST",

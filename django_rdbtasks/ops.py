@@ -198,8 +198,7 @@ def snapshot(
     if queues is not None:  # an empty list is no queue at all, not every queue
         tasks = tasks.filter(queue_name__in=list(queues))
     by_queue: dict[str, QueueStats] = {
-        name: QueueStats(name)
-        for name in (configured_queues(using) if queues is None else queues)
+        name: QueueStats(name) for name in (configured_queues(using) if queues is None else queues)
     }
 
     def stats_for(name: str) -> QueueStats:
@@ -525,11 +524,10 @@ def _notify(using: str, queue_names: Iterable[str]) -> None:
     """Wake the workers of these queues (PostgreSQL NOTIFY, sent at commit)."""
     from .backend import RDBTaskBackend
 
+    backends = (task_backends[alias] for alias in getattr(settings, "TASKS", {}))
     wants = any(
-        isinstance(task_backends[alias], RDBTaskBackend)
-        and task_backends[alias].database == using
-        and task_backends[alias].notify
-        for alias in getattr(settings, "TASKS", {})
+        isinstance(backend, RDBTaskBackend) and backend.database == using and backend.notify
+        for backend in backends
     )
     if wants:
         connection = connections[using]

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -23,6 +23,9 @@ from django.urls import path
 from django.utils.translation import ngettext
 
 from .utils import admin_url, not_found, post_only
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,7 @@ class Operation:
     name: str
     #: The list action's name (what the action menu posts).
     action_name: str
-    description: str
+    description: StrOrPromise
     #: ``ModelAdmin.has_<permission>_permission(request, obj)`` guards it.
     permission: str
     #: Does it to one object; returns a key of ``reports``.

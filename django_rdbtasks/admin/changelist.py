@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django
 from django.contrib import admin
@@ -48,7 +48,9 @@ class NoCountPaginator(Paginator):
     def page(self, number: Any) -> Page:
         number = self.validate_number(number)
         if number == self.number:
-            return self._get_page(self._rows[: self.per_page], number, self)
+            rows = self._rows[: self.per_page]
+            # Paginator._get_page is Django's hook making the Page; django-stubs omits it.
+            return self._get_page(rows, number, self)  # type: ignore[attr-defined]
         return super().page(number)
 
 
@@ -86,7 +88,15 @@ class NoCountChangeList(ChangeList):
         self.clear_search_url = self.get_query_string(remove=[SEARCH_VAR, PAGE_VAR])
 
 
-class AppPagesMixin:
+if TYPE_CHECKING:
+    # The mixins below are checked as the ModelAdmins they extend; at run time they
+    # stay plain classes, so they never move ModelAdmin up an admin's MRO.
+    _ModelAdminBase = admin.ModelAdmin
+else:
+    _ModelAdminBase = object
+
+
+class AppPagesMixin(_ModelAdminBase):
     """What every ModelAdmin of the app shares: its stylesheet and its breadcrumbs."""
 
     empty_value_display = "—"
@@ -98,9 +108,9 @@ class AppPagesMixin:
         return {"app_crumb": APP_CRUMB, "ol_breadcrumbs": django.VERSION >= (6, 0)}
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> Any:
-        plural = capfirst(self.opts.verbose_name_plural)  # type: ignore[attr-defined]
+        plural = capfirst(self.opts.verbose_name_plural)
         extra = {**self._crumbs_context(), "crumbs": [("", plural)], **(extra_context or {})}
-        return super().changelist_view(request, extra)  # type: ignore[misc]
+        return super().changelist_view(request, extra)
 
     def changeform_view(
         self,
@@ -109,14 +119,14 @@ class AppPagesMixin:
         form_url: str = "",
         extra_context: dict | None = None,
     ) -> Any:
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         extra = {
             **self._crumbs_context(),
-            "crumbs": [(admin_url(self.model, "changelist"), capfirst(opts.verbose_name_plural))],  # type: ignore[attr-defined]
+            "crumbs": [(admin_url(self.model, "changelist"), capfirst(opts.verbose_name_plural))],
             "add_label": _("Add %(name)s") % {"name": opts.verbose_name},
             **(extra_context or {}),
         }
-        return super().changeform_view(request, object_id, form_url, extra)  # type: ignore[misc]
+        return super().changeform_view(request, object_id, form_url, extra)
 
 
 class FastListMixin(AppPagesMixin):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..db.functions import DbNow
-from ..models import Job, JobRecord, TaskStatus, Worker
+from ..models import Job, JobRecord, TaskQuerySet, TaskStatus, Worker
 from .permissions import access_for, filter_jobs
 from .utils import request_now
 
@@ -63,7 +63,8 @@ class StatusFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
         if value == ListState.STALLED:
-            return queryset.expired()
+            # This filter serves the Task admin: its queryset is Task's own.
+            return cast(TaskQuerySet, queryset).expired()
         if value == ListState.SCHEDULED:
             return queryset.filter(status=TaskStatus.READY, run_after__gt=DbNow())
         if value in TaskStatus.values:
@@ -87,8 +88,9 @@ class QueueFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = set(visible_queues(request))
-        if self.value():
-            names.add(self.value())
+        value = self.value()
+        if value:
+            names.add(value)
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
@@ -106,8 +108,9 @@ class TaskPathFilter(admin.SimpleListFilter):
         paths = set(newest.values_list("task_path", flat=True)[:SAMPLE])
         jobs = filter_jobs(Job.objects.all(), access_for(request.user))
         paths.update(jobs.values_list("task_path", flat=True))
-        if self.value():
-            paths.add(self.value())
+        value = self.value()
+        if value:
+            paths.add(value)
         return [(p, p) for p in sorted(paths)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
@@ -188,8 +191,9 @@ class JobNameFilter(admin.SimpleListFilter):
         names = set(jobs.values_list("name", flat=True))
         recent = model_admin.get_queryset(request).order_by("-pk")
         names.update(recent.values_list("job_name", flat=True)[:SAMPLE])
-        if self.value():
-            names.add(self.value())
+        value = self.value()
+        if value:
+            names.add(value)
         return [(n, n) for n in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from django import forms
@@ -27,6 +26,9 @@ from .filters import JobLifeFilter
 from .permissions import access_for, filter_jobs
 from .task_display import when_field
 from .utils import admin_url
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 
 def is_live_code_job(job: Job | None) -> bool:
@@ -107,7 +109,8 @@ def _set_enabled(model_admin: Any, request: HttpRequest, job: Job, enabled: bool
     changes: dict[str, Any] = {"enabled": enabled, "version": F("version") + 1}
     if enabled:
         # Resume from the next tick: the ticks missed while paused are not owed.
-        changes["next_run_at"] = next_tick(job.cron, job.timezone, database_now(job._state.db))
+        now = database_now(job._state.db or router.db_for_write(Job))
+        changes["next_run_at"] = next_tick(job.cron, job.timezone, now)
     if not Job.objects.filter(pk=job.pk, enabled=not enabled).update(**changes):
         return "unchanged"
     model_admin.log_change(request, job, "Enabled." if enabled else "Paused.")
@@ -234,7 +237,7 @@ class JobColumns:
         return status_badge(status, title=getattr(obj, "last_error", "") or "")
 
     @admin.display(description=_("declared"), ordering="from_code")
-    def declared(self, obj: Job) -> str:
+    def declared(self, obj: Job) -> StrOrPromise:
         return _("in code") if obj.from_code else _("in the admin")
 
 
@@ -245,7 +248,7 @@ class JobFields(JobColumns):
     updated = when_field("updated_at", _("updated"))
 
     @admin.display(description=_("next five runs"))
-    def upcoming(self, obj: Job) -> SafeString | str:
+    def upcoming(self, obj: Job) -> SafeString | StrOrPromise:
         if not obj.pk or not obj.cron:
             return EMPTY
         if obj.retired_at is not None:
@@ -253,7 +256,8 @@ class JobFields(JobColumns):
         if not obj.enabled:
             return _("None while the job is paused; enabling it resumes from the next tick.")
         try:
-            ticks = upcoming_ticks(obj.cron, obj.timezone, database_now(obj._state.db), 5)
+            now = database_now(obj._state.db or router.db_for_read(Job))
+            ticks = upcoming_ticks(obj.cron, obj.timezone, now, 5)
             zone = ZoneInfo(obj.timezone)
         except Exception:  # an invalid schedule shows nothing here
             return EMPTY
@@ -362,7 +366,7 @@ class JobAdmin(OperationsMixin, AppPagesMixin, JobFields, admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Sequence[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         fields = list(self.base_readonly)
         if not self.has_pause_permission(request):
             fields.append("enabled")  # pausing has its own permission

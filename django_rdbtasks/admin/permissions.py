@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -27,6 +27,8 @@ from django.db.models import Q, QuerySet
 
 from ..exceptions import InvalidTaskPath
 from ..loading import load_task
+
+_QS = TypeVar("_QS", bound=QuerySet[Any])
 
 SETTING = "RDBTASKS_QUEUE_PERMISSIONS"
 OTHER_QUEUES = "*"
@@ -119,7 +121,7 @@ def job_queue(queue_name: str, task_path: str) -> str:
         return FALLBACK_QUEUE
 
 
-def filter_jobs(queryset: QuerySet, access: QueueAccess) -> QuerySet:
+def filter_jobs(queryset: _QS, access: QueueAccess) -> _QS:
     """The jobs of ``queryset`` whose queue ``access`` permits (jobs are few: done in Python)."""
     if access.unrestricted:
         return queryset

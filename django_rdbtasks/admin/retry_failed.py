@@ -59,17 +59,19 @@ def log_requeued(request: HttpRequest, batch: Sequence[ops.Requeued]) -> None:
         by_message.setdefault(f"Requeued (was {item.was}).", []).append(
             Task(pk=item.id, task_path=item.task_path)
         )
+    user_id = request.user.pk
+    assert user_id is not None  # the admin's views are for logged-in users only
     for message, tasks in by_message.items():
-        LogEntry.objects.log_actions(request.user.pk, tasks, CHANGE, message)
+        LogEntry.objects.log_actions(user_id, tasks, CHANGE, message)
 
 
 def retry_failed_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if not model_admin.has_retry_permission(request):
         raise PermissionDenied
     form = RetryFailedForm(request.POST or request.GET or None)
-    form.fields["queue"].choices = [("", _("All queues"))] + [
-        (q, q) for q in visible_queues(request)
-    ]
+    queue_field = form.fields["queue"]
+    assert isinstance(queue_field, forms.ChoiceField)
+    queue_field.choices = [("", _("All queues"))] + [(q, q) for q in visible_queues(request)]
     selected = form.is_valid()
     failed = failed_tasks(model_admin, request, form.cleaned_data if selected else {})
     if request.method == "POST" and selected and form.cleaned_data.get("confirm"):
@@ -82,7 +84,7 @@ def retry_failed_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             admin_url(Task, "changelist", query={"status": TaskStatus.READY})
         )
     crumbs = [
-        (admin_url(Task, "changelist"), Task._meta.verbose_name_plural.capitalize()),
+        (admin_url(Task, "changelist"), str(Task._meta.verbose_name_plural).capitalize()),
         ("", _("Retry all failed")),
     ]
     context = {

@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
 from django.db import connections, transaction
 from django.db.models import BooleanField, F, Func, Q, QuerySet, Value
@@ -223,7 +224,7 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
         ),
     )
     # Every field is shown read-only: nobody edits raw rows.
-    readonly_fields = tuple(name for _, section in fieldsets for name in section["fields"])
+    readonly_fields = tuple(flatten_fieldsets(fieldsets))
 
     @property
     def search_help_text(self) -> Any:  # type: ignore[override]

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 
 import django
 from django.contrib import admin
+from django.db.models import Model
 from django.http import Http404, HttpRequest
 from django.urls import reverse
 from django.utils.decorators import method_decorator
@@ -24,7 +25,7 @@ APP_CRUMB = _("Task queue")
 post_only = method_decorator(require_POST)
 
 
-def admin_url(model: type, view: str, *args: Any, query: dict | None = None) -> str:
+def admin_url(model: type[Model], view: str, *args: Any, query: dict | None = None) -> str:
     opts = model._meta
     url = reverse(f"admin:{opts.app_label}_{opts.model_name}_{view}", args=args)
     return f"{url}?{urlencode(query)}" if query else url
@@ -59,5 +60,5 @@ def page_context(
     }
 
 
-def not_found(model: type, object_id: str) -> Http404:
+def not_found(model: type[Model], object_id: str) -> Http404:
     return Http404(f"No {model._meta.verbose_name} with id {object_id!r}.")

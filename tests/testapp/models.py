@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 from django.db import models
 
 from django_rdbtasks.checkout import CheckoutManager, CheckoutMixin
@@ -27,7 +29,7 @@ class Device(CheckoutMixin):
 
     name = models.CharField(max_length=50)
 
-    objects = CheckoutManager()
+    objects: ClassVar[CheckoutManager] = CheckoutManager()
 
     def __str__(self) -> str:
         return self.name

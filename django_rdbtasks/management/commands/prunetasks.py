@@ -19,8 +19,8 @@ from ...retention import (
 
 class Command(BaseCommand):
     help = (
-        "Delete tasks that finished (SUCCESSFUL, FAILED or CANCELLED) longer ago than "
-        "--older-than, in short batches that never hold the table for long."
+        f"Delete tasks that finished ({', '.join(FINISHED[:-1])} or {FINISHED[-1].value}) "
+        "longer ago than --older-than, in short batches that never hold the table for long."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -36,7 +36,7 @@ class Command(BaseCommand):
             choices=[s.value for s in FINISHED],
             type=str.upper,
             metavar="STATUS",
-            help="Only this final status (SUCCESSFUL, FAILED, CANCELLED); repeat for more. "
+            help=f"Only this final status ({', '.join(FINISHED)}); repeat for more. "
             "Default: all three.",
         )
         parser.add_argument(

@@ -230,9 +230,9 @@ class Command(BaseCommand):
             "MODE",
             "THREADS",
             "BATCH",
-            "RUNNING",
+            TaskStatus.RUNNING.value,
             "DONE",
-            "FAILED",
+            TaskStatus.FAILED.value,
         ]
         table = [
             [

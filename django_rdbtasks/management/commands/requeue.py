@@ -17,8 +17,8 @@ from ...retention import parse_age
 
 class Command(BaseCommand):
     help = (
-        "Requeue failed (or cancelled) tasks: READY now, with fresh attempts; their history "
-        "is kept. Select them by id, task, queue and when they finished."
+        f"Requeue failed (or cancelled) tasks: {TaskStatus.READY.value} now, with fresh "
+        "attempts; their history is kept. Select them by id, task, queue and when they finished."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -51,7 +51,8 @@ class Command(BaseCommand):
             dest="statuses",
             type=str.upper,
             choices=[TaskStatus.FAILED.value, TaskStatus.CANCELLED.value],
-            help="FAILED (the default) or CANCELLED; repeat for both.",
+            help=f"{TaskStatus.FAILED.value} (the default) or {TaskStatus.CANCELLED.value}; "
+            "repeat for both.",
         )
         parser.add_argument(
             "--all",
