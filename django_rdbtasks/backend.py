@@ -117,6 +117,10 @@ def task_key(
         raise InvalidTask(f"Key {template!r} names {exc}, which is not an argument.") from exc
 
 
+#: ``json.dumps(value, allow_nan=False)`` without building an encoder per call.
+_json_encode = json.JSONEncoder(allow_nan=False).encode
+
+
 def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, str]:
     """Arguments as JSON text that decodes to equal values, or ``ArgumentsNotJSON``.
 
@@ -124,17 +128,26 @@ def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, 
     different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
     rather than surprising the task later.
     """
+    args_json, kwargs_json, _ = _encode_arguments(args, kwargs)
+    return args_json, kwargs_json
+
+
+def _encode_arguments(
+    args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
+    """``encode_arguments``, plus the values the JSON decodes to, for the result."""
     try:
         normalized = normalize_json([list(args), dict(kwargs)])
-        args_json = json.dumps(normalized[0], allow_nan=False)
-        kwargs_json = json.dumps(normalized[1], allow_nan=False)
+        args_json = _json_encode(normalized[0])
+        kwargs_json = _json_encode(normalized[1])
     except (TypeError, ValueError) as exc:
         raise ArgumentsNotJSON(f"Task arguments must be JSON-serializable: {exc}") from exc
-    if [json.loads(args_json), json.loads(kwargs_json)] != normalized:
+    decoded = (json.loads(args_json), json.loads(kwargs_json))
+    if [*decoded] != normalized:
         raise ArgumentsNotJSON(
             "Task arguments must survive a JSON round trip unchanged (dict keys must be strings)."
         )
-    return args_json, kwargs_json
+    return args_json, kwargs_json, decoded
 
 
 class RDBTaskBackend(BaseTaskBackend):
@@ -155,6 +168,10 @@ class RDBTaskBackend(BaseTaskBackend):
         self.backoff = self._number_option("BACKOFF", DEFAULT_BACKOFF, 0, float)
         self.max_backoff = self._number_option("MAX_BACKOFF", DEFAULT_MAX_BACKOFF, 0, float)
         self.notify = bool(options.get("NOTIFY", True))
+        #: Tasks validate_task() accepted, by id: a Task is immutable and so is
+        #: this backend's configuration (the framework makes a new backend when
+        #: TASKS changes), so the same task object needs checking once.
+        self._valid_tasks: dict[int, Task] = {}
 
     def _number_option(self, name: str, default: Any, minimum: float, kind: type) -> Any:
         raw = self.options.get(name, default)
@@ -191,6 +208,16 @@ class RDBTaskBackend(BaseTaskBackend):
             value = getattr(task, option, None)
             if value is not None and not (isinstance(value, str) or callable(value)):
                 raise InvalidTask(f"{option} must be a format string or a callable.")
+
+    def _validate_once(self, task: Task) -> None:
+        if self._valid_tasks.get(id(task)) is task:
+            return
+        self.validate_task(task)
+        # Deferred tasks are made per call (using(run_after=...)): not kept.
+        if task.run_after is None:
+            if len(self._valid_tasks) >= 1024:
+                self._valid_tasks.clear()
+            self._valid_tasks[id(task)] = task
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         errors = list(super().check(**kwargs))
@@ -242,10 +269,16 @@ class RDBTaskBackend(BaseTaskBackend):
     def _new_task(
         self, task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, job_name: str = ""
     ) -> NewTask:
+        return self._prepare(task, args, kwargs, job_name=job_name)[0]
+
+    def _prepare(
+        self, task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, job_name: str = ""
+    ) -> tuple[NewTask, tuple[list[Any], dict[str, Any]]]:
+        """The row to insert, and the arguments as the task will receive them."""
         self._refuse_bad_options()
-        args_json, kwargs_json = encode_arguments(args, kwargs)
+        args_json, kwargs_json, decoded = _encode_arguments(args, kwargs)
         dedup = getattr(task, "dedup_key", None)
-        return NewTask(
+        new = NewTask(
             id=uuid7(),
             task_path=task.module_path,
             queue_name=task.queue_name,
@@ -258,6 +291,7 @@ class RDBTaskBackend(BaseTaskBackend):
             job_name=job_name,
             dedup_key=None if dedup is None else task_key(dedup, task, args, kwargs),
         )
+        return new, decoded
 
     def _insert(self, tasks: Sequence[NewTask]) -> Any:
         connection = connections[self.database]
@@ -271,7 +305,14 @@ class RDBTaskBackend(BaseTaskBackend):
             with connection.cursor() as cursor:
                 return dialect.insert_tasks(cursor, tasks, self.notify)
 
-    def _new_result(self, task: Task, new: NewTask, enqueued_at: Any) -> TaskResult:
+    def _new_result(
+        self,
+        task: Task,
+        new: NewTask,
+        enqueued_at: Any,
+        decoded: tuple[list[Any], dict[str, Any]] | None = None,
+    ) -> TaskResult:
+        args, kwargs = decoded or (json.loads(new.args_json), json.loads(new.kwargs_json))
         return RDBTaskResult(
             task=task,
             id=str(new.id),
@@ -280,16 +321,17 @@ class RDBTaskBackend(BaseTaskBackend):
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
-            args=json.loads(new.args_json),
-            kwargs=json.loads(new.kwargs_json),
+            args=args,
+            kwargs=kwargs,
             backend=self.alias,
             errors=[],
             worker_ids=[],
         )
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        self.validate_task(task)
-        return self._enqueue_one(task, self._new_task(task, args, kwargs))
+        self._validate_once(task)
+        new, decoded = self._prepare(task, args, kwargs)
+        return self._enqueue_one(task, new, decoded)
 
     def _refuse_bad_options(self) -> None:
         if self.option_errors:
@@ -302,10 +344,15 @@ class RDBTaskBackend(BaseTaskBackend):
         self.validate_task(task)
         return self._enqueue_one(task, self._new_task(task, [], kwargs, job_name=job_name))
 
-    def _enqueue_one(self, task: Task, new: NewTask) -> TaskResult:
+    def _enqueue_one(
+        self,
+        task: Task,
+        new: NewTask,
+        decoded: tuple[list[Any], dict[str, Any]] | None = None,
+    ) -> TaskResult:
         if new.dedup_key is not None:
             return self._enqueue_deduplicated(task, new)
-        result = self._new_result(task, new, self._insert([new]))
+        result = self._new_result(task, new, self._insert([new]), decoded)
         self.send_signal("task_enqueued", result)
         return result
 
@@ -341,15 +388,16 @@ class RDBTaskBackend(BaseTaskBackend):
         batch_size: int = 5000,
     ) -> list[TaskResult]:
         """Enqueue many runs of one task in one transaction, a batch per statement."""
-        self.validate_task(task)
+        self._validate_once(task)
         if getattr(task, "dedup_key", None) is not None:
             return [self.enqueue(task, args, kwargs) for args, kwargs in calls]
-        new = [self._new_task(task, args, kwargs) for args, kwargs in calls]
+        prepared = [self._prepare(task, args, kwargs) for args, kwargs in calls]
+        new = [item for item, _ in prepared]
         enqueued_at = None
         with transaction.atomic(using=self.database, savepoint=False):
             for start in range(0, len(new), batch_size):
                 enqueued_at = self._insert(new[start : start + batch_size])
-        results = [self._new_result(task, item, enqueued_at) for item in new]
+        results = [self._new_result(task, item, enqueued_at, decoded) for item, decoded in prepared]
         for result in results:
             self.send_signal("task_enqueued", result)
         return results

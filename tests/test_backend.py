@@ -387,3 +387,27 @@ def test_unknown_options_are_a_warning():
     [warning] = options_backend(MAX_ATTEMPT=3, NOTIFY=False).check()
     assert warning.id == "django_rdbtasks.W001"
     assert "MAX_ATTEMPT" in warning.msg and "MAX_ATTEMPTS" in warning.hint
+
+
+def test_bulk_and_single_enqueue_keep_awkward_values_exactly():
+    import zoneinfo
+
+    awkward = [
+        "quote ' double \" backslash \\ tab \t newline \n",
+        "accents é ü, CJK 漢字, emoji 🎉, RTL עברית",
+        2**62,
+        -1.5e-300,
+        {"nested": [True, False, None, {"k": ["v"]}]},
+        "",
+    ]
+    when = dt.datetime(2031, 7, 15, 14, 30, 15, 123456, tzinfo=zoneinfo.ZoneInfo("Europe/Berlin"))
+    task = tasks.add.using(run_after=when)
+    single = task.enqueue(*awkward, k="ß")
+    batch = bulk_enqueue(task, [(awkward, {"k": "ß"})] * 3)
+    for result in [single, *batch]:
+        fetched = tasks.add.get_result(result.id)
+        assert (fetched.args, fetched.kwargs) == (awkward, {"k": "ß"})
+        assert fetched.task.run_after == when
+        assert fetched == result
+        row = Task.objects.get(pk=result.id)
+        assert row.run_after == row.requested_run_after == when

@@ -77,20 +77,17 @@ class PostgreSQLDialect(Dialect):
         )
         self._exchange_sql: dict[tuple, str] = {}
 
-        # One statement for a whole batch of new rows: arrays in, rows out.
+        # One statement for a whole batch of new rows: one JSON array of rows
+        # in (see _batch_json), the clock out. One JSON text is encoded in C;
+        # fifteen arrays cost the driver more than the insert costs the server.
         self.insert_sql = (
             f"WITH n AS (SELECT {now} AS now), inserted AS ("
             f"INSERT INTO {t} ({', '.join(INSERT_COLUMNS)}) "
-            "SELECT c.id, c.task_path, c.queue_name, c.backend_name, c.priority, c.args, "
-            "c.kwargs, c.max_attempts, COALESCE(c.run_after, n.now), n.now, c.status, 0, '', "
-            "0, '[]'::jsonb, c.job_name, c.dedup_key, c.waiting_on, c.on_parent_failure, "
-            "c.run_after "
-            "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::int[], "
-            "%s::jsonb[], %s::jsonb[], %s::int[], %s::timestamptz[], %s::text[], %s::text[], "
-            "%s::text[], %s::int[], %s::text[]) "
-            "AS c(id, task_path, queue_name, backend_name, priority, args, kwargs, "
-            "max_attempts, run_after, job_name, dedup_key, status, waiting_on, "
-            "on_parent_failure), n), "
+            "SELECT (v->>0)::uuid, v->>1, v->>2, v->>3, (v->>4)::int, (v->>5)::jsonb, "
+            "(v->>6)::jsonb, (v->>7)::int, COALESCE((v->>8)::timestamptz, n.now), n.now, "
+            "v->>9, 0, '', 0, '[]'::jsonb, v->>10, v->>11, (v->>12)::int, v->>13, "
+            "(v->>8)::timestamptz "
+            "FROM jsonb_array_elements(%s::jsonb) AS r(v), n), "
             # NOTIFY in the same statement: an enqueue outside a transaction
             # is one round trip. PostgreSQL delivers it at commit.
             f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) q) "
@@ -140,27 +137,33 @@ class PostgreSQLDialect(Dialect):
             )
             return cursor.fetchone()[0]
         queues = sorted({t.queue_name for t in tasks}) if notify else []
-        cursor.execute(
-            self.insert_sql,
-            [
-                [t.id for t in tasks],
-                [t.task_path for t in tasks],
-                [t.queue_name for t in tasks],
-                [t.backend_name for t in tasks],
-                [t.priority for t in tasks],
-                [t.args_json for t in tasks],
-                [t.kwargs_json for t in tasks],
-                [t.max_attempts for t in tasks],
-                [t.run_after for t in tasks],
-                [t.job_name for t in tasks],
-                [t.dedup_key for t in tasks],
-                [t.status for t in tasks],
-                [t.waiting_on for t in tasks],
-                [t.on_parent_failure for t in tasks],
-                queues,
-            ],
-        )
+        cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
         return cursor.fetchone()[0]
+
+    @staticmethod
+    def _batch_json(tasks: Sequence[NewTask]) -> str:
+        """The rows for insert_sql, each a JSON array in the order it reads them."""
+        return json.dumps(
+            [
+                [
+                    str(t.id),
+                    t.task_path,
+                    t.queue_name,
+                    t.backend_name,
+                    t.priority,
+                    t.args_json,
+                    t.kwargs_json,
+                    t.max_attempts,
+                    None if t.run_after is None else t.run_after.isoformat(),
+                    t.status,
+                    t.job_name,
+                    t.dedup_key,
+                    t.waiting_on,
+                    t.on_parent_failure,
+                ]
+                for t in tasks
+            ]
+        )
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
