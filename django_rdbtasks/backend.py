@@ -9,7 +9,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -79,8 +79,9 @@ class RDBTask(Task):
     timeout: float | None = None
 
 
+# django-stubs declare TaskResult a plain dataclass; at run time it is frozen.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RDBTaskResult(TaskResult):
+class RDBTaskResult(TaskResult):  # type: ignore[misc]
     """The framework's ``TaskResult`` plus the progress a running task reported."""
 
     progress: float | None = None
@@ -137,7 +138,7 @@ def _encode_arguments(
 ) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
     """``encode_arguments``, plus the values the JSON decodes to, for the result."""
     try:
-        normalized = normalize_json([list(args), dict(kwargs)])
+        normalized = cast(list[Any], normalize_json([list(args), dict(kwargs)]))
         args_json = _json_encode(normalized[0])
         kwargs_json = _json_encode(normalized[1])
     except (TypeError, ValueError) as exc:
@@ -501,8 +502,9 @@ class RDBTaskBackend(BaseTaskBackend):
         if updated and self.notify:
             connection = connections[self.database]
             queue = rows.values_list("queue_name", flat=True).first()
-            with connection.cursor() as cursor:
-                dialect_for(connection).notify(cursor, [queue])
+            if queue is not None:  # deleted in between: nothing to wake for
+                with connection.cursor() as cursor:
+                    dialect_for(connection).notify(cursor, [queue])
         return bool(updated)
 
     def send_signal(self, name: str, result: TaskResult) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 from functools import cache
+from typing import cast
 
 from django.apps import apps
 from django.conf import settings
@@ -56,9 +57,11 @@ def _load(path: str) -> Task:
             f"{path!r} is not a task: found {type(found).__name__}, "
             "expected an object made with the @task decorator."
         )
-    if found.module_path != path:
-        raise InvalidTaskPath(f"{path!r} is an alias of the task {found.module_path!r}.")
-    return found
+    # The framework's Task or the backport's, which has the same interface.
+    task = cast(Task, found)
+    if task.module_path != path:
+        raise InvalidTaskPath(f"{path!r} is an alias of the task {task.module_path!r}.")
+    return task
 
 
 def load_task(path: str) -> Task:
