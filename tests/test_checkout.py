@@ -78,10 +78,10 @@ def test_record_is_renewed_while_it_is_processed():
     processed = threading.Event()
 
     def slow(device):
-        time.sleep(1.5)  # two and a half leases
+        time.sleep(3.0)  # two and a half leases
         processed.set()
 
-    processor = RecordProcessor(Device, slow, every=timedelta(minutes=5), lease=0.6)
+    processor = RecordProcessor(Device, slow, every=timedelta(minutes=5), lease=1.2)
     stopping, thread = _run_in_thread(processor, "slow-holder")
     try:
         wait_until(lambda: Device.objects.checked_out_by("slow-holder").exists(), timeout=10)
