@@ -65,6 +65,7 @@ venvs: .venv/.installed .venv-dj61/.installed
 
 lint: .venv/.installed
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	cd example_project && ../.venv/bin/python manage.py makemigrations --check --dry-run
 	cd example_project && ../.venv-dj61/bin/python manage.py makemigrations --check --dry-run
 
@@ -86,7 +87,7 @@ test: venvs lint
 
 # SQLite on Django 5.2 only: the fast loop while developing.
 test-quick: .venv/.installed
-	.venv/bin/pytest $(PYTEST_ARGS)
+	.venv/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 # The example project: create invoices (their e-mails enqueued in the same
 # transactions), then run workers until Ctrl+C. DATABASE_URL picks the database;
