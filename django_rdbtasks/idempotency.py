@@ -12,6 +12,7 @@ from django.db import IntegrityError, router, transaction
 
 from .db.functions import DbNow
 from .models import JobRecord
+from .states import TaskStatus
 
 #: (task id, worker id) of the task this thread is running, set by the worker
 #: so that a ``once()`` inside a task links its record to the task.
@@ -57,7 +58,7 @@ def once(name: str, key: object, *, using: str | None = None) -> Iterator[JobRec
                 record = JobRecord.objects.using(alias).create(
                     job_name=name,
                     key=str(key),
-                    status="RUNNING",
+                    status=TaskStatus.RUNNING,
                     started_at=DbNow(),
                     task_id=running[0] if running else None,
                     worker_id=running[1] if running else "",
@@ -67,7 +68,7 @@ def once(name: str, key: object, *, using: str | None = None) -> Iterator[JobRec
         started = time.monotonic()
         yield record
         JobRecord.objects.using(alias).filter(pk=record.pk).update(
-            status="SUCCESSFUL",
+            status=TaskStatus.SUCCESSFUL,
             finished_at=DbNow(),
             duration=timedelta(seconds=time.monotonic() - started),
         )

@@ -32,6 +32,7 @@ from .db.functions import DbNow
 from .exceptions import InvalidTaskPath
 from .loading import load_task
 from .models import Job, JobRecord, MisfirePolicy
+from .states import TaskStatus
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
 
@@ -412,7 +413,7 @@ def _record_and_enqueue(job: Job, tick: dt.datetime, using: str) -> bool:
     except Exception as exc:
         # The tick is spent either way; say why nothing ran, in its record.
         JobRecord.objects.using(using).filter(pk=record.pk).update(
-            status="FAILED", error=f"{type(exc).__name__}: {exc}"
+            status=TaskStatus.FAILED, error=f"{type(exc).__name__}: {exc}"
         )
         logger.error("job %s: tick %s could not enqueue: %s", job.name, tick_key(tick), exc)
         return True

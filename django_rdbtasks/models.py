@@ -168,7 +168,10 @@ class Task(models.Model):
     waiting_on = models.PositiveIntegerField(default=0, db_default=0)
     #: What a failed parent does to this task: CANCELLED or FAILED.
     on_parent_failure = models.CharField(
-        max_length=16, default="CANCELLED", db_default="CANCELLED", blank=True
+        max_length=16,
+        default=TaskStatus.CANCELLED,
+        db_default=TaskStatus.CANCELLED.value,
+        blank=True,
     )
     #: Set (with a row lock) when a dependant is enqueued, so the parent's
     #: completion knows, in its own statement, to release its children.

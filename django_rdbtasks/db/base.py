@@ -140,7 +140,7 @@ class NewTask:
     dedup_key: str | None = None
     status: str = TaskStatus.READY.value
     waiting_on: int = 0
-    on_parent_failure: str = "CANCELLED"
+    on_parent_failure: str = TaskStatus.CANCELLED.value
 
 
 class Dialect:
