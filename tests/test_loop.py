@@ -178,10 +178,12 @@ def test_tasks_claimed_behind_a_long_one_are_handed_back_unspent(caplog):
         wait_until(lambda: SideEffect.objects.filter(key="waiting").exists(), timeout=30)
         # While it runs, the two claimed behind it go back to READY, attempts unspent.
         wait_until(
-            lambda: Task.objects.filter(
-                pk__in=[s.id for s in shorts], status="READY", attempts=0
-            ).count()
-            == 2,
+            lambda: (
+                Task.objects.filter(
+                    pk__in=[s.id for s in shorts], status="READY", attempts=0
+                ).count()
+                == 2
+            ),
             timeout=10,
         )
         assert Task.objects.get(pk=long.id).status == "RUNNING"
