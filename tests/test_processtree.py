@@ -36,7 +36,10 @@ def test_sigkill_of_the_supervisor_leaves_no_process(run_workers):
     wait_until(lambda: not any(alive(child) for child in children), timeout=10)
 
 
-def test_sigterm_to_the_process_group_is_one_graceful_stop(run_workers):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_process_group_is_one_graceful_stop(run_workers, signum):
+    """SIGTERM to the group is what systemd and Kubernetes send; SIGINT to the
+    group is Ctrl+C at a terminal. Either way the first one is graceful."""
     tasks.record_then_sleep.enqueue("group", 1.5)
     workers = run_workers("--processes", "2", "--grace", "30", new_session=True)
     wait_until(lambda: SideEffect.objects.filter(key="group").exists(), timeout=60)
@@ -44,7 +47,7 @@ def test_sigterm_to_the_process_group_is_one_graceful_stop(run_workers):
     # What systemd or Kubernetes do: every process of the group gets SIGTERM at
     # once, and the supervisor passes one on. That is still one request: the
     # running task finishes within the grace period instead of being abandoned.
-    os.killpg(os.getpgid(workers.pid), signal.SIGTERM)
+    os.killpg(os.getpgid(workers.pid), signum)
     assert workers.wait(timeout=60) == 0, workers.log()
     assert Task.objects.get().status == "SUCCESSFUL"
     assert not any(alive(child) for child in children)

@@ -1,5 +1,7 @@
 """The worker in this process: outcomes, retries, safety, lost leases."""
 
+import logging
+import re
 import time
 from datetime import datetime
 
@@ -46,9 +48,18 @@ def test_success_failure_and_history():
     assert ok_row.lease_expires_at is None and bad_row.finished_at is not None
 
 
-def test_retry_uses_backoff_and_then_succeeds():
+def test_retry_uses_backoff_and_then_succeeds(caplog):
+    caplog.set_level(logging.INFO, logger="django_rdbtasks.worker")
     result = tasks.fails_until.enqueue("k", 2)
     drain()
+    # The log says when the retry runs (its backoff; none for this task), then
+    # how long the attempt ran.
+    retries = [r.getMessage() for r in caplog.records if "will retry" in r.getMessage()]
+    assert len(retries) == 2
+    assert all(
+        re.search(r"will retry at once \(ran [\d.]+(µs|ms|s), attempt [12]/3\)", m)
+        for m in retries
+    )
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 3

@@ -66,12 +66,15 @@ class Reporter:
             )
             return
         if logger.isEnabledFor(logging.INFO):
+            when = ""
+            if kind in (OutcomeKind.RETRY, OutcomeKind.POSTPONE, OutcomeKind.HANDOVER):
+                when = f" in {format_seconds(outcome.delay)}" if outcome.delay > 0 else " at once"
             logger.info(
-                "task %s %s %s%s after %s (attempt %d/%d)%s",
+                "task %s %s %s%s (ran %s, attempt %d/%d)%s",
                 task_id,
                 row.task_path,
                 kind.log_word,
-                f" in {format_seconds(outcome.delay)}" if outcome.delay else "",
+                when,
                 format_seconds(outcome.duration),
                 row.attempts,
                 row.max_attempts,
