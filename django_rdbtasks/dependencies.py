@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
 
 from .compat import Task, TaskResult
 from .db import dialect_for
@@ -189,7 +190,9 @@ def release_dependants(using: str, succeeded: Sequence[Any]) -> None:
         )
     ready = rows.filter(pk__in=set(links), status=TaskStatus.WAITING, waiting_on=0)
     queues = set(ready.values_list("queue_name", flat=True))
-    if ready.update(status=TaskStatus.READY, run_after=DbNow(), version=F("version") + 1):
+    # A child enqueued with run_after keeps it: released early, it still waits.
+    run_after = Coalesce(Greatest(F("requested_run_after"), DbNow()), DbNow())
+    if ready.update(status=TaskStatus.READY, run_after=run_after, version=F("version") + 1):
         connection = connections[using]
         with connection.cursor() as cursor:
             dialect_for(connection).notify(cursor, queues)

@@ -1,6 +1,9 @@
 """Dependencies: release in the parent's transaction, failure propagation, cycles."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from django_rdbtasks.dependencies import CycleError, Workflow, enqueue_after
 from django_rdbtasks.models import Task
@@ -29,6 +32,17 @@ def test_child_waits_until_its_parent_succeeded():
     Worker(burst=True).run(install_signals=False)
     assert status(parent) == status(child) == "SUCCESSFUL"
     assert order_of_steps() == ["step:a", "step:b"]
+
+
+def test_a_deferred_child_released_by_its_parent_still_waits_for_its_time():
+    parent = tasks.step.enqueue("a")
+    later = tasks.step.using(run_after=timezone.now() + timedelta(hours=1))
+    child = enqueue_after([parent], later, "b")
+    Worker(burst=True).run(install_signals=False)
+    row = Task.objects.get(pk=child.id)
+    assert row.status == "READY" and row.run_after == row.requested_run_after
+    assert not Task.objects.runnable().filter(pk=child.id).exists()
+    assert order_of_steps() == ["step:a"]
 
 
 def test_parent_already_done_means_ready_at_once():
