@@ -105,3 +105,16 @@ def test_a_lost_claim_waiting_in_the_queue_is_not_started():
     slot.add([row(1), row(2)])
     slot.held()[0].lost = True  # the keeper learnt it was reclaimed
     assert slot.take_next().row.id == 2
+
+
+def test_outcomes_a_round_could_not_write_go_first_into_the_next():
+    slot = Slot(0, "w")
+    slot.add([row(1), row(2)])
+    first = slot.take_next()
+    slot.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    unwritten = slot.take_finished()
+    second = slot.take_next()
+    slot.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
+    slot.put_back_finished(unwritten)
+    assert [o.id for o, _ in slot.take_finished()] == [1, 2]
+    assert slot.held() == []

@@ -321,8 +321,9 @@ class Worker:
             log=logger,
         )
         if exchange is None:
-            if finished:
-                reporter.report(finished, {})
+            # Stopped before the database answered: what finished is written
+            # by the slot's last round (or released by the keeper's deadline).
+            slot.put_back_finished(finished)
             return Exchange()
         reporter.report(finished, exchange.written)
         return exchange

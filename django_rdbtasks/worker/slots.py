@@ -103,6 +103,15 @@ class Slot:
             finished, self._finished = self._finished, []
             return finished
 
+    def put_back_finished(self, finished: list[tuple[Outcome, Running]]) -> None:
+        """Outcomes a round could not write: first in line for the next one."""
+        if not finished:
+            return
+        with self.lock:
+            if not self._finished:
+                self._first_finished_at = time.monotonic()
+            self._finished = finished + self._finished
+
     def should_flush(self) -> bool:
         """Outcomes have waited long enough for the rest of their batch."""
         with self.lock:
