@@ -106,13 +106,27 @@ def test_a_holder_frozen_before_its_commit_delays_only_its_own_task(run_workers,
             "--lease",
             "5",
             "--no-scheduler",
-            "--log-level",
-            "WARNING",
         )
+
         # The drain goes on at full speed around the locked row.
-        wait_until(
-            lambda: SideEffect.objects.filter(key__startswith="b").count() == count, timeout=180
-        )
+        def drained():
+            return (
+                not Task.objects.filter(status__in=["READY", "RUNNING"])
+                .exclude(pk=frozen.id)
+                .exists()
+            )
+
+        deadline = time.monotonic() + 180
+        while not drained():
+            if time.monotonic() > deadline:
+                left = list(
+                    Task.objects.exclude(status="SUCCESSFUL").values_list(
+                        "status", "worker_id", "lease_expires_at"
+                    )[:10]
+                )
+                pytest.fail(f"drain stalled; not done: {left}\n{workers.log()[-5000:]}")
+            time.sleep(0.1)
+        assert SideEffect.objects.filter(key__startswith="b").count() == count  # once each
         assert Task.objects.get(pk=frozen.id).status == "RUNNING"
         assert not SideEffect.objects.filter(key="frozen").exists()
     finally:
