@@ -85,13 +85,10 @@ class Running:
 class Control:
     """The worker's side of a task's context: stop requests, progress, checkpoints."""
 
-    def __init__(
-        self, store: ExecutionStore, running: Running, *, interval: float, stopping: threading.Event
-    ) -> None:
+    def __init__(self, store: ExecutionStore, running: Running, *, interval: float) -> None:
         self.store = store
         self.running = running
         self.interval = interval
-        self.stopping = stopping
         self.checkpoint: Any = running.row.checkpoint
         self.progress: float | None = None
         self.message = ""
@@ -204,9 +201,7 @@ class Executor:
                 )
             lock.start_renewing()
         token = current_task.set((result.id, running.worker_id))
-        control = Control(
-            self.store, running, interval=self.progress_interval, stopping=self.stopping
-        )
+        control = Control(self.store, running, interval=self.progress_interval)
         running.task = task
         running.timeout = getattr(task, "timeout", None)
         running.started = started

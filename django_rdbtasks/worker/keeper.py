@@ -191,6 +191,3 @@ class LeaseKeeper:
             logger.warning("could not write before leaving (%s); leases will expire", exc)
         if any(self._unwritten.values()):
             logger.warning("some claims were not released; their leases will expire")
-
-    def unwritten(self) -> int:
-        return sum(len(pairs) for pairs in self._unwritten.values())

@@ -278,7 +278,6 @@ class Worker:
                     self.wake.wait(self.poll_interval)
         finally:
             self._finish_slot(slot, store, reporter)
-            slot.done.set()
             store.close()
             connections.close_all()
 

@@ -69,7 +69,6 @@ class Slot:
         self._current_since = 0.0
         self._finished: list[tuple[Outcome, Running]] = []
         self._first_finished_at = 0.0
-        self.done = threading.Event()
 
     # -- the slot's own thread ---------------------------------------------------------
 
@@ -161,9 +160,3 @@ class Slot:
             if self._current is not None:
                 held.append(self._current)
             return held
-
-    def find(self, task_id: object) -> Running | None:
-        for running in self.held():
-            if running.row.id == task_id:
-                return running
-        return None
