@@ -9,7 +9,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 PYTEST_ARGS ?=
 
-.PHONY: venvs test test-quick lint worker bench clean
+.PHONY: venvs test test-clusters test-quick lint worker bench clean
 
 # mysqlclient (in the test extra, and for the example on MySQL) compiles from
 # source: it needs these Debian packages, plus Python's headers.
@@ -84,6 +84,21 @@ test: venvs lint
 	    DATABASE_URL=$$u $$venv/bin/pytest $(PYTEST_ARGS) || exit 1; \
 	  done; \
 	done
+	$(MAKE) test-clusters
+
+# Servers the cluster tests start themselves, from Debian's packages.
+CLUSTER_PACKAGES = pgbouncer galera-4 mariadb-server rsync
+
+# The tests that start servers of their own (a PgBouncer, a replicated
+# PostgreSQL pair, a three-node Galera cluster): once, on Django 5.2, PostgreSQL
+# or MariaDB as each needs (one file per cluster). Missing packages are installed when root.
+test-clusters: .venv/.installed
+	@missing=""; for p in $(CLUSTER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || exit 1; \
+	  else echo "The cluster tests need:$$missing (sudo apt-get install -y$$missing)" >&2; exit 1; fi; fi
+	DATABASE_URL="$(PG_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_pgbouncer.py tests/test_failover.py
+	DATABASE_URL="$(MYSQL_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_galera.py
 
 # SQLite on Django 5.2 only: the fast loop while developing.
 test-quick: .venv/.installed

@@ -50,6 +50,9 @@ KNOWN_OPTIONS = frozenset(
         "NOTIFY",
         "PROGRESS_INTERVAL",
         "TIMEOUT_GRACE",
+        # Behind a transaction pooler (PgBouncer pool_mode=transaction).
+        "TRANSACTION_POOLING",
+        "LISTEN_DATABASE",
     }
 )
 

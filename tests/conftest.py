@@ -14,6 +14,25 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--clusters",
+        action="store_true",
+        help="Run only the tests marked 'cluster', which start servers of their own "
+        "(make test-clusters); without it they are deselected.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The cluster tests start real servers and take minutes: CI runs them once,
+    # on one Django line (make test-clusters), not in every database cell.
+    clusters = config.getoption("--clusters")
+    keep = [item for item in items if (item.get_closest_marker("cluster") is not None) == clusters]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     import django
 
@@ -35,12 +54,22 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
 class WorkerProcess:
     """``manage.py runworkers`` in a real process against the test database."""
 
-    def __init__(self, args: list[str], log_path: Path, *, new_session: bool = False) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        *,
+        new_session: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        # ``env`` overrides, e.g. another DATABASE_URL or DJANGO_SETTINGS_MODULE
+        # for workers that connect through a pooler or to a cluster.
         env = {
             **os.environ,
             "RDBTASKS_TEST_WORKER": "1",
             "PYTHONPATH": str(ROOT),
             "DJANGO_SETTINGS_MODULE": "tests.settings",
+            **(env or {}),
         }
         self.log_path = log_path
         self._log = open(log_path, "w")
@@ -102,9 +131,11 @@ def run_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
     counter = iter(range(1000))
 
-    def start(*args: str, new_session: bool = False) -> WorkerProcess:
+    def start(
+        *args: str, new_session: bool = False, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         worker = WorkerProcess(
-            list(args), tmp_path / f"worker-{next(counter)}.log", new_session=new_session
+            list(args), tmp_path / f"worker-{next(counter)}.log", new_session=new_session, env=env
         )
         started.append(worker)
         return worker

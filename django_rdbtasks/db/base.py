@@ -177,6 +177,10 @@ class Dialect:
         """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
         raise NotImplementedError
 
+    def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
+        """Why this database cannot claim in ``mode`` (None: it can); may query it."""
+        return None
+
     def session_sql(self, lease: float) -> list[str]:
         """Statements that bound how long a worker's own session may wait or idle."""
         return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..states import ClaimMode
 from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect
 
 
@@ -18,6 +19,14 @@ class SQLiteDialect(Dialect):
     vendor = "sqlite"
     # Django stores aware datetimes as UTC text in this shape.
     now_sql = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+
+    def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
+        if mode == ClaimMode.SKIP_LOCKED:
+            return (
+                "--mode skip-locked needs SELECT ... FOR UPDATE SKIP LOCKED, which SQLite "
+                "does not have; use the default optimistic mode on SQLite."
+            )
+        return None
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', {placeholder})"

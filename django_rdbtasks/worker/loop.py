@@ -24,6 +24,7 @@ from django.utils.crypto import get_random_string
 
 from ..backend import RDBTaskBackend
 from ..compat import task_backends
+from ..db import dialect_for
 from ..db.rows import ClaimRequest, Exchange, Outcome
 from ..retrying import retry_database
 from ..states import ClaimMode
@@ -79,11 +80,9 @@ class Worker:
         self.backend = instance
         self.database = instance.database
         vendor = connections[self.database].vendor
-        if self.mode == ClaimMode.SKIP_LOCKED and vendor == "sqlite":
-            raise ValueError(
-                "--mode skip-locked needs SELECT ... FOR UPDATE SKIP LOCKED, which SQLite "
-                "does not have; use the default optimistic mode on SQLite."
-            )
+        refusal = dialect_for(connections[self.database]).refuses_claim_mode(self.mode)
+        if refusal:
+            raise ValueError(refusal)
         self.queues = sorted(queues or instance.queues)
         unknown = set(self.queues) - set(instance.queues)
         if unknown:
