@@ -35,6 +35,8 @@ from .exceptions import ArgumentsNotJSON, InvalidTaskPath
 from .loading import load_task
 from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
+from .observability import tracing
+from .pooling import pooling_checks
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
@@ -229,6 +231,7 @@ class RDBTaskBackend(BaseTaskBackend):
             checks.Error(f"Task backend {self.alias!r}: {message}", id="django_rdbtasks.E003")
             for message in self.option_errors
         ]
+        errors += pooling_checks(self)
         unknown = sorted(set(self.options) - KNOWN_OPTIONS)
         if unknown:
             errors.append(
@@ -300,6 +303,10 @@ class RDBTaskBackend(BaseTaskBackend):
     def _insert(self, tasks: Sequence[NewTask]) -> Any:
         connection = connections[self.database]
         dialect = dialect_for(connection)
+        # None unless the caller is being traced (the tracing extra).
+        span = tracing.enqueue_span(tasks) if tracing.ENABLED else None
+        if span is not None:
+            return self._insert_traced(connection, dialect, tasks, span)
         # The rows and their NOTIFY commit with the caller's transaction if one
         # is open, so a rollback takes the tasks with it; else in their own.
         if dialect.insert_is_one_statement and not connection.in_atomic_block:
@@ -308,6 +315,19 @@ class RDBTaskBackend(BaseTaskBackend):
         with transaction.atomic(using=self.database, savepoint=False):
             with connection.cursor() as cursor:
                 return dialect.insert_tasks(cursor, tasks, self.notify)
+
+    def _insert_traced(
+        self, connection: Any, dialect: Any, tasks: Sequence[NewTask], span: Any
+    ) -> Any:
+        """The insert inside its PRODUCER span, the span's context written into the rows.
+
+        In one transaction with the insert, so no worker sees a row without it.
+        """
+        with span, transaction.atomic(using=self.database, savepoint=False):
+            with connection.cursor() as cursor:
+                enqueued_at = dialect.insert_tasks(cursor, tasks, self.notify)
+                span.store(cursor, dialect, tasks)
+        return enqueued_at
 
     def _new_result(
         self,

@@ -200,6 +200,10 @@ class Task(models.Model):
         output_field=models.CharField(max_length=255, null=True),
         db_persist=True,
     )
+    #: The trace context of the span that enqueued it (W3C ``traceparent`` and
+    #: ``tracestate``, as the OpenTelemetry propagator writes them), so the
+    #: worker's span links to it; NULL when nothing was being traced.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     objects = TaskQuerySet.as_manager()
 

@@ -458,6 +458,7 @@ class Dialect:
             job_name=row[15],
             checkpoint=self.decode_json(row[16]),
             requested_run_after=self.decode_dt(row[17]),
+            trace_context=self.decode_json(row[18]),
         )
 
     # -- leases ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ CLAIM_COLUMNS = (
     "job_name",
     "checkpoint",
     "requested_run_after",
+    "trace_context",
 )
 #: What a claim needs to know of a row before it takes it.
 CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
@@ -70,6 +71,8 @@ class ClaimedRow:
     checkpoint: Any = None
     #: The ``run_after`` the producer asked for (None: not deferred).
     requested_run_after: dt.datetime | None = None
+    #: The enqueuer's trace context (``observability.tracing``), None if untraced.
+    trace_context: dict[str, str] | None = None
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
 

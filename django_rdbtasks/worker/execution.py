@@ -35,6 +35,7 @@ from ..exceptions import (
 )
 from ..idempotency import AlreadyDone, current_task, once
 from ..loading import load_task
+from ..observability import tracing
 from ..states import AttemptOutcome, OutcomeKind
 from .store import error_path
 
@@ -157,6 +158,15 @@ class Executor:
         self.stopping = stopping
 
     def run(self, running: Running) -> Outcome:
+        if not tracing.ENABLED:
+            return self._run(running)
+        # A span around the whole run (the tracing extra): linked to the
+        # enqueue's span, current while the task runs, ERROR if it failed.
+        task_id = self.store.public_id(running.row.id)
+        with tracing.RunSpan(running.row, running.worker_id, task_id) as span:
+            return span.ended(self._run(running))
+
+    def _run(self, running: Running) -> Outcome:
         row = running.row
         if row.lost_from is not None:
             outcome = self._take_over_lost(running)
