@@ -1,4 +1,5 @@
-"""After an outcome is written (or found fenced off): the log line, the signal, the counters."""
+"""After an outcome is written (or found fenced off): the log line, the signal, the counters
+and, when enabled, the Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..compat import TaskError, TaskResultStatus
 from ..db.rows import Outcome
+from ..observability import metrics
 from ..states import OutcomeKind
 from .execution import Running
 from .store import error_summary
@@ -34,12 +36,19 @@ class Reporter:
         self.backend = backend
         self.counters = counters
         self.public_id = public_id
+        # None unless runworkers --metrics-port (or metrics.enable()) turned them on.
+        self.metrics = metrics.current()
 
     def report(
         self, pairs: Sequence[tuple[Outcome, Running]], written: dict[Any, bool | None]
     ) -> None:
         for outcome, running in pairs:
             self._one(outcome, running, outcome.id in written)
+        if self.metrics is not None and pairs:
+            try:
+                self.metrics.record(pairs, written)
+            except Exception as exc:  # a metric must never cost a task its result
+                logger.warning("could not update metrics (%s)", exc)
 
     def _one(self, outcome: Outcome, running: Running, written: bool) -> None:
         row = running.row

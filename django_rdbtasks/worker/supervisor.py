@@ -1,4 +1,4 @@
-"""Start worker processes, restart the ones that die, pass signals on."""
+"""Start worker processes, restart the ones that die, pass signals on; scale, serve metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import sys
 import time
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
+from ..observability.metrics import MetricsServer
+from .autoscale import AutoscalePolicy, sample_load
 from .keeper import EXIT_RECYCLE
 from .loop import Worker
 from .processtree import die_with_parent
@@ -25,7 +27,14 @@ logger = logging.getLogger("django_rdbtasks.worker")
 SCHEDULER = "scheduler"
 
 
-def _child_main(worker_options: dict[str, Any], kind: str, supervisor_pid: int) -> None:
+def _child_main(
+    worker_options: dict[str, Any],
+    kind: str,
+    supervisor_pid: int,
+    metrics: MetricsServer | None = None,
+) -> None:
+    if metrics is not None:
+        metrics.in_child()
     # The child stays in the supervisor's process group, so a kill of the
     # group reaches it. Ctrl+C at a terminal sends SIGINT to the whole group:
     # children ignore it and the supervisor passes one SIGTERM on, so the
@@ -46,30 +55,56 @@ def _child_main(worker_options: dict[str, Any], kind: str, supervisor_pid: int) 
 
 
 class Supervisor:
-    """Keeps ``processes`` workers running.
+    """Keeps ``processes`` workers running (or as many as ``autoscale`` decides).
 
     A child that crashes (or is killed) is restarted, with a growing pause if
     it keeps dying; one that exits after ``--max-tasks`` is replaced at once.
     In burst mode children that exit cleanly are done; the supervisor exits 0
-    when all are.
+    when all are. With ``autoscale`` it samples the backlog every
+    ``autoscale_interval`` seconds and starts processes or stops one (SIGTERM:
+    the child finishes its tasks or hands them back, as on any shutdown).
+    With ``metrics`` it serves the metrics of the whole tree.
     """
 
     def __init__(
-        self, processes: int, worker_options: dict[str, Any], *, scheduler: bool = True
+        self,
+        processes: int,
+        worker_options: dict[str, Any],
+        *,
+        scheduler: bool = True,
+        autoscale: AutoscalePolicy | None = None,
+        autoscale_interval: float = 5.0,
+        metrics: MetricsServer | None = None,
     ) -> None:
         self.processes = max(0, processes)
         self.worker_options = worker_options
         self.burst = bool(worker_options.get("burst"))
         self.scheduler = scheduler
+        self.autoscale = autoscale
+        self.autoscale_interval = autoscale_interval
+        self.metrics = metrics
         self.stopping = False
         self._signals: list[int] = []
         self.children: dict[int | str, Any] = {}  # multiprocessing's fork Process
+        #: Worker slots asked to stop by the autoscaler: not restarted when they exit.
+        self.retiring: set[int | str] = set()
         self.crashes: dict[int | str, list[float]] = {}
         self._context = multiprocessing.get_context("fork")
+        self._next_sample = 0.0
+        self._reported_processes = -1
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            if self.metrics is not None:
+                self.metrics.start()
+            return self._supervise()
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def _supervise(self) -> int:
         if self.scheduler and self.burst:
             # Burst: fire what is due now, once, then drain; no scheduler process.
             database = _database(self.worker_options)
@@ -77,9 +112,13 @@ class Supervisor:
             fire_due_jobs(using=database)
         elif self.scheduler:
             self._start(SCHEDULER)
-        for index in range(self.processes):
+        first = self.processes if self.autoscale is None else self.autoscale.minimum
+        for index in range(first):
             self._start(index)
-        while self.children:
+        if self.autoscale is not None:
+            self._next_sample = time.monotonic() + self.autoscale_interval
+        # Scaled to zero, an autoscaling supervisor has no child and still runs.
+        while self.children or (self.autoscale is not None and not self.stopping):
             time.sleep(0.05)
             self._pass_signals_on()
             for slot, process in list(self.children.items()):
@@ -88,6 +127,12 @@ class Supervisor:
                 process.join()
                 code = process.exitcode
                 del self.children[slot]
+                if self.metrics is not None:
+                    self.metrics.process_gone(process.pid)
+                if slot in self.retiring:
+                    self.retiring.discard(slot)
+                    logger.info("worker process %s stopped (autoscale)", process.pid)
+                    continue
                 if self.stopping:
                     continue
                 if code == 0 and self.burst:
@@ -98,6 +143,12 @@ class Supervisor:
                     continue
                 logger.error("worker process %s exited with %s; restarting", process.pid, code)
                 self._restart_after_crash(slot)
+            if self.autoscale is not None and not self.stopping:
+                now = time.monotonic()
+                if now >= self._next_sample:
+                    self._next_sample = now + self.autoscale_interval
+                    self._scale(self.autoscale, now)
+            self._report_processes()
         return 0
 
     def _start(self, slot: int | str) -> None:
@@ -105,7 +156,7 @@ class Supervisor:
         kind = SCHEDULER if slot == SCHEDULER else "worker"
         process = self._context.Process(
             target=_child_main,
-            args=(self.worker_options, kind, os.getpid()),
+            args=(self.worker_options, kind, os.getpid(), self.metrics),
             name=f"rdbtasks-{kind}-{slot}",
         )
         process.start()
@@ -122,6 +173,70 @@ class Supervisor:
             self._pass_signals_on()
         if not self.stopping:
             self._start(slot)
+
+    # -- autoscaling -------------------------------------------------------------------
+
+    def worker_slots(self) -> list[int]:
+        """The worker processes counted as running: not the scheduler, not the retiring."""
+        return sorted(
+            slot for slot in self.children if isinstance(slot, int) and slot not in self.retiring
+        )
+
+    def _scale(self, policy: AutoscalePolicy, now: float) -> None:
+        database = _database(self.worker_options)
+        try:
+            load = sample_load(database, self._queues())
+        except DatabaseError as exc:
+            # No sample, no change: the processes running go on running.
+            logger.warning("autoscale: could not read the backlog (%s)", exc)
+            connections[database].close()
+            return
+        slots = self.worker_slots()
+        current = len(slots)
+        wanted = policy.desired(load, current, now)
+        if wanted == current:
+            return
+        lag = "none" if load.lag is None else f"{load.lag:.1f}s"
+        logger.info(
+            "autoscale: %d -> %d worker processes (ready %d, running %d, lag %s)",
+            current,
+            wanted,
+            load.ready,
+            load.running,
+            lag,
+        )
+        if wanted > current:
+            taken = set(slots) | {s for s in self.children if isinstance(s, int)}
+            free = (index for index in range(len(taken) + wanted) if index not in taken)
+            for _ in range(wanted - current):
+                self._start(next(free))
+        else:
+            # The newest go first; each finishes its tasks (or hands them back).
+            for slot in slots[wanted - current :]:
+                self.retiring.add(slot)
+                process = self.children[slot]
+                if process.pid is not None:
+                    try:
+                        os.kill(process.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+
+    def _queues(self) -> list[str]:
+        queues = self.worker_options.get("queues")
+        if queues:
+            return list(queues)
+        backend: Any = task_backends[self.worker_options.get("backend", "default")]
+        return list(backend.queues)
+
+    def _report_processes(self) -> None:
+        if self.metrics is None:
+            return
+        count = len(self.worker_slots())
+        if count != self._reported_processes:
+            self._reported_processes = count
+            self.metrics.set_worker_processes(count)
+
+    # -- signals -----------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only counted here; the loop passes it on (a handler must take no lock).

@@ -10,8 +10,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import autodiscover_modules
 
+from ...observability.metrics import MetricsServer
 from ...states import ClaimMode
 from ...worker import Supervisor, Worker
+from ...worker.autoscale import AutoscalePolicy, parse_range
 
 
 class Command(BaseCommand):
@@ -19,7 +21,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--processes", type=int, default=1, help="Worker processes (default 1)."
+            "--processes", type=int, default=None, help="Worker processes (default 1)."
         )
         parser.add_argument(
             "--threads", type=int, default=1, help="Tasks run at once per process (default 1)."
@@ -86,13 +88,67 @@ class Command(BaseCommand):
             help="Do not run the registered record processors in these workers.",
         )
         parser.add_argument("--log-level", default="INFO", help="Log level (default INFO).")
+        metrics = parser.add_argument_group("metrics (the 'metrics' extra: prometheus-client)")
+        metrics.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics of every process of this command on PORT "
+            "(0: any free port, logged).",
+        )
+        metrics.add_argument(
+            "--metrics-address",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="Address the metrics server binds (default 127.0.0.1; 0.0.0.0 for every one).",
+        )
+        scaling = parser.add_argument_group("autoscaling (instead of --processes)")
+        scaling.add_argument(
+            "--autoscale",
+            metavar="MIN:MAX",
+            default=None,
+            help="Between MIN and MAX worker processes, as the backlog asks "
+            "(see docs/observability.md).",
+        )
+        scaling.add_argument(
+            "--autoscale-interval",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="Seconds between two readings of the backlog (default 5).",
+        )
+        scaling.add_argument(
+            "--autoscale-idle",
+            type=float,
+            default=60.0,
+            metavar="SECONDS",
+            help="Seconds without backlog before one process is stopped (default 60).",
+        )
+        scaling.add_argument(
+            "--autoscale-backlog",
+            type=int,
+            default=100,
+            metavar="N",
+            help="Grow when more than N runnable tasks per process wait unclaimed (default 100).",
+        )
+        scaling.add_argument(
+            "--autoscale-lag",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="Grow when the oldest runnable task has waited this long (default 5).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._setup_logging(options["log_level"])
         batch = options["batch"]
+        autoscale = self._autoscale(options)
+        if options["processes"] is None:
+            options["processes"] = 1
         if options["processes"] < 0 or options["threads"] < 1 or (batch is not None and batch < 1):
             raise CommandError("--threads and --batch must be at least 1, --processes at least 0.")
-        if options["processes"] == 0 and options["no_scheduler"]:
+        if options["processes"] == 0 and autoscale is None and options["no_scheduler"]:
             raise CommandError("--processes 0 with --no-scheduler would run nothing.")
         if options["lease"] <= 0 or options["poll_interval"] <= 0:
             raise CommandError("--lease and --poll-interval must be positive.")
@@ -120,9 +176,61 @@ class Command(BaseCommand):
         for module in getattr(settings, "RDBTASKS_IMPORTS", []):
             import_module(module)
         supervisor = Supervisor(
-            options["processes"], worker_options, scheduler=not options["no_scheduler"]
+            options["processes"],
+            worker_options,
+            scheduler=not options["no_scheduler"],
+            autoscale=autoscale,
+            autoscale_interval=options["autoscale_interval"],
+            metrics=self._metrics(options),
         )
         sys.exit(supervisor.run())
+
+    def _autoscale(self, options: dict[str, Any]) -> AutoscalePolicy | None:
+        if options["autoscale"] is None:
+            return None
+        if options["processes"] is not None:
+            raise CommandError(
+                "--autoscale and --processes cannot be used together: "
+                "--autoscale MIN:MAX sets the number of processes."
+            )
+        if options["burst"]:
+            raise CommandError(
+                "--autoscale cannot be used with --burst: a burst drains and exits, "
+                "autoscaling follows a queue that keeps running."
+            )
+        if options["autoscale_interval"] <= 0 or options["autoscale_idle"] < 0:
+            raise CommandError(
+                "--autoscale-interval must be positive, --autoscale-idle not negative."
+            )
+        try:
+            minimum, maximum = parse_range(options["autoscale"])
+            return AutoscalePolicy(
+                minimum,
+                maximum,
+                threads=max(1, options["threads"]),
+                backlog_per_process=options["autoscale_backlog"],
+                lag_threshold=options["autoscale_lag"],
+                idle_after=options["autoscale_idle"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _metrics(self, options: dict[str, Any]) -> MetricsServer | None:
+        port = options["metrics_port"]
+        if port is None:
+            return None
+        if not 0 <= port <= 65535:
+            raise CommandError("--metrics-port must be between 0 and 65535.")
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise CommandError(
+                "--metrics-port needs prometheus-client: pip install 'django-rdbtasks[metrics]'."
+            ) from None
+        server = MetricsServer(port, options["metrics_address"])
+        # Before any process is forked: every child inherits the metrics and the directory.
+        server.prepare()
+        return server
 
     def _setup_logging(self, level: str) -> None:
         logger = logging.getLogger("django_rdbtasks")
