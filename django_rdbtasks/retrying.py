@@ -2,7 +2,10 @@
 
 - :func:`retry_database` runs an operation until it gets through a database
   outage: jittered exponential backoff, the broken connection closed so the
-  next try reconnects, logged once and then every twentieth failure.
+  next try reconnects, logged once and then every twentieth failure. A lost
+  race (:func:`is_lost_race`: a deadlock, a serialization failure, a Galera
+  certification conflict) is no outage: it is retried within milliseconds on
+  the same connection, counted and logged at debug only.
 - :class:`LeaseRenewer` renews a lease from a background thread every third of
   it until stopped, and says when the lease was lost.
 
@@ -23,9 +26,63 @@ from django.db import DatabaseError, connections
 T = TypeVar("T")
 
 logger = logging.getLogger("django_rdbtasks")
+#: Lost races only, at debug: enable it to see them (``tests/test_galera.py`` does).
+race_logger = logging.getLogger("django_rdbtasks.races")
 
 FIRST_DELAY = 0.1
 MAX_DELAY = 5.0
+#: Retrying a lost race: a few milliseconds, so the winner's write (on Galera,
+#: its write set, still being applied on this node) is visible by then.
+RACE_FIRST_DELAY = 0.005
+RACE_MAX_DELAY = 0.2
+#: Consecutive lost races after which one warning says something is wrong
+#: (a hot row everybody writes), in case they never stop.
+RACE_WARN_EVERY = 100
+
+#: MySQL/MariaDB: ER_LOCK_DEADLOCK. InnoDB rolled the whole transaction back;
+#: Galera also reports a certification conflict (at COMMIT, or a local
+#: transaction aborted by a replicated one that won) with this code.
+MYSQL_LOST_RACE = frozenset({1213})
+#: PostgreSQL: serialization_failure, deadlock_detected.
+SQLSTATE_LOST_RACE = frozenset({"40001", "40P01"})
+
+
+def is_lost_race(exc: BaseException) -> bool:
+    """Whether ``exc`` says another transaction won, not that the database is unwell.
+
+    The transaction was rolled back as a whole and doing it again is the
+    remedy: a deadlock, a serialization failure, or on Galera a write that
+    lost certification to a conflicting one committed on another node. Django
+    wraps the driver's exception (``__cause__``) and copies its ``args``.
+    """
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        args = getattr(error, "args", ())
+        if args and isinstance(args[0], int) and args[0] in MYSQL_LOST_RACE:
+            return True
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if state in SQLSTATE_LOST_RACE:
+            return True
+        error = error.__cause__
+    return False
+
+
+class RaceCounter:
+    """How many lost races this process retried (all threads), for logs and tests."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> int:
+        with self._lock:
+            self.count += 1
+            return self.count
+
+
+lost_races = RaceCounter()
 
 
 class Backoff:
@@ -69,12 +126,27 @@ def retry_database(
     ``give_up`` is asked after each failure. ``alias`` names the Django
     connection to close after a failure (None when the operation owns its
     connection; then ``on_error`` resets it).
+
+    A lost race is retried after a few milliseconds on the same connection,
+    without ``on_error``: the operation's transaction was rolled back whole
+    (by ``transaction.atomic``, or by the server), nothing it believed it won
+    was committed, and the connection is fine. The operation must therefore
+    trust what it wrote only once its transaction committed, as every caller
+    in the worker does (``ClaimStore.exchange`` returns after the COMMIT).
     """
     backoff = Backoff()
+    races = Backoff(RACE_FIRST_DELAY, RACE_MAX_DELAY)
     while True:
         try:
             return operation()
         except DatabaseError as exc:
+            if is_lost_race(exc) and _can_retry_race(alias):
+                delay = races.next_delay()
+                _note_race(what, exc, delay, races.failures)
+                if give_up() or stop.wait(delay):
+                    return None
+                continue
+            races.reset()
             delay = backoff.next_delay()
             loud = backoff.failures == 1 or backoff.failures % 20 == 0
             level = logging.WARNING if loud else logging.DEBUG
@@ -94,6 +166,35 @@ def retry_database(
             return None
 
 
+def _can_retry_race(alias: str | None) -> bool:
+    """Not inside a caller's transaction: the server rolled all of it back, not just our part."""
+    if alias is None:
+        return True
+    connection = connections[alias]
+    if connection.in_atomic_block:
+        return False
+    try:
+        connection.rollback()  # a no-op in autocommit; ends anything left open
+    except DatabaseError:
+        close_quietly(alias)
+    return True
+
+
+def _note_race(what: str, exc: BaseException, delay: float, in_a_row: int) -> None:
+    total = lost_races.add()
+    race_logger.debug(
+        "lost a race during %s (%s); retrying in %.3fs [%d lost races so far]",
+        what,
+        exc,
+        delay,
+        total,
+    )
+    if in_a_row % RACE_WARN_EVERY == 0:
+        logger.warning(
+            "%s lost %d races in a row (%s): one row written by everybody?", what, in_a_row, exc
+        )
+
+
 class LeaseRenewer:
     """Calls ``renew`` every ``interval`` seconds on a daemon thread until stopped.
 
@@ -102,7 +203,9 @@ class LeaseRenewer:
     and retried sooner than the interval (jittered backoff from 0.1 s, never
     later than the interval): the lease is still ours until it runs out, and
     waiting a whole interval after each failure would let two failures in a
-    row lose it.
+    row lose it. A lost race (the renewal met a conflicting write: on Galera,
+    one committed on another node) is retried within milliseconds, logged at
+    debug, on the same connection.
     """
 
     def __init__(
@@ -133,12 +236,18 @@ class LeaseRenewer:
 
     def _run(self) -> None:
         backoff = Backoff(cap=self.interval)
+        races = Backoff(RACE_FIRST_DELAY, min(RACE_MAX_DELAY, self.interval))
         delay = self.interval
         try:
             while not self._stop.wait(delay):
                 try:
                     renewed = self.renew()
                 except DatabaseError as exc:
+                    if is_lost_race(exc) and _can_retry_race(self.alias):
+                        delay = races.next_delay()
+                        _note_race(self._thread.name, exc, delay, races.failures)
+                        continue
+                    races.reset()
                     delay = min(self.interval, backoff.next_delay())
                     loud = backoff.failures == 1 or backoff.failures % 20 == 0
                     logger.log(
@@ -157,6 +266,7 @@ class LeaseRenewer:
                         self.on_lost()
                     return
                 backoff.reset()
+                races.reset()
                 delay = self.interval
         finally:
             connections.close_all()

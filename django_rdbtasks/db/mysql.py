@@ -4,6 +4,12 @@ A round (finish, then claim) is one transaction of a few statements. The rows
 to claim are locked first with ``FOR UPDATE SKIP LOCKED`` (MySQL 8, MariaDB
 10.6), so the claim's UPDATE touches only rows this transaction holds and
 reading them back by id is exact.
+
+On a MariaDB Galera cluster those row locks are local to the node that took
+them: the claim's version compare-and-set is what keeps two workers on two
+nodes from both winning a row (Galera certifies the conflicting commits and
+fails all but the first with error 1213, which the worker retries as a lost
+race). So only the optimistic mode runs there; see ``docs/galera.md``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..states import ClaimMode
 from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect
 
 
@@ -28,6 +35,24 @@ class MySQLDialect(Dialect):
         # MariaDB stores JSON as text; JSON_EXTRACT makes the parameter a JSON
         # value rather than a string, on MySQL and MariaDB alike.
         return f"JSON_ARRAY_APPEND({column}, '$', JSON_EXTRACT({placeholder}, '$'))"
+
+    def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
+        if mode == ClaimMode.SKIP_LOCKED and self.is_galera():
+            return (
+                "--mode skip-locked is refused on a Galera cluster (wsrep_on is ON): "
+                "its row locks are local to one node, so workers on other nodes never "
+                "see them, claim the same rows and collide at commit, where Galera "
+                "fails all but one (error 1213). Use the default optimistic mode, whose "
+                "version compare-and-set is certified cluster-wide (docs/galera.md)."
+            )
+        return None
+
+    def is_galera(self) -> bool:
+        """Whether this server replicates with Galera (``wsrep_on``; MySQL has no such variable)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+            row = cursor.fetchone()
+        return row is not None and str(row[1]).upper() in {"ON", "1"}
 
     def session_sql(self, lease: float) -> list[str]:
         # No write of a worker waits on a lock for long (claims skip locked
