@@ -194,6 +194,12 @@ class WorkerMetrics:
         framework_signals.task_enqueued.connect(self._on_enqueued, weak=False)
         framework_signals.task_started.connect(self._on_started, weak=False)
 
+    def disconnect_signals(self) -> None:
+        from ..compat import framework_signals
+
+        framework_signals.task_enqueued.disconnect(self._on_enqueued)
+        framework_signals.task_started.disconnect(self._on_started)
+
     def _on_enqueued(self, sender: Any, task_result: Any, **kwargs: Any) -> None:
         if issubclass(sender, self._backend_class):
             task = task_result.task
@@ -308,7 +314,12 @@ class MetricsServer:
         MultiProcessCollector(registry, path=self.directory)
         self.server, _thread = start_http_server(self.port, addr=self.address, registry=registry)
         port = int(self.server.server_port)
-        logger.info("metrics served on http://%s:%d/metrics", self.address, port)
+        logger.info(
+            "metrics served on http://%s:%d/metrics (multiprocess directory %s)",
+            self.address,
+            port,
+            self.directory,
+        )
         return port
 
     def in_child(self) -> None:

@@ -63,7 +63,8 @@ class Supervisor:
     when all are. With ``autoscale`` it samples the backlog every
     ``autoscale_interval`` seconds and starts processes or stops one (SIGTERM:
     the child finishes its tasks or hands them back, as on any shutdown).
-    With ``metrics`` it serves the metrics of the whole tree.
+    With ``metrics`` (a started ``MetricsServer``) it tells the server which
+    children are gone, and closes it (removing the directory) when it exits.
     """
 
     def __init__(
@@ -97,8 +98,6 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
-            if self.metrics is not None:
-                self.metrics.start()
             return self._supervise()
         finally:
             if self.metrics is not None:

@@ -230,6 +230,13 @@ class Command(BaseCommand):
         server = MetricsServer(port, options["metrics_address"])
         # Before any process is forked: every child inherits the metrics and the directory.
         server.prepare()
+        try:
+            server.start()
+        except OSError as exc:
+            server.close()
+            raise CommandError(
+                f"cannot serve metrics on {options['metrics_address']}:{port} ({exc})."
+            ) from exc
         return server
 
     def _setup_logging(self, level: str) -> None:
