@@ -1,0 +1,221 @@
+"""A three-node MariaDB Galera cluster: workers on every node race over the same tasks.
+
+The cluster is started by ``scripts/clusters/galera.py`` on local ports
+(33061-33063) under a tmp dir, once for the module, and stopped in teardown
+whatever happens. Row locks are local to a node there, so claims made on two
+nodes at once both see their UPDATE match a row; Galera certifies the commits
+and fails all but the first with error 1213. The worker must take that as a
+lost race (retry, no harm done) and never run a task twice or fail one.
+
+Run with ``make test-clusters`` (needs ``galera-4``, ``mariadb-server``,
+``rsync``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import MySQLdb
+import pytest
+from django.conf import settings
+
+from django_rdbtasks.retrying import is_lost_race
+from django_rdbtasks.states import TaskStatus
+from scripts.clusters.galera import ClusterError, GaleraCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = 5_000
+#: Worker processes per node: 8 in all.
+PROCESSES = {1: 3, 2: 3, 3: 2}
+THREADS = 2
+RACE_LINE = "lost a race during"
+
+
+@pytest.fixture(scope="module")
+def galera() -> Iterator[GaleraCluster]:
+    # Not pytest's tmp dir: it is private to root, and the servers run as mysql.
+    base = Path(tempfile.mkdtemp(prefix="rdbtasks-galera-"))
+    cluster = GaleraCluster(base)
+    try:
+        try:
+            cluster.start()
+        except ClusterError as exc:
+            pytest.fail(f"could not start the Galera cluster: {exc}")
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def galera_db(galera: GaleraCluster) -> str:
+    """The test database on the cluster, migrated through node 1 (DDL replicates)."""
+    name = settings.DATABASES["default"]["TEST"]["NAME"]
+    galera.query(1, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    manage(galera, name, 1, "migrate", "--no-input", "-v", "0")
+    return name
+
+
+def node_env(galera: GaleraCluster, name: str, node: int) -> dict[str, str]:
+    return {
+        "DATABASE_URL": galera.url(node, name),
+        "DJANGO_SETTINGS_MODULE": "tests.settings_galera",
+        "RDBTASKS_TEST_DB": name,
+        "RDBTASKS_TEST_WORKER": "1",
+    }
+
+
+def manage(galera: GaleraCluster, name: str, node: int, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **node_env(galera, name, node)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def conflicts(galera: GaleraCluster) -> int:
+    """Certification failures and brute-force aborts, summed over the nodes."""
+    total = 0
+    for node in (1, 2, 3):
+        status = galera.status(node)
+        total += int(status["wsrep_local_cert_failures"]) + int(status["wsrep_local_bf_aborts"])
+    return total
+
+
+def on_every_node(galera: GaleraCluster, name: str, sql: str) -> list[list[list[str]]]:
+    """``sql`` on each node, after the node has applied everything committed before."""
+    return [
+        galera.query(node, f"SET SESSION wsrep_sync_wait = 1; USE `{name}`; {sql}")
+        for node in (1, 2, 3)
+    ]
+
+
+def test_eight_workers_on_three_nodes_run_each_of_5000_tasks_exactly_once(
+    galera, galera_db, run_workers
+):
+    manage(
+        galera,
+        galera_db,
+        1,
+        "shell",
+        "-c",
+        "from django_rdbtasks.backend import bulk_enqueue\n"
+        "from tests.testapp import tasks\n"
+        f"bulk_enqueue(tasks.record, [((f'g{{i}}',), {{}}) for i in range({TASKS})])",
+    )
+    before = conflicts(galera)
+
+    supervisors = [
+        run_workers(
+            "--processes",
+            str(count),
+            "--threads",
+            str(THREADS),
+            "--burst",
+            "--no-scheduler",
+            "--poll-interval",
+            "0.1",
+            env=node_env(galera, galera_db, node),
+        )
+        for node, count in PROCESSES.items()
+    ]
+    for supervisor in supervisors:
+        assert supervisor.wait(timeout=240) == 0, supervisor.log()
+    logs = [supervisor.log() for supervisor in supervisors]
+
+    # Exactly one side effect per task, as every node sees it.
+    for rows in on_every_node(
+        galera,
+        galera_db,
+        "SELECT COUNT(*), COUNT(DISTINCT `key`) FROM testapp_sideeffect WHERE `key` LIKE 'g%'",
+    ):
+        assert rows == [[str(TASKS), str(TASKS)]]
+    # Every task succeeded at its first attempt: a lost race never cost one.
+    successful = TaskStatus.SUCCESSFUL.value
+    for rows in on_every_node(
+        galera,
+        galera_db,
+        "SELECT status, attempts, JSON_LENGTH(history), COUNT(*) FROM django_rdbtasks_task "
+        "GROUP BY status, attempts, JSON_LENGTH(history)",
+    ):
+        assert rows == [[successful, "1", "1", str(TASKS)]]
+
+    # The race was run: Galera failed conflicting commits, the workers met
+    # them as error 1213, and took each for a lost race, never for an outage.
+    certified_away = conflicts(galera) - before
+    races = sum(log.count(RACE_LINE) for log in logs)
+    print(f"conflicts counted by Galera: {certified_away}; lost races the workers retried: {races}")
+    assert certified_away > 0
+    assert races > 0
+    assert all("1213" in line for log in logs for line in log.splitlines() if RACE_LINE in line)
+    for log in logs:
+        assert "database error during" not in log, log
+        assert "Traceback" not in log, log
+
+
+def test_skip_locked_mode_is_refused_on_a_galera_node(galera, galera_db, run_workers):
+    worker = run_workers(
+        "--mode", "skip-locked", "--burst", "--no-scheduler", env=node_env(galera, galera_db, 2)
+    )
+    assert worker.wait(timeout=60) != 0
+    log = worker.log()
+    assert "--mode skip-locked is refused on a Galera cluster (wsrep_on is ON)" in log, log
+    assert "Use the default optimistic mode" in log
+
+
+def test_a_conflict_certified_away_is_error_1213_and_a_lost_race(galera, galera_db):
+    """Two nodes update the same row, both see it match, both commit: the second loses."""
+    galera.query(
+        1,
+        f"USE `{galera_db}`; CREATE TABLE IF NOT EXISTS galera_probe "
+        "(id INT PRIMARY KEY, n INT NOT NULL); REPLACE INTO galera_probe VALUES (1, 0)",
+    )
+    sessions = [
+        MySQLdb.connect(host="127.0.0.1", port=port, user="root", database=galera_db)
+        for port in (33061, 33062)
+    ]
+    try:
+        for session in sessions:
+            with session.cursor() as cursor:
+                cursor.execute("SET SESSION wsrep_sync_wait = 1")
+                cursor.execute("BEGIN")
+                cursor.execute("UPDATE galera_probe SET n = n + 1 WHERE id = 1")
+                assert cursor.rowcount == 1  # local locks: both think they won
+        sessions[0].commit()
+        with pytest.raises(MySQLdb.OperationalError) as lost:
+            sessions[1].commit()  # or aborted already by node 1's write set
+        assert lost.value.args[0] == 1213
+        assert is_lost_race(lost.value)
+    finally:
+        for session in sessions:
+            session.close()
+    assert galera.query(1, f"SELECT n FROM `{galera_db}`.galera_probe")[0] == ["1"]
+
+
+def test_the_script_reports_the_cluster_and_refuses_a_second_one_on_its_ports(galera):
+    script = [sys.executable, str(ROOT / "scripts/clusters/galera.py")]
+    status = subprocess.run(
+        [*script, "status", str(galera.base)], capture_output=True, text=True, timeout=60
+    )
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("Synced, cluster size 3") == 3, status.stdout
+    with tempfile.TemporaryDirectory() as other:
+        second = subprocess.run(
+            [*script, "start", other], capture_output=True, text=True, timeout=60
+        )
+    assert second.returncode == 1
+    assert "ports in use on 127.0.0.1" in second.stderr, second.stderr
+    assert len(galera.running()) == 3  # the first cluster was left alone
