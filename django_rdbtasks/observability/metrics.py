@@ -350,6 +350,9 @@ class MetricsServer:
             shutil.rmtree(self.directory, ignore_errors=True)
             if os.environ.get(MULTIPROC_ENV) == self.directory:
                 del os.environ[MULTIPROC_ENV]
+                from prometheus_client import values
+
+                values.ValueClass = values.get_value_class()
 
 
 # -- the database's gauges -----------------------------------------------------------------
