@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -61,3 +62,71 @@ class Registry:
         self._rows().filter(name=self.name).update(
             stopped_at=DbNow(), last_heartbeat_at=DbNow(), running=0, done=done, failed=failed
         )
+
+
+# -- this host's workers, for a liveness probe ---------------------------------------------
+
+#: Seconds a registration may seem older than its process: the two ages are
+#: measured on different clocks (the database's, the kernel's).
+AGE_SLACK = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalWorker:
+    name: str
+    pid: int
+    #: Seconds since it registered and since its last heartbeat, database clock.
+    registered_for: float
+    heartbeat_age: float
+
+
+def local_workers(alias: str) -> list[LocalWorker]:
+    """This host's worker processes that registered and have not said goodbye.
+
+    Rows whose process is gone are left out: a crashed worker is the
+    supervisor's to replace, and it registers again under its own pid. So is a
+    row whose pid now belongs to a younger process (a restarted container
+    numbers its processes the same way); see ``_is_running``.
+    """
+    from ..jobs import database_now
+    from ..models import Worker as WorkerRow
+
+    now = database_now(alias)
+    rows = WorkerRow.objects.using(alias).filter(host=socket.gethostname(), stopped_at__isnull=True)
+    found = []
+    for name, pid, started_at, heartbeat_at in rows.values_list(
+        "name", "pid", "started_at", "last_heartbeat_at"
+    ):
+        registered_for = (now - started_at).total_seconds()
+        if _is_running(pid, registered_for):
+            found.append(
+                LocalWorker(name, pid, registered_for, (now - heartbeat_at).total_seconds())
+            )
+    return found
+
+
+def _is_running(pid: int, registered_for: float) -> bool:
+    """Whether ``pid`` is alive here and old enough to be the one that registered."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    age = _process_age(pid)
+    return age is None or registered_for <= age + AGE_SLACK
+
+
+def _process_age(pid: int) -> float | None:
+    """Seconds since ``pid`` started, from /proc (Linux); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except OSError:
+        return None
+    # Field 22, start time in clock ticks since boot; the command name (field 2,
+    # in parentheses) may hold spaces, so count from the last ')'.
+    started_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    return uptime - started_ticks / os.sysconf("SC_CLK_TCK")

@@ -2,20 +2,25 @@
 
 Exit codes (``status``): 0 healthy, 1 a health limit is exceeded, 2 the
 database could not be asked. Limits come from ``RDBTASKS_HEALTH`` and the
-``--max-*``/``--min-workers`` options, so a Kubernetes probe can be::
+``--max-*``/``--min-workers`` options, so a monitor can run::
 
     python manage.py rdbtasks status --max-lag 300 --min-workers 1 --quiet
+
+``rdbtasks probe live`` and ``rdbtasks probe ready`` are the probes of one
+worker host (a Kubernetes pod): see docs/deploy.md.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from ... import ops
 from ...retention import parse_age
@@ -23,6 +28,12 @@ from ...states import TaskStatus
 
 EXIT_UNHEALTHY = 1
 EXIT_DATABASE = 2
+
+#: ``probe live``: seconds without a heartbeat before a worker process counts as
+#: stuck. Workers beat every ``--lease / 3`` (10 s by default).
+DEFAULT_HEARTBEAT_WITHIN = 60.0
+#: Seconds a probe gives the database to answer, below a probe's own timeout.
+DEFAULT_PROBE_TIMEOUT = 5.0
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int]) -> str:
@@ -97,6 +108,32 @@ class Command(BaseCommand):
             "--max-failed", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_FAILED"]
         )
 
+        probe = subcommands.add_parser(
+            "probe",
+            help="Liveness or readiness of this host's workers (exit 0 passes).",
+            description="live: every worker process of this host that registered has "
+            "heartbeated within --within seconds (passes when the database is unreachable: "
+            "restarting cannot fix that). ready: the database answers and every migration "
+            "is applied. Exit 0 passes, 1 fails, 2 (ready) the database is unreachable.",
+        )
+        probe.add_argument("kind", choices=["live", "ready"])
+        self._common(probe)
+        probe.add_argument(
+            "--within",
+            type=float,
+            default=DEFAULT_HEARTBEAT_WITHIN,
+            metavar="SECONDS",
+            help=f"live: the oldest heartbeat that passes (default {DEFAULT_HEARTBEAT_WITHIN:g}).",
+        )
+        probe.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_PROBE_TIMEOUT,
+            metavar="SECONDS",
+            help="How long the database may take to answer before it counts as "
+            f"unreachable (default {DEFAULT_PROBE_TIMEOUT:g}).",
+        )
+
         workers = subcommands.add_parser("workers", help="The worker registry.")
         self._common(workers)
         workers.add_argument("--all", action="store_true", help="Also stopped and gone workers.")
@@ -110,6 +147,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["subcommand"] == "probe":
+            self.probe(options)
+            return
         try:
             if options["subcommand"] == "status":
                 self.status(options)
@@ -205,6 +245,55 @@ class Command(BaseCommand):
             text += f"; {snap.gone_workers} gone without stopping (no heartbeat)"
         return text + "."
 
+    # -- probes ------------------------------------------------------------------------
+
+    def probe(self, options: dict[str, Any]) -> None:
+        using = options["database"] or ops.default_database()
+        if options["kind"] == "live":
+            self._probe_live(using, options["within"], options["timeout"])
+        else:
+            self._probe_ready(using, options["timeout"])
+
+    def _probe_live(self, using: str, within: float, timeout: float) -> None:
+        from ...worker.registry import local_workers
+
+        host = socket.gethostname()
+        try:
+            workers = _bounded(lambda: local_workers(using), timeout)
+        except (DatabaseError, TimeoutError) as exc:
+            # Every worker is cut off alike, and reconnects by itself once the
+            # database is back; restarting them all would only add a storm of
+            # restarts. Readiness reports the outage instead.
+            self.stdout.write(f"live: passing, the database is unreachable ({_one_line(exc)})")
+            return
+        if not workers:
+            self._fail(f"live: no running worker process of {host} is registered")
+        stuck = [w for w in workers if w.heartbeat_age > within]
+        if stuck:
+            self._fail(
+                f"live: no heartbeat within {within:g}s from "
+                + ", ".join(f"{w.name} ({w.heartbeat_age:.0f}s ago)" for w in stuck)
+            )
+        oldest = max(w.heartbeat_age for w in workers)
+        self.stdout.write(
+            f"live: {len(workers)} worker processes of {host}, oldest heartbeat {oldest:.1f}s ago"
+        )
+
+    def _probe_ready(self, using: str, timeout: float) -> None:
+        try:
+            unapplied = _bounded(lambda: _unapplied_migrations(using), timeout)
+        except (DatabaseError, TimeoutError) as exc:
+            self._fail(f"ready: the database is unreachable ({_one_line(exc)})", code=EXIT_DATABASE)
+        if unapplied:
+            shown = ", ".join(unapplied[:5]) + (" ..." if len(unapplied) > 5 else "")
+            self._fail(f"ready: {len(unapplied)} migrations not applied: {shown}")
+        self.stdout.write("ready: the database answers and every migration is applied")
+
+    def _fail(self, message: str, *, code: int = EXIT_UNHEALTHY) -> Any:
+        self.stdout.write(message)
+        self.stdout.flush()
+        sys.exit(code)
+
     # -- workers -----------------------------------------------------------------------
 
     def workers(self, options: dict[str, Any]) -> None:
@@ -253,3 +342,47 @@ class Command(BaseCommand):
             for row, w in zip(table, workers, strict=True)
         ]
         self.stdout.write(format_table([*headers, "HEARTBEAT"], table_rows, right={4, 5, 6, 7, 8}))
+
+
+def _unapplied_migrations(using: str) -> list[str]:
+    from django.db.migrations.executor import MigrationExecutor
+
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
+
+
+def _bounded(work: Callable[[], Any], timeout: float) -> Any:
+    """``work()``, or ``TimeoutError`` after ``timeout`` seconds.
+
+    A probe must answer before its own deadline: a database host that drops
+    packets would hold a connect for minutes, and a probe the kubelet times out
+    counts as failed, which for liveness would restart healthy workers. The
+    work runs on a daemon thread (on its own connection), left behind if late.
+    """
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            answer["value"] = work()
+        except BaseException as exc:
+            answer["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="rdbtasks-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout:g}s")
+    if "error" in answer:
+        raise answer["error"]
+    return answer["value"]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
