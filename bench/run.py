@@ -50,7 +50,8 @@ from systems import ALL, RDBTasks, System  # noqa: E402
 from systems.base import Context  # noqa: E402
 
 MEASUREMENTS = ("pgbench", "drain", "enqueue", "latency", "mixed")
-DEFAULT_VARIANTS = "default=;batch100=--batch 100"
+# "metrics" shows what serving metrics costs the drain (docs/observability.md).
+DEFAULT_VARIANTS = "default=;metrics=--metrics-port 0;batch100=--batch 100"
 DEFAULT_MIXED_VARIANTS = "default=;batch1=--batch 1;batch100=--batch 100"
 
 

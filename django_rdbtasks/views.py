@@ -6,7 +6,9 @@ and scrape ``/rdbtasks/metrics/``. Who may read it:
 - a request with ``Authorization: Bearer <RDBTASKS_METRICS_TOKEN>``, when that
   setting is set (what a Prometheus scrape job sends: ``authorization:
   credentials``);
-- otherwise, or without the header, a logged-in active staff user (as the admin).
+- otherwise, or without the header, a logged-in active staff user who may see
+  the admin's dashboard (the ``django_rdbtasks.view_task`` permission; every
+  queue is shown, whatever the per-queue permissions).
 
 Anyone else gets 403. Each request reads the database afresh (the admin
 dashboard's queries, ``ops.snapshot``) into a registry of its own; nothing is
@@ -30,7 +32,12 @@ def allowed(request: HttpRequest) -> bool:
         # A constant-time comparison: the token is a password.
         return hmac.compare_digest(header.removeprefix("Bearer ").encode(), str(token).encode())
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_active and user.is_staff)
+    return bool(
+        user is not None
+        and user.is_active
+        and user.is_staff
+        and user.has_perm("django_rdbtasks.view_task")
+    )
 
 
 @never_cache

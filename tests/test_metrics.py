@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Histogram
@@ -191,7 +191,9 @@ def _text(registry: CollectorRegistry) -> str:
 @pytest.fixture
 def staff_client() -> Client:
     client = Client()
-    client.force_login(User.objects.create_user("ops", is_staff=True))
+    user = User.objects.create_user("ops", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_task"))
+    client.force_login(user)
     return client
 
 
@@ -232,6 +234,9 @@ def test_the_view_is_for_staff_or_the_bearer_token(settings):
     plain = Client()
     plain.force_login(User.objects.create_user("someone"))
     assert plain.get("/metrics/").status_code == 403
+    staff = Client()  # staff, but not allowed to see the dashboard
+    staff.force_login(User.objects.create_user("staff", is_staff=True))
+    assert staff.get("/metrics/").status_code == 403
 
     settings.RDBTASKS_METRICS_TOKEN = "s3cret-token"
     anonymous = Client()

@@ -283,6 +283,9 @@ def render(
             extra=extra,
         )
     )
+    costs = render_variant_costs(results, summaries, workers, repeat)
+    if costs:
+        parts.append(costs)
     if limit:
         parts.append(
             render_table(
@@ -332,6 +335,43 @@ def render(
     if mixed:
         parts.append(render_mixed(mixed, config, repeat))
     return _with_errors(parts, results, commit_limit, mixed)
+
+
+def render_variant_costs(
+    results: Sequence[SystemResults],
+    summaries: dict[str, dict[str, Any]],
+    workers: list[int],
+    repeat: str,
+) -> str:
+    """Each django-rdbtasks variant's drain rate against the ``default`` variant's, in %.
+
+    What an option costs (``metrics=--metrics-port 0``, say): measured in the
+    same run as ``default``, so that both saw the same machine.
+    """
+    base_key = "rdbtasks:default"
+    if base_key not in summaries:
+        return ""
+    base = summaries[base_key]["drain_tasks_per_second"]
+    rows: dict[str, list[float | None]] = {}
+    labels: dict[str, str] = {}
+    for result in results:
+        if not result.reference or result.key == base_key:
+            continue
+        drain = summaries[result.key]["drain_tasks_per_second"]
+        rows[result.key] = [
+            None if not base.get(n) or drain.get(n) is None else (drain[n] / base[n] - 1) * 100
+            for n in workers
+        ]
+        labels[result.key] = result.variant
+    if not rows:
+        return ""
+    return render_table(
+        f"Drain rate of each variant against 'default' (% difference, {repeat}; negative: slower)",
+        [plural(n, "worker") for n in workers],
+        rows,
+        labels,
+        digits=1,
+    )
 
 
 def render_mixed(mixed: Sequence[MixedResults], config: dict[str, Any], repeat: str) -> str:
