@@ -31,6 +31,16 @@ DATABASES["default"]["TEST"] = {"NAME": TEST_DB_NAME}
 if os.environ.get("RDBTASKS_TEST_WORKER"):
     DATABASES["default"]["NAME"] = TEST_DB_NAME
 
+# The suite through a transaction pooler (tests/test_pgbouncer.py): DATABASE_URL
+# is the PgBouncer, RDBTASKS_TEST_DIRECT_URL the server itself, for LISTEN.
+DIRECT_URL = os.environ.get("RDBTASKS_TEST_DIRECT_URL")
+if DIRECT_URL:
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["direct"] = env.db_url_config(DIRECT_URL)
+    DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
+    if os.environ.get("RDBTASKS_TEST_WORKER"):
+        DATABASES["direct"]["NAME"] = TEST_DB_NAME
+
 SECRET_KEY = "tests"
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -79,6 +89,10 @@ TASKS = {
         },
     }
 }
+if DIRECT_URL:
+    TASKS["default"]["OPTIONS"]["TRANSACTION_POOLING"] = True
+    if not os.environ.get("RDBTASKS_TEST_POLL_ONLY"):
+        TASKS["default"]["OPTIONS"]["LISTEN_DATABASE"] = "direct"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Processes started by the record check-out tests load the processor.
 if os.environ.get("RDBTASKS_TEST_PROCESSORS"):

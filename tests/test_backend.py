@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_rdbtasks.backend import RDBTask, RDBTaskBackend, bulk_enqueue
@@ -24,6 +24,11 @@ from tests.testapp import backport_tasks, tasks
 from tests.testapp.models import Invoice
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def listen_connection():
+    """LISTEN needs the server itself: behind a pooler, the alias that bypasses it."""
+    return connections["direct"] if "direct" in connections else connection
 
 
 def test_backend_features():
@@ -188,7 +193,7 @@ def test_async_task_runs():
 def test_notify_is_delivered_on_commit_only(vendor):
     if vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other databases poll")
-    params = connection.get_connection_params()
+    params = listen_connection().get_connection_params()
     with psycopg.connect(
         **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
     ) as listener:
@@ -307,7 +312,7 @@ def test_one_row_insert_works_with_server_side_binding(vendor):
 def test_bulk_enqueue_wakes_each_queue_once_on_commit(vendor):
     if vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other databases poll")
-    params = connection.get_connection_params()
+    params = listen_connection().get_connection_params()
     with psycopg.connect(
         **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
     ) as listener:

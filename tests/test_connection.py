@@ -4,12 +4,21 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
 from django.db import DatabaseError, connection
 
 from django_rdbtasks.models import Task
-from django_rdbtasks.worker.connection import close_in_thread, open_in_thread, worker_alias
+from django_rdbtasks.worker.connection import (
+    close_in_thread,
+    open_in_thread,
+    worker_alias,
+    worker_transaction,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The suite also runs through PgBouncer in transaction mode (tests/test_pgbouncer.py).
+POOLED = bool(settings.TASKS["default"]["OPTIONS"].get("TRANSACTION_POOLING"))
 
 
 def in_new_thread(function):
@@ -42,17 +51,17 @@ def setting(wrapper, vendor, name):
 def test_a_frozen_worker_session_is_ended_by_the_server_within_half_its_lease(vendor):
     if vendor == "sqlite":
         pytest.skip("SQLite has no server session to bound")
-    alias = worker_alias("default", lease=2.0)
+    alias = worker_alias("default", lease=2.0, pooled=POOLED)
 
     def frozen_in_a_transaction():
         wrapper = open_in_thread(alias)
         try:
-            wrapper.set_autocommit(False)
-            with wrapper.cursor() as cursor:  # a transaction that has touched a table
-                cursor.execute(f"SELECT count(*) FROM {Task._meta.db_table}")
-            time.sleep(2.5)  # frozen past half the lease, inside the transaction
-            with wrapper.cursor() as cursor:
-                cursor.execute("SELECT 1")
+            with worker_transaction(alias):
+                with wrapper.cursor() as cursor:  # a transaction that has touched a table
+                    cursor.execute(f"SELECT count(*) FROM {Task._meta.db_table}")
+                time.sleep(2.5)  # frozen past half the lease, inside the transaction
+                with wrapper.cursor() as cursor:
+                    cursor.execute("SELECT 1")
             return "still open"
         except DatabaseError as exc:
             return f"ended: {exc}"
@@ -65,20 +74,22 @@ def test_a_frozen_worker_session_is_ended_by_the_server_within_half_its_lease(ve
 def test_worker_sessions_never_wait_long_on_a_lock_and_task_sessions_are_untouched(vendor):
     if vendor == "sqlite":
         pytest.skip("SQLite has no server session to bound")
-    alias = worker_alias("default", lease=30.0)
+    alias = worker_alias("default", lease=30.0, pooled=POOLED)
 
     def bounds():
         try:
             wrapper = open_in_thread(alias)
-            if vendor == "postgresql":
-                return {
-                    name: setting(wrapper, vendor, name)
-                    for name in ("idle_in_transaction_session_timeout", "lock_timeout")
-                }
-            names = ["innodb_lock_wait_timeout"]
-            if wrapper.mysql_is_mariadb:
-                names.append("idle_transaction_timeout")
-            return {name: setting(wrapper, vendor, name) for name in names}
+            # The worker's transactions; behind a pooler the bounds exist only in them.
+            with worker_transaction(alias):
+                if vendor == "postgresql":
+                    return {
+                        name: setting(wrapper, vendor, name)
+                        for name in ("idle_in_transaction_session_timeout", "lock_timeout")
+                    }
+                names = ["innodb_lock_wait_timeout"]
+                if wrapper.mysql_is_mariadb:
+                    names.append("idle_transaction_timeout")
+                return {name: setting(wrapper, vendor, name) for name in names}
         finally:
             close_in_thread(alias)
 

@@ -185,6 +185,14 @@ class Dialect:
         """Statements that bound how long a worker's own session may wait or idle."""
         return []
 
+    def transaction_sql(self, lease: float) -> list[str]:
+        """The bounds of ``session_sql`` for one transaction only.
+
+        Behind a transaction pooler a session is shared with other clients, so
+        nothing may be SET on it; these run first in each worker transaction.
+        """
+        return []
+
     def connection_options(self, lease: float) -> dict[str, Any]:
         """Driver options for a worker's own connections (keepalives, timeouts)."""
         return {}

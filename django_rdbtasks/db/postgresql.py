@@ -174,12 +174,15 @@ class PostgreSQLDialect(Dialect):
     def encode_id(self, value: Any) -> Any:
         return value
 
-    def session_sql(self, lease: float) -> list[str]:
+    @staticmethod
+    def _bounds(lease: float) -> tuple[int, int]:
         # A frozen or partitioned worker must not keep a transaction (and its
         # row locks) open for longer than a fraction of its lease, and none of
-        # its own writes may wait on a lock without a bound.
-        idle = max(1000, int(lease * 500))
-        lock = max(500, min(5000, int(lease * 250)))
+        # its own writes may wait on a lock without a bound. Milliseconds.
+        return max(1000, int(lease * 500)), max(500, min(5000, int(lease * 250)))
+
+    def session_sql(self, lease: float) -> list[str]:
+        idle, lock = self._bounds(lease)
         return [
             f"SET idle_in_transaction_session_timeout = {idle}",
             f"SET lock_timeout = {lock}",
@@ -187,6 +190,17 @@ class PostgreSQLDialect(Dialect):
             "SET tcp_keepalives_idle = 5",
             "SET tcp_keepalives_interval = 2",
             "SET tcp_keepalives_count = 5",
+        ]
+
+    def transaction_sql(self, lease: float) -> list[str]:
+        # set_config(..., true) is SET LOCAL: gone at COMMIT or ROLLBACK, so
+        # the pooled server session goes back to the next client untouched.
+        # The server-side keepalives have no per-transaction form; the
+        # pooler's own keepalives and timeouts take their place.
+        idle, lock = self._bounds(lease)
+        return [
+            f"SELECT set_config('idle_in_transaction_session_timeout', '{idle}', true), "
+            f"set_config('lock_timeout', '{lock}', true)"
         ]
 
     def connection_options(self, lease: float) -> dict[str, Any]:

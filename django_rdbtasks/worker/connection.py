@@ -11,14 +11,21 @@ The connection is a copy of the task database's, put under a private alias in
 the calling thread only (``connections[alias] = ...``): the ORM and
 ``transaction.atomic`` take the alias like any other, and Django's test cases
 treat it as the dynamically created connection it is.
+
+Behind a transaction pooler (the backend's ``TRANSACTION_POOLING`` option) a
+server session serves other clients between our transactions, so nothing is
+SET on it: the same bounds are set per transaction (``worker_transaction``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
@@ -26,17 +33,41 @@ from django.utils.connection import ConnectionDoesNotExist
 from ..db import dialect_for
 
 SUFFIX = "__rdbtasks_worker"
-#: Private alias -> (the database it copies, the lease its sessions are bounded by).
-_aliases: dict[str, tuple[str, float]] = {}
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    database: str
+    #: What the session's (or each transaction's) timeouts derive from.
+    lease: float
+    #: Behind a transaction pooler: nothing set on the session, bounds per transaction.
+    pooled: bool
+
+
+#: Private alias -> what it copies and how its sessions are bounded.
+_aliases: dict[str, _Bounds] = {}
 _lock = threading.Lock()
 
 
-def worker_alias(database: str, lease: float) -> str:
+def worker_alias(database: str, lease: float, *, pooled: bool = False) -> str:
     """The alias of the worker's own connections to ``database``."""
     alias = f"{database}{SUFFIX}"
     with _lock:
-        _aliases[alias] = (database, lease)
+        _aliases[alias] = _Bounds(database, lease, pooled)
     return alias
+
+
+@contextmanager
+def worker_transaction(alias: str) -> Iterator[None]:
+    """``transaction.atomic`` on a worker connection, bounded even behind a pooler."""
+    with transaction.atomic(using=alias):
+        bounds = _aliases.get(alias)
+        if bounds is not None and bounds.pooled:
+            connection = connections[alias]
+            with connection.cursor() as cursor:
+                for statement in dialect_for(connection).transaction_sql(bounds.lease):
+                    cursor.execute(statement)
+        yield
 
 
 def open_in_thread(alias: str) -> Any:
@@ -45,11 +76,11 @@ def open_in_thread(alias: str) -> Any:
         return connections[alias]
     except ConnectionDoesNotExist:
         pass
-    database, lease = _aliases[alias]
-    source = connections[database]
+    bounds = _aliases[alias]
+    source = connections[bounds.database]
     settings = dict(source.settings_dict)
     options = dict(settings.get("OPTIONS") or {})
-    options.update(dialect_for(source).connection_options(lease))
+    options.update(dialect_for(source).connection_options(bounds.lease))
     settings.update(
         OPTIONS=options,
         # Held for the worker's life: reconnecting per task would triple its cost.
@@ -75,10 +106,10 @@ def close_in_thread(alias: str) -> None:
 
 
 def _bound_session(sender: Any, connection: Any, **kwargs: Any) -> None:
-    known = _aliases.get(connection.alias)
-    if known is None:
+    bounds = _aliases.get(connection.alias)
+    if bounds is None or bounds.pooled:
         return
-    statements = dialect_for(connection).session_sql(known[1])
+    statements = dialect_for(connection).session_sql(bounds.lease)
     if statements:
         with connection.cursor() as cursor:
             for statement in statements:

@@ -99,7 +99,18 @@ class Worker:
         self.burst = burst
         self.max_tasks = max_tasks
         self.grace = grace
+        #: Behind a transaction pooler (PgBouncer pool_mode=transaction).
+        self.pooled = bool(instance.options.get("TRANSACTION_POOLING", False))
+        #: The alias LISTEN connects through: straight to the server, since a
+        #: transaction pooler cannot keep a LISTEN between transactions.
+        self.listen_database: str | None = instance.options.get("LISTEN_DATABASE") or (
+            None if self.pooled else self.database
+        )
         self.listen = listen and vendor == "postgresql" and instance.notify
+        #: Said once, when the process runs (the supervisor also builds a Worker).
+        self.polls_behind_pooler = self.listen and self.listen_database is None
+        if self.polls_behind_pooler:
+            self.listen = False
         self.processors = processors
         self.parent = ParentWatch(supervisor_pid)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -122,7 +133,7 @@ class Worker:
         if install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        alias = worker_alias(self.database, self.lease)
+        alias = worker_alias(self.database, self.lease, pooled=self.pooled)
         store = ClaimStore(alias, self.database)
         registry = Registry(alias, self.name)
         reporter = Reporter(self.backend, self.counters, store.public_id)
@@ -135,6 +146,12 @@ class Worker:
             self.batch or "auto",
             self.lease,
         )
+        if self.polls_behind_pooler:
+            logger.warning(
+                "LISTEN cannot go through a transaction pooler and OPTIONS has no "
+                "LISTEN_DATABASE: polling every %.1fs for new tasks instead",
+                self.poll_interval,
+            )
         registered = retry_database(
             lambda: (
                 registry.register(
@@ -372,7 +389,8 @@ class Worker:
         if self.listen:
             from .listener import Listener
 
-            threads.append(Listener(self.database, self.queues, self.wake, self.halt))
+            assert self.listen_database is not None
+            threads.append(Listener(self.listen_database, self.queues, self.wake, self.halt))
         if self.processors:
             threads += self._processor_threads()
         return threads

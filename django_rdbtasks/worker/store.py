@@ -14,13 +14,13 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 
 from ..db import dialect_for
 from ..db.base import SETTLES_DEPENDANTS, Dialect
 from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
 from ..states import OutcomeKind, TaskStatus
-from .connection import close_in_thread, open_in_thread
+from .connection import close_in_thread, open_in_thread, worker_transaction
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -59,7 +59,7 @@ class ClaimStore:
         """
         dialect = self.dialect
         if not dialect.exchange_is_one_statement:
-            with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            with worker_transaction(self.alias), self.connection.cursor() as cursor:
                 # Follow-ups before the claim: a dependant released here can
                 # be claimed in the same round.
                 result = dialect.exchange(cursor, outcomes, worker_id, None)
@@ -87,7 +87,7 @@ class ClaimStore:
         """Write outcomes with their follow-ups (job records, dependants) in one transaction."""
         if not outcomes:
             return {}
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with worker_transaction(self.alias), self.connection.cursor() as cursor:
             written = self.dialect.finish(cursor, outcomes, worker_id)
             self._follow_up(outcomes, written, worker_id)
             self._wake_others(outcomes, written)
