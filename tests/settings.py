@@ -1,6 +1,7 @@
 """Test settings: the database comes from DATABASE_URL (SQLite when unset)."""
 
 import os
+from typing import Any
 
 import environ
 
@@ -77,7 +78,7 @@ TEMPLATES = [
 ]
 ROOT_URLCONF = "tests.browser.urls"
 STATIC_URL = "/static/"
-TASKS = {
+TASKS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
         "QUEUES": ["default", "emails", "other"],
