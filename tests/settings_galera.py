@@ -7,7 +7,13 @@ difference from ``tests.settings``: lost races are logged (at debug), so the
 test can count the certification conflicts the workers met and retried.
 """
 
-from tests.settings import *  # noqa: F403
-from tests.settings import LOGGING
+from typing import Any, cast
 
-LOGGING["loggers"]["django_rdbtasks.races"] = {"level": "DEBUG"}
+from tests import settings as _base
+from tests.settings import *  # noqa: F403
+
+_loggers = cast(dict[str, Any], _base.LOGGING["loggers"])
+LOGGING = {
+    **_base.LOGGING,
+    "loggers": {**_loggers, "django_rdbtasks.races": {"level": "DEBUG"}},
+}

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,6 +118,7 @@ def test_eight_workers_on_three_nodes_run_each_of_5000_tasks_exactly_once(
         f"bulk_enqueue(tasks.record, [((f'g{{i}}',), {{}}) for i in range({TASKS})])",
     )
     before = conflicts(galera)
+    started = time.monotonic()
 
     supervisors = [
         run_workers(
@@ -134,6 +136,7 @@ def test_eight_workers_on_three_nodes_run_each_of_5000_tasks_exactly_once(
     ]
     for supervisor in supervisors:
         assert supervisor.wait(timeout=240) == 0, supervisor.log()
+    elapsed = time.monotonic() - started  # reported, never asserted
     logs = [supervisor.log() for supervisor in supervisors]
 
     # Exactly one side effect per task, as every node sees it.
@@ -157,12 +160,18 @@ def test_eight_workers_on_three_nodes_run_each_of_5000_tasks_exactly_once(
     # them as error 1213, and took each for a lost race, never for an outage.
     certified_away = conflicts(galera) - before
     races = sum(log.count(RACE_LINE) for log in logs)
-    print(f"conflicts counted by Galera: {certified_away}; lost races the workers retried: {races}")
+    print(
+        f"\n{TASKS} tasks in {elapsed:.1f}s; conflicts counted by Galera: {certified_away}; "
+        f"lost races the workers retried: {races}"
+    )
     assert certified_away > 0
     assert races > 0
     assert all("1213" in line for log in logs for line in log.splitlines() if RACE_LINE in line)
     for log in logs:
-        assert "database error during" not in log, log
+        # Not as an outage (retry_database), nor as a failed renewal or write
+        # (the lease keeper): no warning at all, and nothing raised.
+        loud = [line for line in log.splitlines() if " WARNING [" in line or " ERROR [" in line]
+        assert loud == [], "\n".join(loud)
         assert "Traceback" not in log, log
 
 

@@ -11,6 +11,7 @@ from django.db import connection
 
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.mysql import MySQLDialect
 from django_rdbtasks.states import ClaimMode
 from django_rdbtasks.worker import Worker
 from tests.testapp import tasks
@@ -27,6 +28,7 @@ def mysql_only(vendor):
 
 def test_an_ordinary_server_is_not_galera_and_allows_every_mode():
     dialect = dialect_for(connection)
+    assert isinstance(dialect, MySQLDialect)
     with connection.cursor() as cursor:
         cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
         row = cursor.fetchone()

@@ -27,6 +27,7 @@ this with any Python 3.11+.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pwd
 import shutil
@@ -217,7 +218,7 @@ class GaleraCluster:
             for node in self.nodes[1:]:
                 self._launch(node, bootstrap=False)
                 self._wait(
-                    lambda n=node: self._synced(n.index),
+                    functools.partial(self._synced, node.index),
                     timeout,
                     f"node{node.index} to join",
                     node,
