@@ -23,6 +23,10 @@ DATABASES = {
             "target_session_attrs": "read-write",
             # A dead host costs at most this long per connection attempt.
             "connect_timeout": 2,
+            # A server that vanished without closing the connection is noticed.
+            "keepalives_idle": 5,
+            "keepalives_interval": 2,
+            "keepalives_count": 3,
         },
     }
 }
