@@ -10,7 +10,8 @@ import sys
 import time
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import Error as DatabaseError
+from django.db import connections
 
 from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
@@ -185,10 +186,13 @@ class Supervisor:
         database = _database(self.worker_options)
         try:
             load = sample_load(database, self._queues())
-        except DatabaseError as exc:
+        except DatabaseError as exc:  # django.db.Error: InterfaceError too
             # No sample, no change: the processes running go on running.
             logger.warning("autoscale: could not read the backlog (%s)", exc)
-            connections[database].close()
+            try:
+                connections[database].close()  # a fresh connection for the next sample
+            except DatabaseError:
+                pass
             return
         slots = self.worker_slots()
         current = len(slots)
