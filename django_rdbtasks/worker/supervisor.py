@@ -116,33 +116,18 @@ class Supervisor:
         for index in range(first):
             self._start(index)
         if self.autoscale is not None:
+            logger.info(
+                "autoscale: %d to %d worker processes, backlog read every %gs",
+                self.autoscale.minimum,
+                self.autoscale.maximum,
+                self.autoscale_interval,
+            )
             self._next_sample = time.monotonic() + self.autoscale_interval
         # Scaled to zero, an autoscaling supervisor has no child and still runs.
         while self.children or (self.autoscale is not None and not self.stopping):
             time.sleep(0.05)
             self._pass_signals_on()
-            for slot, process in list(self.children.items()):
-                if process.is_alive():
-                    continue
-                process.join()
-                code = process.exitcode
-                del self.children[slot]
-                if self.metrics is not None:
-                    self.metrics.process_gone(process.pid)
-                if slot in self.retiring:
-                    self.retiring.discard(slot)
-                    logger.info("worker process %s stopped (autoscale)", process.pid)
-                    continue
-                if self.stopping:
-                    continue
-                if code == 0 and self.burst:
-                    continue
-                if code == EXIT_RECYCLE:
-                    logger.info("worker process %s recycled after --max-tasks", process.pid)
-                    self._start(slot)
-                    continue
-                logger.error("worker process %s exited with %s; restarting", process.pid, code)
-                self._restart_after_crash(slot)
+            self._reap_children()
             if self.autoscale is not None and not self.stopping:
                 now = time.monotonic()
                 if now >= self._next_sample:
@@ -150,6 +135,31 @@ class Supervisor:
                     self._scale(self.autoscale, now)
             self._report_processes()
         return 0
+
+    def _reap_children(self) -> None:
+        """Join the children that exited; restart those that should be running."""
+        for slot, process in list(self.children.items()):
+            if process.is_alive():
+                continue
+            process.join()
+            code = process.exitcode
+            del self.children[slot]
+            if self.metrics is not None:
+                self.metrics.process_gone(process.pid)
+            if slot in self.retiring:
+                self.retiring.discard(slot)
+                logger.info("worker process %s stopped (autoscale)", process.pid)
+                continue
+            if self.stopping:
+                continue
+            if code == 0 and self.burst:
+                continue
+            if code == EXIT_RECYCLE:
+                logger.info("worker process %s recycled after --max-tasks", process.pid)
+                self._start(slot)
+                continue
+            logger.error("worker process %s exited with %s; restarting", process.pid, code)
+            self._restart_after_crash(slot)
 
     def _start(self, slot: int | str) -> None:
         connections.close_all()  # never share a connection with a child
