@@ -61,7 +61,13 @@ def seconds_text(seconds: float | None) -> str:
 
 
 class Command(BaseCommand):
-    help = "Queue depth, lag and live workers (status), or the worker registry (workers)."
+    help = (
+        "Queue depth, lag and live workers (status), the worker registry (workers), "
+        "or this host's liveness and readiness (probe)."
+    )
+    # No system checks first: some of them query the database (on Django 6.1),
+    # so a probe would crash where it must answer, and a monitor runs often.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         subcommands = parser.add_subparsers(dest="subcommand", required=True)
