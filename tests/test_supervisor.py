@@ -79,12 +79,11 @@ def test_scaled_to_zero_a_task_starts_a_process_that_goes_again_when_idle(run_wo
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_process_stopped_by_the_autoscaler_finishes_its_running_task(run_workers):
-    # The first process takes "first"; the backlog brings a second, which takes
-    # "long". Once only "long" runs, the policy stops the newest process: the
-    # one running it. SIGTERM is a graceful stop: the task finishes, once.
-    tasks.record_then_sleep.enqueue("first", 1.5)
-    tasks.record_then_sleep.enqueue("long", 4.0)
-    tasks.record_then_sleep.enqueue("last", 0.1)
+    # The first process takes "first"; then "long" and "last" make a backlog
+    # that brings a second process, which takes "long" (the first is busy).
+    # Once only "long" runs, the policy stops the newest process: the one
+    # running it. SIGTERM is a graceful stop: the task finishes, once.
+    tasks.record_then_sleep.enqueue("first", 3.0)
     workers = run_workers(
         "--autoscale",
         "1:2",
@@ -98,6 +97,9 @@ def test_a_process_stopped_by_the_autoscaler_finishes_its_running_task(run_worke
         "--grace",
         "30",
     )
+    wait_until(lambda: SideEffect.objects.filter(key="first").exists(), timeout=60)
+    tasks.record_then_sleep.enqueue("long", 4.0)
+    tasks.record_then_sleep.enqueue("last", 0.1)
     stopped = wait_until(
         lambda: re.search(r"worker process (\d+) stopped \(autoscale\)", workers.log()),
         timeout=60,
