@@ -413,16 +413,24 @@ def _audit(
     for task_id, (_, _, attempts, version, worker_id, history, _) in tasks.items():
         if isinstance(history, str):
             history = json.loads(history)
-        stale += _check_history(task_id, attempts, version, worker_id, history, promoted_at)
-        entries = {(entry["attempt"], entry["worker_id"]) for entry in history}
         claims = [(run.attempt, run.worker_id) for run in runs_of[task_id]]
-        # One run per claim, and every run is in the history: none unaccounted for.
-        assert len(claims) == len(set(claims)), (task_id, claims)
-        assert set(claims) <= entries, (task_id, claims, history)
-        # The run that succeeded is in the file, and its database row (committed
-        # before the body returned) survived the failover.
-        assert (attempts, worker_id) in claims, (task_id, claims, history)
-        assert (task_id, worker_id) in effects, (task_id, worker_id)
+        try:
+            stale += _check_history(task_id, attempts, version, worker_id, history, promoted_at)
+            entries = {(entry["attempt"], entry["worker_id"]) for entry in history}
+            # One run per claim, and every run is in the history: none unaccounted for.
+            assert len(claims) == len(set(claims)), "two runs of one claim"
+            assert set(claims) <= entries, "a run missing from the history"
+            # The run that succeeded is in the file, and its database row
+            # (committed before the body returned) survived the failover.
+            assert (attempts, worker_id) in claims, "the successful run is not in the file"
+            assert (task_id, worker_id) in effects, "the successful run's row was lost"
+        except AssertionError as exc:
+            brief = [{k: v for k, v in e.items() if k != "traceback"} for e in history]
+            raise AssertionError(
+                f"{exc}\ntask {task_id}: attempts={attempts} version={version} "
+                f"worker={worker_id}\nhistory={brief}\n"
+                f"runs={[(r.position, r.attempt, r.worker_id) for r in runs_of[task_id]]}"
+            ) from exc
         if len(claims) > 1:
             duplicated[task_id] = len(claims) - 1
     # Every run but the last was in flight at the failover, with one exception:
