@@ -53,7 +53,9 @@ def is_lost_race(exc: BaseException) -> bool:
     The transaction was rolled back as a whole and doing it again is the
     remedy: a deadlock, a serialization failure, or on Galera a write that
     lost certification to a conflicting one committed on another node. Django
-    wraps the driver's exception (``__cause__``) and copies its ``args``.
+    wraps the driver's exception (``__cause__``) and copies its ``args``; the
+    chain also makes a ``TransactionManagementError`` raised because an earlier
+    statement of the transaction lost a race (Django 5.1+) count as one.
     """
     seen: set[int] = set()
     error: BaseException | None = exc
