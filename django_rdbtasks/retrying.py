@@ -55,7 +55,7 @@ def is_lost_race(exc: BaseException) -> bool:
     lost certification to a conflicting one committed on another node. Django
     wraps the driver's exception (``__cause__``) and copies its ``args``; the
     chain also makes a ``TransactionManagementError`` raised because an earlier
-    statement of the transaction lost a race (Django 5.1+) count as one.
+    statement of the transaction lost a race count as one.
     """
     seen: set[int] = set()
     error: BaseException | None = exc
