@@ -79,7 +79,7 @@ def test_live_fails_while_a_worker_is_frozen_past_its_heartbeat_and_recovers(run
     supervisor, child = start_worker(run_workers)
     code, out = probe("live", "--within", "3")
     assert code == 0, out
-    assert f"1 worker processes of {HOST}" in out
+    assert f"live: 1 worker process of {HOST}" in out
 
     os.kill(child, signal.SIGSTOP)
     try:
@@ -120,7 +120,7 @@ def test_live_leaves_out_rows_of_processes_that_are_gone_or_younger(run_workers)
         younger.kill()
         younger.wait()
     assert code == 0, out
-    assert f"1 worker processes of {HOST}" in out
+    assert f"live: 1 worker process of {HOST}" in out
 
 
 def test_live_passes_when_the_database_is_unreachable():

@@ -281,9 +281,8 @@ class Command(BaseCommand):
                 + ", ".join(f"{w.name} ({w.heartbeat_age:.0f}s ago)" for w in stuck)
             )
         oldest = max(w.heartbeat_age for w in workers)
-        self.stdout.write(
-            f"live: {len(workers)} worker processes of {host}, oldest heartbeat {oldest:.1f}s ago"
-        )
+        processes = "1 worker process" if len(workers) == 1 else f"{len(workers)} worker processes"
+        self.stdout.write(f"live: {processes} of {host}, oldest heartbeat {oldest:.1f}s ago")
 
     def _probe_ready(self, using: str, timeout: float) -> None:
         try:
