@@ -238,3 +238,20 @@ print(json.dumps({{"enabled": tracing.ENABLED, "id": result.id}}))
     answer = json.loads(out.stdout.strip().splitlines()[-1])
     assert answer["enabled"] is (setup == "")
     assert Task.objects.get(pk=answer["id"]).trace_context is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dedup_hit_ends_its_enqueue_span_in_error_and_returns_the_active_task(exporter, tracer):
+    with tracer.start_as_current_span("request"):
+        first = tasks.sync_account.enqueue("acme")
+        second = tasks.sync_account.enqueue("acme")
+    assert second.id == first.id
+    spans = spans_named(exporter, f"enqueue {PATH}.sync_account")
+    assert [s.status.status_code for s in spans] == [StatusCode.UNSET, StatusCode.ERROR]
+    assert spans[1].attributes["error.type"].endswith("IntegrityError")
+    # The row keeps the context of the enqueue that created it.
+    stored = Task.objects.get(pk=first.id).trace_context
+    assert traceparent_ids(stored["traceparent"]) == (
+        spans[0].context.trace_id,
+        spans[0].context.span_id,
+    )
