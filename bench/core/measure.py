@@ -7,6 +7,7 @@ another's (or its own previous run's) state.
 
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -41,13 +42,20 @@ class DrainRun:
     workers: int
     seconds: float  # from starting the worker processes to the last task finished
     first_done_seconds: float  # until the first task was seen finished: start-up cost
+    #: User + system CPU of the worker processes and everything they forked, start-up
+    #: included: less moved by a busy machine than the rate, which waits on the CPU.
+    worker_cpu_seconds: float = 0.0
 
     @property
     def rate(self) -> float:
         return self.tasks / self.seconds
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tasks_per_second": self.rate}
+        return {
+            **asdict(self),
+            "tasks_per_second": self.rate,
+            "worker_cpu_us_per_task": self.worker_cpu_seconds / self.tasks * 1e6,
+        }
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,8 @@ def time_drain(
         raise RuntimeError(f"{system.key}: {left} tasks queued before the drain, expected {tasks}")
     timeout = 60 + tasks / 20  # far beyond the slowest peer's rate
     first_done: float | None = None
+    # The harness forks nothing else meanwhile: what its reaped children used is the workers'.
+    cpu_before = _children_cpu()
     start = time.perf_counter()
     last_left, last_progress = left, start
     with WorkerGroup(
@@ -186,13 +196,20 @@ def time_drain(
             time.sleep(drain_poll_interval(tasks, left, elapsed))
         # Burst-mode workers exit by themselves: let them, rather than signal them mid-exit.
         group.wait_exit(10.0)
+    cpu = _children_cpu() - cpu_before
     failed = scalar(conn, system.failed_sql)
     if failed:
         # A no-op task that fails is a broken set-up, and a rate that counts failures is no rate.
         raise RuntimeError(
             f"{system.key}: {failed} of {tasks} no-op tasks failed; see {log} and the table"
         )
-    return DrainRun(tasks, workers, elapsed, first_done if first_done is not None else elapsed)
+    return DrainRun(tasks, workers, elapsed, first_done if first_done is not None else elapsed, cpu)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def drain_poll_interval(tasks: int, left: int, elapsed: float) -> float:

@@ -42,6 +42,10 @@ class SystemResults:
         limit = commit_limit or {}
         return {
             "drain_tasks_per_second": drain,
+            "drain_worker_cpu_us_per_task": {
+                workers: median_of(runs, "worker_cpu_us_per_task")
+                for workers, runs in self.drain.items()
+            },
             # The drain rate over pgbench's with as many clients as worker processes.
             "drain_share_of_commit_limit": {
                 workers: rate / limit[workers]
@@ -343,30 +347,38 @@ def render_variant_costs(
     workers: list[int],
     repeat: str,
 ) -> str:
-    """Each django-rdbtasks variant's drain rate against the ``default`` variant's, in %.
+    """Each django-rdbtasks variant against the ``default`` variant, in %: drain rate, CPU.
 
-    What an option costs (``metrics=--metrics-port 0``, say): measured in the
-    same run as ``default``, so that both saw the same machine.
+    What an option costs (``metrics=--metrics-port 0``, say), measured in the
+    same run as ``default``. The CPU the workers used per task moves less than
+    the rate when other processes compete for the machine.
     """
     base_key = "rdbtasks:default"
     if base_key not in summaries:
         return ""
-    base = summaries[base_key]["drain_tasks_per_second"]
-    rows: dict[str, list[float | None]] = {}
-    labels: dict[str, str] = {}
-    for result in results:
-        if not result.reference or result.key == base_key:
-            continue
-        drain = summaries[result.key]["drain_tasks_per_second"]
-        rows[result.key] = [
-            None if not base.get(n) or drain.get(n) is None else (drain[n] / base[n] - 1) * 100
-            for n in workers
-        ]
-        labels[result.key] = result.variant
-    if not rows:
+    others = [r for r in results if r.reference and r.key != base_key and r.key in summaries]
+    if not others:
         return ""
+    labels: dict[str, str] = {}
+    rows: dict[str, list[float | None]] = {}
+    for figure, name in (
+        ("drain_tasks_per_second", "rate"),
+        ("drain_worker_cpu_us_per_task", "CPU per task"),
+    ):
+        base = summaries[base_key].get(figure, {})
+        for result in others:
+            values = summaries[result.key].get(figure, {})
+            key = f"{result.key} {name}"
+            labels[key] = f"{result.variant}: {name}"
+            rows[key] = [
+                None
+                if not base.get(n) or values.get(n) is None
+                else (values[n] / base[n] - 1) * 100
+                for n in workers
+            ]
     return render_table(
-        f"Drain rate of each variant against 'default' (% difference, {repeat}; negative: slower)",
+        f"Each variant against 'default' (% difference, {repeat}): drain rate (negative:"
+        " slower) and worker CPU per task, start-up included (positive: more)",
         [plural(n, "worker") for n in workers],
         rows,
         labels,
