@@ -305,8 +305,13 @@ class RDBTaskBackend(BaseTaskBackend):
         dialect = dialect_for(connection)
         # None unless the caller is being traced (the tracing extra).
         span = tracing.enqueue_span(tasks) if tracing.ENABLED else None
-        if span is not None:
-            return self._insert_traced(connection, dialect, tasks, span)
+        if span is None:
+            return self._insert_rows(connection, dialect, tasks)
+        with span:
+            span.mark(tasks)  # its context goes into the rows' trace_context
+            return self._insert_rows(connection, dialect, tasks)
+
+    def _insert_rows(self, connection: Any, dialect: Any, tasks: Sequence[NewTask]) -> Any:
         # The rows and their NOTIFY commit with the caller's transaction if one
         # is open, so a rollback takes the tasks with it; else in their own.
         if dialect.insert_is_one_statement and not connection.in_atomic_block:
@@ -315,19 +320,6 @@ class RDBTaskBackend(BaseTaskBackend):
         with transaction.atomic(using=self.database, savepoint=False):
             with connection.cursor() as cursor:
                 return dialect.insert_tasks(cursor, tasks, self.notify)
-
-    def _insert_traced(
-        self, connection: Any, dialect: Any, tasks: Sequence[NewTask], span: Any
-    ) -> Any:
-        """The insert inside its PRODUCER span, the span's context written into the rows.
-
-        In one transaction with the insert, so no worker sees a row without it.
-        """
-        with span, transaction.atomic(using=self.database, savepoint=False):
-            with connection.cursor() as cursor:
-                enqueued_at = dialect.insert_tasks(cursor, tasks, self.notify)
-                span.store(cursor, dialect, tasks)
-        return enqueued_at
 
     def _new_result(
         self,

@@ -118,6 +118,7 @@ INSERT_COLUMNS = (
     "waiting_on",
     "on_parent_failure",
     "requested_run_after",
+    "trace_context",
 )
 
 
@@ -141,6 +142,8 @@ class NewTask:
     status: str = TaskStatus.READY.value
     waiting_on: int = 0
     on_parent_failure: str = TaskStatus.CANCELLED.value
+    #: The enqueuer's trace context, JSON text (``observability.tracing``), or None.
+    trace_context: str | None = None
 
 
 class Dialect:
@@ -551,6 +554,7 @@ class Dialect:
             task.waiting_on,
             task.on_parent_failure,
             requested,
+            task.trace_context,
         )
 
     #: Whether insert_tasks is a single statement, atomic without a transaction.

@@ -86,7 +86,7 @@ class PostgreSQLDialect(Dialect):
             "SELECT (v->>0)::uuid, v->>1, v->>2, v->>3, (v->>4)::int, (v->>5)::jsonb, "
             "(v->>6)::jsonb, (v->>7)::int, COALESCE((v->>8)::timestamptz, n.now), n.now, "
             "v->>9, 0, '', 0, '[]'::jsonb, v->>10, v->>11, (v->>12)::int, v->>13, "
-            "(v->>8)::timestamptz "
+            "(v->>8)::timestamptz, (v->>14)::jsonb "
             "FROM jsonb_array_elements(%s::jsonb) AS r(v), n), "
             # NOTIFY in the same statement: an enqueue outside a transaction
             # is one round trip. PostgreSQL delivers it at commit.
@@ -100,7 +100,7 @@ class PostgreSQLDialect(Dialect):
         one_row = (
             f"INSERT INTO {t} ({columns}) VALUES (%s::uuid, %s, %s, %s, %s, %s::jsonb, "
             f"%s::jsonb, %s, COALESCE(%s::timestamptz, {now}), {now}, %s, 0, '', 0, "
-            "'[]'::jsonb, %s, %s, %s, %s, %s::timestamptz) RETURNING enqueued_at"
+            "'[]'::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::jsonb) RETURNING enqueued_at"
         )
         self.insert_one_sql = {
             False: one_row,
@@ -133,6 +133,7 @@ class PostgreSQLDialect(Dialect):
                     t.waiting_on,
                     t.on_parent_failure,
                     t.run_after,
+                    t.trace_context,
                 ],
             )
             return cursor.fetchone()[0]
@@ -160,6 +161,7 @@ class PostgreSQLDialect(Dialect):
                     t.dedup_key,
                     t.waiting_on,
                     t.on_parent_failure,
+                    t.trace_context,
                 ]
                 for t in tasks
             ]

@@ -42,7 +42,7 @@ else:
     ENABLED = True
 
 if TYPE_CHECKING:
-    from ..db.base import Dialect, NewTask
+    from ..db.base import NewTask
     from ..db.rows import ClaimedRow, Outcome
 
 #: ``messaging.system``: no registered value fits a task table, so our own.
@@ -97,16 +97,12 @@ class EnqueueSpan:
             otel_context.detach(self._token)
             self.span.end()
 
-    def store(self, cursor: Any, dialect: Dialect, tasks: Sequence[NewTask]) -> None:
-        """Write the context into the rows just inserted, in the insert's transaction."""
-        if not self.carrier:  # a propagator that writes nothing (configured off)
-            return
-        marks = ", ".join(["%s"] * len(tasks))
-        cursor.execute(
-            f"UPDATE {dialect.table} SET trace_context = {dialect.json_param} "
-            f"WHERE id IN ({marks})",
-            [json.dumps(self.carrier), *(dialect.encode_id(t.id) for t in tasks)],
-        )
+    def mark(self, tasks: Sequence[NewTask]) -> None:
+        """Put this span's context into the rows about to be inserted."""
+        if self.carrier:  # empty if the propagator is configured to write nothing
+            text = json.dumps(self.carrier)
+            for task in tasks:
+                task.trace_context = text
 
 
 def enqueue_span(tasks: Sequence[NewTask]) -> EnqueueSpan | None:
