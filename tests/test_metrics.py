@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shutil
 import signal
 import urllib.request
 from pathlib import Path
@@ -331,3 +332,32 @@ def test_counts_of_a_killed_process_survive_it_and_the_reclaim_is_counted(run_wo
     record = {"queue": "default", "task": "tests.testapp.tasks.record"}
     assert value(found, "rdbtasks_tasks_succeeded_total", **record) == 1
     assert value(found, "rdbtasks_worker_processes") == 1
+    workers.signal(signal.SIGTERM)
+    assert workers.wait(timeout=60) == 0, workers.log()
+
+
+def test_directories_of_supervisors_gone_without_cleaning_up_are_removed(tmp_path):
+    import subprocess
+    import sys
+    import tempfile
+
+    from django_rdbtasks.observability.metrics import DIRECTORY_PREFIX, remove_stale_directories
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    root = Path(tempfile.gettempdir())
+    stale = root / f"{DIRECTORY_PREFIX}{gone.stdout.strip()}-test"
+    live = root / f"{DIRECTORY_PREFIX}{os.getpid()}-test"
+    for directory in (stale, live):
+        directory.mkdir()
+        (directory / "counter_1.db").write_bytes(b"x")
+    try:
+        assert str(stale) in remove_stale_directories()
+        assert not stale.exists() and live.exists()
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)

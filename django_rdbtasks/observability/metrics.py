@@ -293,8 +293,9 @@ class MetricsServer:
         self.metrics: WorkerMetrics | None = None
 
     def prepare(self) -> WorkerMetrics:
+        remove_stale_directories()
         # A fresh directory: files left by an earlier run would be added in.
-        self.directory = tempfile.mkdtemp(prefix="rdbtasks-metrics-")
+        self.directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-")
         os.environ[MULTIPROC_ENV] = self.directory
         from prometheus_client import values
 
@@ -353,6 +354,34 @@ class MetricsServer:
                 from prometheus_client import values
 
                 values.ValueClass = values.get_value_class()
+
+
+#: The supervisor's directory: this, its pid, a dash and a random part.
+DIRECTORY_PREFIX = "rdbtasks-metrics-"
+
+
+def remove_stale_directories() -> list[str]:
+    """Remove the directories of supervisors that are gone without cleaning up (SIGKILL).
+
+    Only this user's, and only those whose supervisor pid no longer exists.
+    """
+    removed = []
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid_text = name[len(DIRECTORY_PREFIX) :].partition("-")[0]
+        if not name.startswith(DIRECTORY_PREFIX) or not pid_text.isdigit():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except OSError:
+            continue  # not ours to judge (another user's pid), or gone meanwhile
+    return removed
 
 
 # -- the database's gauges -----------------------------------------------------------------
