@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 
 from .compat import Task
@@ -411,6 +411,11 @@ def _record_and_enqueue(job: Job, tick: dt.datetime, using: str) -> bool:
         task = task.using(**overrides) if overrides else task
         result = backend.enqueue_job_task(task, job.kwargs, job_name=job.name)
     except Exception as exc:
+        if isinstance(exc, DatabaseError):
+            # The tick's transaction is broken (on Galera: rolled back by a
+            # conflicting write that won on another node): undo the whole
+            # tick, record included; the scheduler's retry fires it again.
+            raise
         # The tick is spent either way; say why nothing ran, in its record.
         JobRecord.objects.using(using).filter(pk=record.pk).update(
             status=TaskStatus.FAILED, error=f"{type(exc).__name__}: {exc}"

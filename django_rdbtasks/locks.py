@@ -10,14 +10,14 @@ import time
 from datetime import timedelta
 from types import TracebackType
 
-from django.db import IntegrityError, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F, Q
 from django.db.models.expressions import CombinedExpression
 from django.utils.crypto import get_random_string
 
 from .db.functions import DbNow
 from .models import Lock
-from .retrying import LeaseRenewer
+from .retrying import LeaseRenewer, is_lost_race
 
 logger = logging.getLogger("django_rdbtasks.locks")
 
@@ -108,24 +108,33 @@ class LeasedLock:
     def _try_acquire(self) -> bool:
         locks = Lock.objects.using(self.using)
         free = Q(expires_at__isnull=True) | Q(expires_at__lte=DbNow()) | Q(holder="")
-        taken = locks.filter(free, name=self.name).update(
-            holder=self.holder,
-            token=F("token") + 1,
-            expires_at=self._expiry(),
-            acquired_at=DbNow(),
-        )
-        if not taken:
-            try:
-                with transaction.atomic(using=self.using):
-                    locks.create(
-                        name=self.name,
-                        holder=self.holder,
-                        token=1,
-                        expires_at=self._expiry(),
-                        acquired_at=DbNow(),
-                    )
-            except IntegrityError:
+        try:
+            taken = locks.filter(free, name=self.name).update(
+                holder=self.holder,
+                token=F("token") + 1,
+                expires_at=self._expiry(),
+                acquired_at=DbNow(),
+            )
+            if not taken:
+                try:
+                    with transaction.atomic(using=self.using):
+                        locks.create(
+                            name=self.name,
+                            holder=self.holder,
+                            token=1,
+                            expires_at=self._expiry(),
+                            acquired_at=DbNow(),
+                        )
+                except IntegrityError:
+                    return False
+        except DatabaseError as exc:
+            # Galera: another node took (or created) the lock at the same
+            # moment and won certification; it is held, as after a lost
+            # UPDATE. Not inside a caller's transaction: the server rolled
+            # all of that back, which the caller must hear about.
+            if is_lost_race(exc) and not connections[self.using].in_atomic_block:
                 return False
+            raise
         self.token = (
             locks.filter(name=self.name, holder=self.holder).values_list("token", flat=True).first()
         )

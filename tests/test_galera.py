@@ -245,16 +245,7 @@ def test_schedulers_on_three_nodes_fire_each_tick_exactly_once(galera, galera_db
     print(f"\nscheduler conflicts counted by Galera: {conflicts(galera) - before}")
     for scheduler in schedulers:
         log = scheduler.log()
-        loud = [
-            line
-            for line in log.splitlines()
-            if (" WARNING [" in line or " ERROR [" in line)
-            # Known, harmless (the tick is rolled back and fired again), until
-            # jobs._record_and_enqueue re-raises database errors: a lost race
-            # in the enqueue is swallowed there, and the next statement of the
-            # broken transaction raises TransactionManagementError.
-            and "TransactionManagementError" not in line
-        ]
+        loud = [line for line in log.splitlines() if " WARNING [" in line or " ERROR [" in line]
         assert loud == [], "\n".join(loud)
         assert "Traceback" not in log, log
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from django.db import DatabaseError
 
 from ..db.rows import Outcome
+from ..retrying import is_lost_race, race_logger
 from .execution import Executor, Running
 from .registry import Registry
 from .reporting import Counters, Reporter
@@ -102,6 +103,11 @@ class LeaseKeeper:
             try:
                 written = self.store.finish([outcome for outcome, _ in pairs], worker_id)
             except DatabaseError as exc:
+                if is_lost_race(exc):
+                    # A conflicting write won (on Galera, from another node):
+                    # rolled back whole, the connection is fine; next tick.
+                    race_logger.debug("writing %d outcomes lost a race (%s)", len(pairs), exc)
+                    return
                 logger.warning("could not write %d outcomes (%s); retrying", len(pairs), exc)
                 self.store.close()
                 return
@@ -119,6 +125,11 @@ class LeaseKeeper:
             try:
                 still, cancel = self.store.renew(claims, slot.worker_id, self.lease)
             except DatabaseError as exc:
+                if is_lost_race(exc):
+                    # As above; and again at the next tick, not a heartbeat later.
+                    race_logger.debug("lease renewal lost a race (%s)", exc)
+                    self.next_renewal = time.monotonic()
+                    return
                 logger.warning("lease renewal failed (%s); retrying", exc)
                 self.store.close()
                 return
