@@ -59,8 +59,10 @@ _ERROR_KINDS = frozenset(
 _tracer: Any = trace.get_tracer(SCOPE) if ENABLED else None
 
 
-def _error_type(error: BaseException) -> str:
-    return f"{type(error).__module__}.{type(error).__qualname__}"
+def _mark_failed(span: Any, error: BaseException) -> None:
+    span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:500]))
+    span.set_attribute("error.type", f"{type(error).__module__}.{type(error).__qualname__}")
 
 
 # -- enqueue ---------------------------------------------------------------------------
@@ -90,9 +92,7 @@ class EnqueueSpan:
     ) -> None:
         try:
             if exc is not None:
-                self.span.record_exception(exc)
-                self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
-                self.span.set_attribute("error.type", _error_type(exc))
+                _mark_failed(self.span, exc)
         finally:
             otel_context.detach(self._token)
             self.span.end()
@@ -183,9 +183,7 @@ class RunSpan:
     ) -> None:
         try:
             if exc is not None:  # the worker's own code raised, not the task
-                self.span.record_exception(exc)
-                self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
-                self.span.set_attribute("error.type", _error_type(exc))
+                _mark_failed(self.span, exc)
         finally:
             otel_context.detach(self._token)
             self.span.end()
@@ -196,9 +194,7 @@ class RunSpan:
         span.set_attribute("rdbtasks.outcome", outcome.kind.value)
         error = outcome.error
         if error is not None and outcome.kind in _ERROR_KINDS:
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:500]))
-            span.set_attribute("error.type", _error_type(error))
+            _mark_failed(span, error)
         return outcome
 
 
