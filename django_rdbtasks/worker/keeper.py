@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from django.db import DatabaseError
 
 from ..db.rows import Outcome
-from ..retrying import is_lost_race, race_logger
+from ..retrying import Backoff, is_lost_race, race_logger
 from .execution import Executor, Running
 from .registry import Registry
 from .reporting import Counters, Reporter
@@ -56,6 +56,9 @@ class LeaseKeeper:
         self.registry = registry
         self.lease = lease
         self.heartbeat_interval = max(0.05, lease / 3)
+        #: A failed renewal is tried again soon, not a heartbeat later: two
+        #: failures a heartbeat apart would come close to losing the lease.
+        self.renewal_backoff = Backoff()
         self.timeout_grace = timeout_grace
         self.stopping = stopping
         self.next_renewal = time.monotonic() + self.heartbeat_interval
@@ -130,8 +133,16 @@ class LeaseKeeper:
                     race_logger.debug("lease renewal lost a race (%s)", exc)
                     self.next_renewal = time.monotonic()
                     return
-                logger.warning("lease renewal failed (%s); retrying", exc)
+                delay = min(self.renewal_backoff.next_delay(), self.heartbeat_interval)
+                loud = self.renewal_backoff.failures == 1
+                logger.log(
+                    logging.WARNING if loud else logging.DEBUG,
+                    "lease renewal failed (%s); retrying in %.1fs",
+                    exc,
+                    delay,
+                )
                 self.store.close()
+                self.next_renewal = time.monotonic() + delay
                 return
             for running in held:
                 task_id = running.row.id
@@ -147,6 +158,7 @@ class LeaseKeeper:
                         "its result will not be written",
                         task_id,
                     )
+        self.renewal_backoff.reset()
         with self.counters.lock:
             done, failed = self.counters.processed, self.counters.failed
         running_count = sum(len(slot.held()) for slot in self.slots)
