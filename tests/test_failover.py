@@ -330,12 +330,6 @@ def test_failover_to_the_synchronous_standby_mid_drain(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Registry.alive() leaves its broken connection open: an idle worker's "
-    "heartbeat stops after a failover until a lease renewal fails and reconnects",
-)
 def test_an_idle_worker_comes_back_whole_after_a_failover(pair, producer, run_workers, tmp_path):
     """Nothing to run across the failover: every part must reconnect by itself.
 
@@ -468,26 +462,14 @@ def _audit(
     }
     duplicated: dict[str, int] = {}
     stale: list[str] = []
-    unrecorded_tasks: list[str] = []
     for task_id, (_, _, attempts, version, worker_id, history, _) in tasks.items():
         if isinstance(history, str):
             history = json.loads(history)
         claims = [(run.attempt, run.worker_id) for run in runs_of[task_id]]
         try:
             stale += _check_history(task_id, attempts, version, worker_id, history, promoted_at)
-            # Every attempt spent has its entry, but for a known defect: a claim
-            # that took over a lost one and was handed back before it started
-            # drops the lost attempt's entry (still counted in ``attempts``),
-            # and later runs are numbered one short. Only after a lost run.
-            unrecorded = attempts - len(history)
-            assert unrecorded >= 0, "more entries than attempts"
-            if unrecorded:
-                assert len(claims) > unrecorded, "an attempt unrecorded, yet no lost run"
-                assert worker_id in {w for _, w in claims}, "the successful run is not in the file"
-                assert (task_id, worker_id) in effects, "the successful run's row was lost"
-                unrecorded_tasks.append(task_id)
-                duplicated[task_id] = len(claims) - 1
-                continue
+            # Every attempt spent has its entry, a lost one taken over included.
+            assert attempts == len(history), "an attempt spent without its entry"
             entries = {(entry["attempt"], entry["worker_id"]) for entry in history}
             # One run per claim, and every run is in the history: none unaccounted for.
             assert len(claims) == len(set(claims)), "two runs of one claim"
@@ -505,16 +487,15 @@ def _audit(
             ) from exc
         if len(claims) > 1:
             duplicated[task_id] = len(claims) - 1
-    # Every run but the last was in flight at the failover, with one exception:
-    # a slot's own task connection still points at the dead primary until a
-    # query fails on it, so the first task each slot runs on the new primary
-    # may fail once (an attempt spent; docs/failover.md). Once per slot at most.
-    assert max(Counter(stale).values(), default=0) <= 1, Counter(stale)
+    # Every run but the last was in flight at the failover: a slot whose claim
+    # connection failed also dropped its task connections, so no task spends
+    # an attempt finding the dead primary.
+    assert not stale, Counter(stale)
     return (
         f"{len(rows)} tasks ({len(acked)} acknowledged, {landed} of {len(failed)} "
         f"failed enqueues landed), {len(runs)} runs, {sum(duplicated.values())} duplicate "
         f"runs over {len(duplicated)} tasks, {len(stale)} attempts failed on a stale "
-        f"task connection, {len(unrecorded_tasks)} lost attempts missing from a history"
+        f"task connection"
     )
 
 
@@ -566,12 +547,12 @@ def _audit_frozen(
     )
     assert len(rows) == len(held)
     for task_id, worker_id, attempts, history in rows:
+        assert attempts == len(history), (task_id, history)
         if isinstance(history, str):
             history = json.loads(history)
         assert f":{pid}:" not in worker_id, (task_id, history)
-        # Its lost attempt is in the history (unless dropped by the defect
-        # _audit allows: then it is still counted in ``attempts``).
-        assert attempts > len(history) or any(
+        # Its lost attempt is in the history.
+        assert any(
             entry["outcome"] == AttemptOutcome.LOST and f":{pid}:" in entry["worker_id"]
             for entry in history
         ), (task_id, history)

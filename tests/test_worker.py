@@ -163,6 +163,22 @@ def test_lost_lease_on_the_last_attempt_fails_without_running():
     assert not SideEffect.objects.exists()
 
 
+def test_a_takeover_handed_back_unstarted_keeps_its_lost_attempt():
+    # Claimed two at a time behind a long task, the takeover is handed back
+    # before it starts: its lost attempt must still be recorded (and, being
+    # the last, end the task) rather than vanish and let it run once more.
+    tasks.record_then_sleep.enqueue("long", 0.5)
+    last = tasks.record.enqueue("last-attempt")
+    Task.objects.filter(pk=last.id).update(max_attempts=1)
+    take_lease("ghost-worker", lease=0.2)
+    time.sleep(0.4)
+    drain(batch=2, poll_interval=0.05, listen=False)
+    row = Task.objects.get(pk=last.id)
+    assert SideEffect.objects.filter(key="last-attempt").count() == 0
+    assert (row.status, row.attempts) == ("FAILED", 1)
+    assert [e["outcome"] for e in row.history] == ["LOST"]
+
+
 def test_live_lease_is_left_alone():
     tasks.record.enqueue("held")
     take_lease("busy-worker", lease=60)

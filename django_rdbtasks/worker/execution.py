@@ -357,11 +357,26 @@ class Executor:
             running, OutcomeKind.CANCELLED, started, attempt=AttemptOutcome.CANCELLED, error=error
         )
 
+    def release(self, running: Running) -> Outcome:
+        """Give back a claimed task that never started, its attempt unspent.
+
+        A takeover first records the attempt it took over, which stays spent:
+        released without that, the lost attempt would vanish from the history
+        and the task could run past its ``max_attempts``. If that was its last
+        attempt, the task ends FAILED (``abandon``) instead.
+        """
+        if running.row.lost_from is not None:
+            outcome = self._take_over_lost(running)
+            if outcome is not None:
+                return outcome
+        return Outcome.release(running.row)
+
     def _take_over_lost(self, running: Running) -> Outcome | None:
         """Record the lost attempt; fail the task unrun if that was its last one."""
         row = running.row
         lost = row.lost_from
         assert lost is not None
+        row.lost_from = None  # recorded once, whether it then runs or is released
         exc = WorkerLost(
             f"worker {lost.worker_id} stopped renewing its lease during attempt "
             f"{row.attempts - 1}; the task was reclaimed by {running.worker_id}"
@@ -448,6 +463,13 @@ def reset_task_connections() -> None:
                 connection.errors_occurred = False
             else:
                 _close_quietly(connection)
+
+
+def close_task_connections() -> None:
+    """Drop this thread's task connections; the next query reconnects (after a
+    failover, to whichever server accepts writes)."""
+    for connection in connections.all(initialized_only=True):
+        _close_quietly(connection)
 
 
 def _close_quietly(connection: Any) -> None:

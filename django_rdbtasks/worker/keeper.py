@@ -64,6 +64,11 @@ class LeaseKeeper:
         self.next_renewal = time.monotonic() + self.heartbeat_interval
         #: Outcomes taken from slots that could not be written yet, per worker id.
         self._unwritten: dict[str, list[tuple[Outcome, Running]]] = {}
+        #: After a failed write the next try waits, growing and jittered (never
+        #: longer than a sixth of the lease): a tick every 10 ms must not
+        #: reconnect and log a hundred times a second through an outage.
+        self._write_backoff = Backoff(cap=max(0.05, lease / 6))
+        self._write_after = 0.0
 
     def tick(self, now: float) -> None:
         for slot in self.slots:
@@ -84,7 +89,8 @@ class LeaseKeeper:
                 )
                 self._keep(slot.worker_id, taken.finished)
                 self._release(slot.worker_id, taken.unstarted)
-        self._write_kept()
+        if now >= self._write_after or self.stopping():
+            self._write_kept()
         self._watch_timeouts(now)
         if now >= self.next_renewal:
             self.next_renewal = now + self.heartbeat_interval
@@ -97,7 +103,7 @@ class LeaseKeeper:
             self._unwritten.setdefault(worker_id, []).extend(pairs)
 
     def _release(self, worker_id: str, unstarted: list[Running]) -> None:
-        self._keep(worker_id, [(Outcome.release(r.row), r) for r in unstarted])
+        self._keep(worker_id, [(self.executor.release(r), r) for r in unstarted])
 
     def _write_kept(self) -> None:
         for worker_id, pairs in list(self._unwritten.items()):
@@ -111,9 +117,19 @@ class LeaseKeeper:
                     # rolled back whole, the connection is fine; next tick.
                     race_logger.debug("writing %d outcomes lost a race (%s)", len(pairs), exc)
                     return
-                logger.warning("could not write %d outcomes (%s); retrying", len(pairs), exc)
+                delay = self._write_backoff.next_delay()
+                failures = self._write_backoff.failures
+                logger.log(
+                    logging.WARNING if failures == 1 or failures % 20 == 0 else logging.DEBUG,
+                    "could not write %d outcomes (%s); retrying in %.2fs",
+                    len(pairs),
+                    exc,
+                    delay,
+                )
+                self._write_after = time.monotonic() + delay
                 self.store.close()
                 return
+            self._write_backoff.reset()
             self._unwritten[worker_id] = []
             self.reporter.report(pairs, written)
 
@@ -192,14 +208,14 @@ class LeaseKeeper:
         """
         failure = self.executor.timed_out(stuck, self.timeout_grace)
         logger.error("task %s %s", stuck.row.id, failure.error)
-        self._abandon_everything(lambda r: failure if r is stuck else Outcome.release(r.row))
+        self._abandon_everything(lambda r: failure if r is stuck else self.executor.release(r))
         logging.shutdown()
         os._exit(EXIT_RECYCLE)
 
     def give_up(self) -> None:
         """The grace period is over: release every claim and leave at once."""
         logger.warning("grace period over; releasing unfinished tasks and exiting")
-        self._abandon_everything(lambda r: Outcome.release(r.row))
+        self._abandon_everything(self.executor.release)
         logging.shutdown()
         os._exit(0)
 

@@ -25,11 +25,11 @@ from django.utils.crypto import get_random_string
 from ..backend import RDBTaskBackend
 from ..compat import task_backends
 from ..db import dialect_for
-from ..db.rows import ClaimRequest, Exchange, Outcome
+from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..states import ClaimMode
 from .connection import worker_alias
-from .execution import Executor
+from .execution import Executor, close_task_connections
 from .keeper import EXIT_RECYCLE, LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
@@ -293,7 +293,7 @@ class Worker:
                 else:
                     self.wake.wait(self.poll_interval)
         finally:
-            self._finish_slot(slot, store, reporter)
+            self._finish_slot(slot, store, reporter, executor)
             store.close()
             connections.close_all()
 
@@ -324,11 +324,19 @@ class Worker:
             if want > 0 and not self.stopping.is_set()
             else None
         )
+
+        def reconnect() -> None:
+            store.close()
+            # This thread's task connections went to the same server as the
+            # claim's: after an outage or a failover they are as dead, and the
+            # next task must not spend an attempt finding that out.
+            close_task_connections()
+
         exchange = retry_database(
             lambda: store.exchange(outcomes, slot.worker_id, request),
             "claim" if request is not None else "write results",
             alias=None,
-            on_error=store.close,
+            on_error=reconnect,
             stop=self.halt,
             # Claiming may give up on a shutdown; results are retried until
             # the grace period ends (the keeper then leaves with what it has).
@@ -343,10 +351,12 @@ class Worker:
         reporter.report(finished, exchange.written)
         return exchange
 
-    def _finish_slot(self, slot: Slot, store: ClaimStore, reporter: Reporter) -> None:
+    def _finish_slot(
+        self, slot: Slot, store: ClaimStore, reporter: Reporter, executor: Executor
+    ) -> None:
         """Write what is finished and give back what never started, attempts unspent."""
         for running in slot.take_unstarted():
-            slot.finish(Outcome.release(running.row), running)
+            slot.finish(executor.release(running), running)
         if slot.held():
             self._round(slot, store, reporter, 0)
 

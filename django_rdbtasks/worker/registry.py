@@ -12,6 +12,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 
 from ..db.functions import DbNow
+from ..retrying import close_quietly
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -57,6 +58,9 @@ class Registry:
             )
         except DatabaseError as exc:
             logger.warning("could not update the worker registry (%s)", exc)
+            # Reconnect at the next heartbeat: nothing else may (an idle
+            # process renews no lease), and a closed connection stays closed.
+            close_quietly(self.alias)
 
     def deregister(self, *, done: int, failed: int) -> None:
         self._rows().filter(name=self.name).update(
