@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..db import dialect_for
 from ..db.postgresql import NOTIFY_CHANNEL
 from ..retrying import Backoff
 
@@ -24,10 +25,17 @@ class Listener(threading.Thread):
     """
 
     def __init__(
-        self, database: str, queues: Iterable[str], wake: threading.Event, halt: threading.Event
+        self,
+        database: str,
+        queues: Iterable[str],
+        wake: threading.Event,
+        halt: threading.Event,
+        *,
+        lease: float = 30.0,
     ) -> None:
         super().__init__(name="rdbtasks-listener", daemon=True)
         self.database = database
+        self.lease = lease
         self.queues = set(queues)
         self.wake = wake
         self.halt = halt
@@ -35,7 +43,11 @@ class Listener(threading.Thread):
 
     def _connect(self) -> Any:
         wrapper = connections[self.database]
-        raw = wrapper.get_new_connection(wrapper.get_connection_params())
+        params = wrapper.get_connection_params()
+        # The worker's keepalives: a server that vanished without a reset (a
+        # failover, a partition) is noticed in seconds, not the OS's two hours.
+        params.update(dialect_for(wrapper).connection_options(self.lease))
+        raw = wrapper.get_new_connection(params)
         raw.autocommit = True
         raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
         return raw

@@ -400,7 +400,9 @@ class Worker:
             from .listener import Listener
 
             assert self.listen_database is not None
-            threads.append(Listener(self.listen_database, self.queues, self.wake, self.halt))
+            threads.append(
+                Listener(self.listen_database, self.queues, self.wake, self.halt, lease=self.lease)
+            )
         if self.processors:
             threads += self._processor_threads()
         return threads
