@@ -87,7 +87,7 @@ test: venvs lint
 	$(MAKE) test-clusters
 
 # Servers the cluster tests start themselves, from Debian's packages.
-CLUSTER_PACKAGES = pgbouncer galera-4 mariadb-server rsync
+CLUSTER_PACKAGES = pgbouncer postgresql-15 galera-4 mariadb-server rsync
 
 # The tests that start servers of their own (a PgBouncer, a replicated
 # PostgreSQL pair, a three-node Galera cluster): once, on Django 5.2, PostgreSQL
