@@ -173,6 +173,7 @@ class WorkerMetrics:
             multiprocess_mode="livesum",
         )
         self._series: dict[tuple[str, str], _Series] = {}
+        self._started_by_task: dict[int, tuple[Any, Any]] = {}
 
     def series(self, queue: str, path: str) -> _Series:
         key = (queue, path)
@@ -206,9 +207,20 @@ class WorkerMetrics:
             self.series(task.queue_name, task.module_path).enqueued.inc()
 
     def _on_started(self, sender: Any, task_result: Any, **kwargs: Any) -> None:
-        if issubclass(sender, self._backend_class):
-            task = task_result.task
-            self.series(task.queue_name, task.module_path).started.inc()
+        # Once per task run: the child is cached by the Task object itself (held
+        # in the cache, so its id cannot be reused by another while there).
+        task = task_result.task
+        cached = self._started_by_task.get(id(task))
+        if cached is not None and cached[0] is task:
+            cached[1].inc()
+            return
+        if not issubclass(sender, self._backend_class):
+            return
+        child = self.series(task.queue_name, task.module_path).started
+        if len(self._started_by_task) >= 1000:  # copies made by using(): keep it bounded
+            self._started_by_task.clear()
+        self._started_by_task[id(task)] = (task, child)
+        child.inc()
 
     # -- outcomes, from the worker's Reporter --------------------------------------------
 
