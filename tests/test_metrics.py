@@ -77,6 +77,13 @@ def claimed(
     )
 
 
+def _recorded_takeover(row: ClaimedRow) -> ClaimedRow:
+    earlier = {"attempt": 1, "outcome": "LOST", "finished_at": NOW.isoformat()}
+    # An older lost attempt, ended at another claim: not this claim's takeover.
+    row.history = [{"attempt": 0, "outcome": "LOST", "finished_at": "2020-01-01"}, earlier]
+    return row
+
+
 def pair(row: ClaimedRow, kind: OutcomeKind, duration: float = 0.003):
     return Outcome(row.id, row.version, kind, duration=duration, row=row), Running(row, "w:1")
 
@@ -100,6 +107,9 @@ def test_a_batch_of_outcomes_counts_each_kind_once_per_task():
         pair(claimed(9, lost_from=lost_holder), OutcomeKind.SUCCESS),
         pair(claimed(10, lost_from=lost_holder), OutcomeKind.ABANDON),
         pair(claimed(11), OutcomeKind.SUCCESS),  # not written: another worker holds it
+        # A takeover whose lost attempt the executor already recorded (lost_from cleared).
+        pair(_recorded_takeover(claimed(12)), OutcomeKind.SUCCESS),
+        pair(_recorded_takeover(claimed(13)), OutcomeKind.RELEASE),  # handed back unstarted
     ]
     written = {outcome.id: None for outcome, _ in pairs if outcome.id != 11}
     metrics.record(pairs, written)
@@ -107,20 +117,20 @@ def test_a_batch_of_outcomes_counts_each_kind_once_per_task():
     found = samples(_text(registry))
     record = {"queue": "default", "task": "tests.testapp.tasks.record"}
     add = {"queue": "emails", "task": "tests.testapp.tasks.add"}
-    assert value(found, "rdbtasks_tasks_succeeded_total", **record) == 3
+    assert value(found, "rdbtasks_tasks_succeeded_total", **record) == 4
     assert value(found, "rdbtasks_tasks_retried_total", **record) == 1
     assert value(found, "rdbtasks_tasks_failed_total", **add) == 1
     assert value(found, "rdbtasks_tasks_failed_total", **record) == 1  # the abandoned one
     assert value(found, "rdbtasks_tasks_cancelled_total", **record) == 1
     assert value(found, "rdbtasks_tasks_handed_back_total", **record) == 2
-    assert value(found, "rdbtasks_tasks_reclaimed_total", **record) == 2
+    assert value(found, "rdbtasks_tasks_reclaimed_total", **record) == 4
     assert value(found, "rdbtasks_tasks_lost_total", **record) == 1
     # Durations of every attempt that ran (the lost one too: it ran), not of
     # the postponed, released or abandoned ones.
-    assert value(found, "rdbtasks_task_duration_seconds_count", **record) == 7
+    assert value(found, "rdbtasks_task_duration_seconds_count", **record) == 8
     assert value(found, "rdbtasks_task_duration_seconds_count", **add) == 1
-    assert value(found, "rdbtasks_task_duration_seconds_sum", **record) == pytest.approx(0.218)
-    assert value(found, "rdbtasks_task_duration_seconds_bucket", le="0.005", **record) == 6
+    assert value(found, "rdbtasks_task_duration_seconds_sum", **record) == pytest.approx(0.221)
+    assert value(found, "rdbtasks_task_duration_seconds_bucket", le="0.005", **record) == 7
     # Start delays of attempts not taken over from a lost worker.
     assert value(found, "rdbtasks_task_start_delay_seconds_count", **record) == 6
     assert value(found, "rdbtasks_task_start_delay_seconds_sum", **record) == pytest.approx(3.0)

@@ -26,10 +26,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..states import OutcomeKind
+from ..states import AttemptOutcome, OutcomeKind
 
 if TYPE_CHECKING:
-    from ..db.rows import Outcome
+    from ..db.rows import ClaimedRow, Outcome
     from ..worker.execution import Running
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -175,6 +175,14 @@ class WorkerMetrics:
         self._series: dict[tuple[str, str], _Series] = {}
         self._started_by_task: dict[int, tuple[Any, Any]] = {}
 
+    @staticmethod
+    def _batch(batches: dict[tuple[str, str], _Batch], row: ClaimedRow) -> _Batch:
+        key = (row.queue_name, row.task_path)
+        batch = batches.get(key)
+        if batch is None:
+            batch = batches[key] = _Batch()
+        return batch
+
     def series(self, queue: str, path: str) -> _Series:
         key = (queue, path)
         found = self._series.get(key)
@@ -236,23 +244,25 @@ class WorkerMetrics:
         batches: dict[tuple[str, str], _Batch] = {}
         for outcome, running in pairs:
             kind = outcome.kind
-            if kind == OutcomeKind.RELEASE or kind == OutcomeKind.NOTE:
-                continue
             row = running.row
-            key = (row.queue_name, row.task_path)
-            batch = batches.get(key)
-            if batch is None:
-                batch = batches[key] = _Batch()
+            if kind == OutcomeKind.RELEASE or kind == OutcomeKind.NOTE:
+                # Runs later, counted then; a takeover handed back unstarted
+                # has still taken the task over.
+                if kind == OutcomeKind.RELEASE and outcome.id in written and taken_over(row):
+                    self._batch(batches, row).counts[RECLAIMED] += 1
+                continue
+            batch = self._batch(batches, row)
+            takeover = taken_over(row)
             if kind in _RAN:
                 batch.durations.append(outcome.duration)
-                if row.lost_from is None:
+                if not takeover:  # a takeover's wait is the lease, not the queue
                     delay = (row.claimed_at - row.run_after).total_seconds()
                     batch.delays.append(delay if delay > 0 else 0.0)
             if outcome.id not in written:
                 batch.counts[LOST] += 1
                 continue
             batch.counts[_COUNTER_OF_KIND[kind]] += 1
-            if row.lost_from is not None:
+            if takeover:
                 batch.counts[RECLAIMED] += 1
         for (queue, path), batch in batches.items():
             series = self.series(queue, path)
@@ -263,6 +273,24 @@ class WorkerMetrics:
                 observe_many(series.duration, batch.durations, DURATION_BUCKETS)
             if batch.delays:
                 observe_many(series.delay, batch.delays, DELAY_BUCKETS)
+
+
+def taken_over(row: ClaimedRow) -> bool:
+    """Whether this claim took the row over from a worker whose lease had expired.
+
+    The executor records the lost attempt as the last history entry, ended at
+    this claim's time (and clears ``lost_from`` once it has).
+    """
+    if row.lost_from is not None:
+        return True
+    if not row.history:
+        return False
+    last = row.history[-1]
+    return bool(
+        isinstance(last, dict)
+        and last.get("outcome") == AttemptOutcome.LOST
+        and last.get("finished_at") == row.claimed_at.isoformat()
+    )
 
 
 def observe_many(child: Any, values: list[float], bounds: Sequence[float]) -> None:
