@@ -13,8 +13,11 @@ from django.core.management import CommandError, call_command
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import TaskStatus
 from tests.conftest import wait_until, worker_children
+from tests.test_metrics import _served, scrape, value
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
+
+RECORD = "tests.testapp.tasks.record"
 
 
 @pytest.mark.parametrize(
@@ -61,12 +64,20 @@ def test_scaled_to_zero_a_task_starts_a_process_that_goes_again_when_idle(run_wo
         "--metrics-port",
         "0",
     )
-    wait_until(lambda: "metrics served on" in workers.log(), timeout=60)
+    port, _ = _served(workers)
     assert worker_children(workers.pid) == []  # nothing to do, no process
+    assert value(scrape(port), "rdbtasks_worker_processes") == 0
     result = tasks.record.enqueue("woken")
     wait_until(lambda: len(worker_children(workers.pid)) == 1, timeout=60)
     wait_until(lambda: Task.objects.get(pk=result.id).status == TaskStatus.SUCCESSFUL, timeout=60)
+    found = scrape(port)
+    assert value(found, "rdbtasks_tasks_succeeded_total", queue="default", task=RECORD) == 1
     wait_until(lambda: worker_children(workers.pid) == [], timeout=60)
+    # The gauge follows the count; the stopped process's counts stay.
+    found = wait_until(
+        lambda: (f := scrape(port)) and not value(f, "rdbtasks_worker_processes") and f
+    )
+    assert value(found, "rdbtasks_tasks_succeeded_total", queue="default", task=RECORD) == 1
     assert workers.process.poll() is None  # still supervising, with no child
     workers.signal(signal.SIGTERM)
     assert workers.wait(timeout=60) == 0, workers.log()
