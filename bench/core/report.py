@@ -207,6 +207,8 @@ def render_table(
     """One row per key of ``rows`` (all-empty rows left out), then for each key in
     ``references`` its ratio to the best of the other rows, then the ``extra`` rows."""
     rows = {key: values for key, values in rows.items() if any(v is not None for v in values)}
+    if not rows and not extra:
+        return ""  # a measurement left out (--skip): no empty table
     places = [digits] * len(headers) if isinstance(digits, int) else list(digits)
     cells = [
         [labels[key], *(fmt_number(value, d) for value, d in zip(values, places, strict=True))]
@@ -484,4 +486,4 @@ def _with_errors(
         parts.append(
             "Failed (measured no further; traceback in the JSON):\n" + "\n".join(errors) + "\n"
         )
-    return "\n".join(parts)
+    return "\n".join(part for part in parts if part)

@@ -281,7 +281,7 @@ def taken_over(row: ClaimedRow) -> bool:
     The executor records the lost attempt as the last history entry, ended at
     this claim's time (and clears ``lost_from`` once it has).
     """
-    if row.lost_from is not None:
+    if row.lost_from is not None or getattr(row, "taken_over", False):
         return True
     if not row.history:
         return False
