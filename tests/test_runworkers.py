@@ -227,6 +227,26 @@ def test_notify_wakes_an_idle_worker(run_workers, vendor):
     wait_until(lambda: Task.objects.get(pk=result.id).status == "SUCCESSFUL", timeout=30)
 
 
+def test_workers_started_while_the_database_is_away_wait_for_it(run_workers, vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite is a file: it cannot be away")
+    scheme = "postgres" if vendor == "postgresql" else "mysql"
+    # Nothing listens on port 1: the system checks (which ask the database on
+    # Django 6.1: "system checks skipped"), the Galera probe of skip-locked and
+    # the registration all meet a refused connection; none may end the process.
+    workers = run_workers(
+        "--processes",
+        "1",
+        "--mode",
+        "skip-locked",
+        env={"DATABASE_URL": f"{scheme}://root@127.0.0.1:1/test"},
+    )
+    wait_until(lambda: "database error during register worker" in workers.log(), timeout=60)
+    assert workers.process.poll() is None, workers.log()
+    workers.signal(signal.SIGTERM)
+    assert workers.wait(timeout=30) == 0, workers.log()
+
+
 def test_command_refuses_bad_options():
     env = {**os.environ, "RDBTASKS_TEST_WORKER": "1", "DJANGO_SETTINGS_MODULE": "tests.settings"}
     for args, message in [
@@ -267,6 +287,10 @@ def _restart_database_server(vendor):
                 "--start",
                 "--oknodo",
                 "--background",
+                # This server only: any other mariadbd (a Galera test's nodes)
+                # would otherwise count as "already running".
+                "--pidfile",
+                "/run/mysqld/mysqld.pid",
                 "--exec",
                 "/usr/sbin/mariadbd",
             ],

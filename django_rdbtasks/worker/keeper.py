@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from django.db import DatabaseError
 
 from ..db.rows import Outcome
+from ..observability import tracing
 from ..retrying import Backoff, is_lost_race, race_logger
 from .execution import Executor, Running
 from .registry import Registry
@@ -209,6 +210,7 @@ class LeaseKeeper:
         failure = self.executor.timed_out(stuck, self.timeout_grace)
         logger.error("task %s %s", stuck.row.id, failure.error)
         self._abandon_everything(lambda r: failure if r is stuck else self.executor.release(r))
+        tracing.flush()  # os._exit skips the tracing SDK's own flush
         logging.shutdown()
         os._exit(EXIT_RECYCLE)
 
@@ -216,6 +218,7 @@ class LeaseKeeper:
         """The grace period is over: release every claim and leave at once."""
         logger.warning("grace period over; releasing unfinished tasks and exiting")
         self._abandon_everything(self.executor.release)
+        tracing.flush()  # os._exit skips the tracing SDK's own flush
         logging.shutdown()
         os._exit(0)
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils.crypto import get_random_string
 
 from ..backend import RDBTaskBackend
@@ -80,7 +80,13 @@ class Worker:
         self.backend = instance
         self.database = instance.database
         vendor = connections[self.database].vendor
-        refusal = dialect_for(connections[self.database]).refuses_claim_mode(self.mode)
+        #: Whether the database still has to be asked if it allows ``mode``
+        #: (it could not be reached yet: asked again once it answers).
+        self.mode_unchecked = False
+        try:
+            refusal = dialect_for(connections[self.database]).refuses_claim_mode(self.mode)
+        except DatabaseError:
+            refusal, self.mode_unchecked = None, True
         if refusal:
             raise ValueError(refusal)
         self.queues = sorted(queues or instance.queues)
@@ -170,6 +176,12 @@ class Worker:
         )
         if registered is None:  # signalled before the database ever answered
             return 0
+        if self.mode_unchecked:
+            refusal = dialect_for(store.connection).refuses_claim_mode(self.mode)
+            if refusal:
+                logger.error("%s", refusal)
+                registry.deregister(done=0, failed=0)
+                return 2
         slots = [Slot(i, f"{self.name}:{i}:{get_random_string(6)}") for i in range(self.threads)]
         background = self._background_threads()
         keeper = LeaseKeeper(

@@ -15,6 +15,7 @@ from django.db import connections
 
 from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
+from ..observability import tracing
 from ..observability.metrics import MetricsServer
 from .autoscale import AutoscalePolicy, sample_load
 from .keeper import EXIT_RECYCLE
@@ -50,6 +51,8 @@ def _child_main(
         ).run()
     else:
         code = Worker(**worker_options, supervisor_pid=supervisor_pid).run()
+    # os._exit skips the tracing SDK's flush at exit: export the last spans first.
+    tracing.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

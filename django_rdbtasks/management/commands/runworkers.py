@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
 from ...observability.metrics import MetricsServer
@@ -18,6 +19,10 @@ from ...worker.autoscale import AutoscalePolicy, parse_range
 
 class Command(BaseCommand):
     help = "Run worker processes that claim and execute tasks from the database."
+    # The system checks run in handle() instead: some ask the database (Django
+    # 6.1's GeneratedField check reads the server's version), and a worker
+    # started during an outage must wait for the database, not crash.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -142,6 +147,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._setup_logging(options["log_level"])
+        self._check()
         batch = options["batch"]
         autoscale = self._autoscale(options)
         if options["processes"] is None:
@@ -238,6 +244,17 @@ class Command(BaseCommand):
                 f"cannot serve metrics on {options['metrics_address']}:{port} ({exc})."
             ) from exc
         return server
+
+    def _check(self) -> None:
+        """The system checks, as ``manage.py check`` runs them, unless the database is away."""
+        try:
+            self.check()
+        except DatabaseError as exc:
+            logging.getLogger("django_rdbtasks.worker").warning(
+                "system checks skipped: they need the database, which does not answer (%s); "
+                "starting anyway, the workers wait for it",
+                exc,
+            )
 
     def _setup_logging(self, level: str) -> None:
         logger = logging.getLogger("django_rdbtasks")
