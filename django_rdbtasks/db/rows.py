@@ -75,6 +75,9 @@ class ClaimedRow:
     trace_context: dict[str, str] | None = None
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
+    #: This claim took the row over from a lost holder (still true once the
+    #: lost attempt is recorded and ``lost_from`` cleared).
+    taken_over: bool = False
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..states import AttemptOutcome, OutcomeKind
+from ..states import OutcomeKind
 
 if TYPE_CHECKING:
     from ..db.rows import ClaimedRow, Outcome
@@ -276,21 +276,8 @@ class WorkerMetrics:
 
 
 def taken_over(row: ClaimedRow) -> bool:
-    """Whether this claim took the row over from a worker whose lease had expired.
-
-    The executor records the lost attempt as the last history entry, ended at
-    this claim's time (and clears ``lost_from`` once it has).
-    """
-    if row.lost_from is not None or getattr(row, "taken_over", False):
-        return True
-    if not row.history:
-        return False
-    last = row.history[-1]
-    return bool(
-        isinstance(last, dict)
-        and last.get("outcome") == AttemptOutcome.LOST
-        and last.get("finished_at") == row.claimed_at.isoformat()
-    )
+    """Whether this claim took the row over from a worker whose lease had expired."""
+    return row.lost_from is not None or row.taken_over
 
 
 def observe_many(child: Any, values: list[float], bounds: Sequence[float]) -> None:

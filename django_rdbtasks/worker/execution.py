@@ -377,6 +377,7 @@ class Executor:
         lost = row.lost_from
         assert lost is not None
         row.lost_from = None  # recorded once, whether it then runs or is released
+        row.taken_over = True
         exc = WorkerLost(
             f"worker {lost.worker_id} stopped renewing its lease during attempt "
             f"{row.attempts - 1}; the task was reclaimed by {running.worker_id}"
