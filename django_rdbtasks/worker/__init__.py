@@ -3,7 +3,8 @@
 - ``loop.Worker``: one process; slot threads claim and run tasks (``slots``,
   ``execution``), the lease keeper (``keeper``) watches over them.
 - ``store.ClaimStore``: every statement the worker makes about tasks.
-- ``supervisor.Supervisor``: starts and restarts the processes (``processtree``).
+- ``supervisor.Supervisor``: starts and restarts the processes (``processtree``);
+  ``autoscale.AutoscalePolicy``: how many the backlog asks for (``--autoscale``).
 - ``scheduler.Scheduler``: fires cron Jobs; ``listener.Listener``: LISTEN/NOTIFY.
 """
 
