@@ -70,7 +70,10 @@ lint: .venv/.installed
 	cd example_project && ../.venv-dj61/bin/python manage.py makemigrations --check --dry-run
 
 # The whole matrix: every database on both Django lines. A database that is
-# unreachable fails the run; nothing is skipped for lack of one.
+# unreachable fails the run; nothing is skipped for lack of one. The slow
+# multi-process tests (races, crashes, restarts: the worker engine, which does
+# not depend on the Django line) run once per database, on Django 5.2; every
+# other test runs on both lines. Then the cluster tests, once.
 test: venvs lint
 	@command -v chromium >/dev/null || [ -n "$$RDBTASKS_CHROMIUM" ] \
 	  || if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -81,7 +84,8 @@ test: venvs lint
 	  for url in sqlite "$(PG_URL)" "$(MYSQL_URL)"; do \
 	    echo "=== $$venv $$url"; \
 	    if [ "$$url" = sqlite ]; then u=; else u=$$url; fi; \
-	    DATABASE_URL=$$u $$venv/bin/pytest $(PYTEST_ARGS) || exit 1; \
+	    if [ $$venv = .venv ]; then m=; else m="not slow"; fi; \
+	    DATABASE_URL=$$u $$venv/bin/pytest -m "$$m" $(PYTEST_ARGS) || exit 1; \
 	  done; \
 	done
 	$(MAKE) test-clusters
