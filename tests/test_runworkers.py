@@ -227,21 +227,21 @@ def test_notify_wakes_an_idle_worker(run_workers, vendor):
     wait_until(lambda: Task.objects.get(pk=result.id).status == "SUCCESSFUL", timeout=30)
 
 
-def test_workers_started_while_the_database_is_away_wait_for_it(run_workers, vendor):
+@pytest.mark.parametrize(
+    "args",
+    [("--processes", "1", "--mode", "skip-locked"), ("--burst",)],
+    ids=["workers", "burst"],
+)
+def test_workers_started_while_the_database_is_away_wait_for_it(run_workers, vendor, args):
     if vendor == "sqlite":
         pytest.skip("SQLite is a file: it cannot be away")
     scheme = "postgres" if vendor == "postgresql" else "mysql"
     # Nothing listens on port 1: the system checks (which ask the database on
-    # Django 6.1: "system checks skipped"), the Galera probe of skip-locked and
-    # the registration all meet a refused connection; none may end the process.
-    workers = run_workers(
-        "--processes",
-        "1",
-        "--mode",
-        "skip-locked",
-        env={"DATABASE_URL": f"{scheme}://root@127.0.0.1:1/test"},
-    )
-    wait_until(lambda: "database error during register worker" in workers.log(), timeout=60)
+    # Django 6.1: "system checks skipped"), the Galera probe of skip-locked, the
+    # registration and a burst's firing of due jobs all meet a refused
+    # connection; none may end the process.
+    workers = run_workers(*args, env={"DATABASE_URL": f"{scheme}://root@127.0.0.1:1/test"})
+    wait_until(lambda: "database error during" in workers.log(), timeout=60)
     assert workers.process.poll() is None, workers.log()
     workers.signal(signal.SIGTERM)
     assert workers.wait(timeout=30) == 0, workers.log()

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
 from ..observability import tracing
 from ..observability.metrics import MetricsServer
+from ..retrying import retry_database
 from .autoscale import AutoscalePolicy, sample_load
 from .keeper import EXIT_RECYCLE
 from .loop import Worker
@@ -111,8 +113,24 @@ class Supervisor:
         if self.scheduler and self.burst:
             # Burst: fire what is due now, once, then drain; no scheduler process.
             database = _database(self.worker_options)
-            sync_declared_jobs(database)
-            fire_due_jobs(using=database)
+
+            def fire() -> bool:
+                sync_declared_jobs(database)
+                fire_due_jobs(using=database)
+                return True
+
+            fired = retry_database(
+                fire,
+                "firing due jobs",
+                alias=database,
+                stop=threading.Event(),
+                # Waits out the database, not a signal (recorded, passed on below).
+                give_up=lambda: bool(self._signals) or self.stopping,
+                log=logger,
+            )
+            if fired is None:
+                self._pass_signals_on()
+                return 0
         elif self.scheduler:
             self._start(SCHEDULER)
         first = self.processes if self.autoscale is None else self.autoscale.minimum
