@@ -16,7 +16,7 @@ DATABASES = {
         "NAME": os.environ.get("RDBTASKS_FAILOVER_DB", "rdbtasks_failover"),
         "USER": "postgres",
         "HOST": os.environ.get("RDBTASKS_FAILOVER_HOSTS", "127.0.0.1,127.0.0.1"),
-        "PORT": os.environ.get("RDBTASKS_FAILOVER_PORTS", "55432,55433"),
+        "PORT": os.environ.get("RDBTASKS_FAILOVER_PORTS", "25432,25433"),
         "OPTIONS": {
             # Only the server that accepts writes: the standby refuses the
             # session until it is promoted, so nobody writes to a read-only one.

@@ -1,6 +1,6 @@
 """PostgreSQL failover mid-drain: a primary with a synchronous standby, the primary killed.
 
-The pair comes from ``scripts/clusters/pg_pair.py`` (ports 55432 and 55433).
+The pair comes from ``scripts/clusters/pg_pair.py`` (ports 25432 and 25433).
 A producer process enqueues one task per committed transaction, before and
 through the failover; workers (2 processes x 2 threads, 4 s leases) drain them.
 Everybody connects with libpq's multi-host form (``host=a,b``,

@@ -1,7 +1,7 @@
 """A three-node MariaDB Galera cluster: workers on every node race over the same tasks.
 
 The cluster is started by ``scripts/clusters/galera.py`` on local ports
-(33061-33063) under a tmp dir, once for the module, and stopped in teardown
+(23061-23063) under a tmp dir, once for the module, and stopped in teardown
 whatever happens. Row locks are local to a node there, so claims made on two
 nodes at once both see their UPDATE match a row; Galera certifies the commits
 and fails all but the first with error 1213. The worker must take that as a
@@ -269,7 +269,7 @@ def test_a_conflict_certified_away_is_error_1213_and_a_lost_race(galera, galera_
     )
     sessions = [
         MySQLdb.connect(host="127.0.0.1", port=port, user="root", database=galera_db)
-        for port in (33061, 33062)
+        for port in (23061, 23062)
     ]
     try:
         for session in sessions:

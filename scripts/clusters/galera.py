@@ -14,8 +14,8 @@ slower). Nothing here reads ``/etc/mysql``: every node starts with
 ``--defaults-file`` of its own, so the ordinary MariaDB on 3306 is never
 touched.
 
-Ports (all on 127.0.0.1): clients 33061-33063, Galera replication
-45671-45673, IST 45681-45683, SST 45691-45693. ``root`` connects over TCP
+Ports (all on 127.0.0.1): clients 23061-23063, Galera replication
+24671-24673, IST 24681-24683, SST 24691-24693. ``root`` connects over TCP
 without a password, as on the ordinary test server.
 
 Importable: ``GaleraCluster(base).start()`` / ``.stop()``, ``.url(i, db)``,
@@ -41,10 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
-CLIENT_PORTS = (33061, 33062, 33063)
-GALERA_PORTS = (45671, 45672, 45673)
-IST_PORTS = (45681, 45682, 45683)
-SST_PORTS = (45691, 45692, 45693)
+# All below Linux's ephemeral range (32768-60999 by default): an outgoing
+# connection (an SST's rsync, a client) can never be holding one of them.
+CLIENT_PORTS = (23061, 23062, 23063)
+GALERA_PORTS = (24671, 24672, 24673)
+IST_PORTS = (24681, 24682, 24683)
+SST_PORTS = (24691, 24692, 24693)
 PROVIDER = "/usr/lib/galera/libgalera_smm.so"
 CLUSTER_NAME = "rdbtasks_test"
 #: The account the servers run as when started by root (Debian's package makes it).

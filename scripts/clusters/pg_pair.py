@@ -3,7 +3,7 @@
 For the failover test (``tests/test_failover.py``) and for trying a failover by
 hand::
 
-    python scripts/clusters/pg_pair.py start /tmp/pair      # primary :55432, standby :55433
+    python scripts/clusters/pg_pair.py start /tmp/pair      # primary :25432, standby :25433
     python scripts/clusters/pg_pair.py status /tmp/pair
     python scripts/clusters/pg_pair.py kill-primary /tmp/pair
     python scripts/clusters/pg_pair.py promote /tmp/pair    # the standby becomes the primary
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
-PRIMARY_PORT = 55432
-STANDBY_PORT = 55433
+# Below Linux's ephemeral range (32768-60999): no outgoing connection holds them.
+PRIMARY_PORT = 25432
+STANDBY_PORT = 25433
 #: The standby's ``application_name``, which ``synchronous_standby_names`` names.
 STANDBY_NAME = "rdbtasks_standby"
 SERVER_USER = "postgres"
