@@ -29,8 +29,8 @@ from .compat import (
     normalize_json,
 )
 from .db import dialect_for
-from .db.base import NewTask
 from .db.functions import DbNow
+from .db.rows import NewTask
 from .exceptions import ArgumentsNotJSON, InvalidTaskPath
 from .loading import load_task
 from .models import Task as TaskRow

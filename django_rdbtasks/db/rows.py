@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,3 +135,53 @@ class Exchange:
     #: Runnable rows seen but lost to other workers in this round: worth
     #: asking again at once rather than waiting for the next poll.
     contended: bool = False
+
+
+#: Columns an enqueue writes; the rest keep their database default (NULL).
+INSERT_COLUMNS = (
+    "id",
+    "task_path",
+    "queue_name",
+    "backend_name",
+    "priority",
+    "args",
+    "kwargs",
+    "max_attempts",
+    "run_after",
+    "enqueued_at",
+    "status",
+    "version",
+    "worker_id",
+    "attempts",
+    "history",
+    "job_name",
+    "dedup_key",
+    "waiting_on",
+    "on_parent_failure",
+    "requested_run_after",
+    "trace_context",
+)
+
+
+@dataclass(slots=True)
+class NewTask:
+    """A row to insert, its arguments already JSON text."""
+
+    id: uuid.UUID
+    task_path: str
+    queue_name: str
+    backend_name: str
+    priority: int
+    args_json: str
+    kwargs_json: str
+    max_attempts: int
+    #: What the producer asked for (stored as ``requested_run_after`` too), or
+    #: None: due at once, and read back as not deferred.
+    run_after: dt.datetime | None
+    job_name: str = ""
+    dedup_key: str | None = None
+    status: str = TaskStatus.READY.value
+    waiting_on: int = 0
+    on_parent_failure: str = TaskStatus.CANCELLED.value
+    #: The enqueuer's trace context, JSON text (``observability.tracing``), or None.
+    trace_context: str | None = None

@@ -42,8 +42,7 @@ else:
     ENABLED = True
 
 if TYPE_CHECKING:
-    from ..db.base import NewTask
-    from ..db.rows import ClaimedRow, Outcome
+    from ..db.rows import ClaimedRow, NewTask, Outcome
 
 #: ``messaging.system``: no registered value fits a task table, so our own.
 SYSTEM = "django_rdbtasks"
