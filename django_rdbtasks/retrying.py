@@ -103,6 +103,11 @@ class Backoff:
     def reset(self) -> None:
         self.failures = 0
 
+    @property
+    def loud(self) -> bool:
+        """Log the failure as a warning: the first of a run, then every twentieth."""
+        return self.failures == 1 or self.failures % 20 == 0
+
 
 def close_quietly(alias: str) -> None:
     """Close this thread's connection to ``alias``; the next query reconnects."""
@@ -150,8 +155,7 @@ def retry_database(
                 continue
             races.reset()
             delay = backoff.next_delay()
-            loud = backoff.failures == 1 or backoff.failures % 20 == 0
-            level = logging.WARNING if loud else logging.DEBUG
+            level = logging.WARNING if backoff.loud else logging.DEBUG
             log.log(
                 level,
                 "database error during %s (%s: %s); retrying in %.1fs",
@@ -251,7 +255,7 @@ class LeaseRenewer:
                         continue
                     races.reset()
                     delay = min(self.interval, backoff.next_delay())
-                    loud = backoff.failures == 1 or backoff.failures % 20 == 0
+                    loud = backoff.loud
                     logger.log(
                         logging.WARNING if loud else logging.DEBUG,
                         "%s: renewal failed (%s); retrying in %.1fs",

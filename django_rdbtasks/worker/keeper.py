@@ -113,22 +113,9 @@ class LeaseKeeper:
             try:
                 written = self.store.finish([outcome for outcome, _ in pairs], worker_id)
             except DatabaseError as exc:
-                if is_lost_race(exc):
-                    # A conflicting write won (on Galera, from another node):
-                    # rolled back whole, the connection is fine; next tick.
-                    race_logger.debug("writing %d outcomes lost a race (%s)", len(pairs), exc)
-                    return
-                delay = self._write_backoff.next_delay()
-                failures = self._write_backoff.failures
-                logger.log(
-                    logging.WARNING if failures == 1 or failures % 20 == 0 else logging.DEBUG,
-                    "could not write %d outcomes (%s); retrying in %.2fs",
-                    len(pairs),
-                    exc,
-                    delay,
-                )
+                what = f"writing {len(pairs)} outcomes"
+                delay = self._retry_delay(what, exc, self._write_backoff)
                 self._write_after = time.monotonic() + delay
-                self.store.close()
                 return
             self._write_backoff.reset()
             self._unwritten[worker_id] = []
@@ -145,21 +132,8 @@ class LeaseKeeper:
             try:
                 still, cancel = self.store.renew(claims, slot.worker_id, self.lease)
             except DatabaseError as exc:
-                if is_lost_race(exc):
-                    # As above; and again at the next tick, not a heartbeat later.
-                    race_logger.debug("lease renewal lost a race (%s)", exc)
-                    self.next_renewal = time.monotonic()
-                    return
-                delay = min(self.renewal_backoff.next_delay(), self.heartbeat_interval)
-                loud = self.renewal_backoff.failures == 1
-                logger.log(
-                    logging.WARNING if loud else logging.DEBUG,
-                    "lease renewal failed (%s); retrying in %.1fs",
-                    exc,
-                    delay,
-                )
-                self.store.close()
-                self.next_renewal = time.monotonic() + delay
+                delay = self._retry_delay("lease renewal", exc, self.renewal_backoff)
+                self.next_renewal = time.monotonic() + min(delay, self.heartbeat_interval)
                 return
             for running in held:
                 task_id = running.row.id
@@ -180,6 +154,19 @@ class LeaseKeeper:
             done, failed = self.counters.processed, self.counters.failed
         running_count = sum(len(slot.held()) for slot in self.slots)
         self.registry.alive(running=running_count, done=done, failed=failed)
+
+    def _retry_delay(self, what: str, exc: DatabaseError, backoff: Backoff) -> float:
+        """How long until ``what`` is tried again after ``exc``; 0: at the next tick."""
+        if is_lost_race(exc):
+            # A conflicting write won (on Galera, from another node): rolled
+            # back whole, the connection is fine.
+            race_logger.debug("%s lost a race (%s)", what, exc)
+            return 0.0
+        delay = backoff.next_delay()
+        level = logging.WARNING if backoff.loud else logging.DEBUG
+        logger.log(level, "%s failed (%s); retrying in %.2fs", what, exc, delay)
+        self.store.close()
+        return delay
 
     # -- timeouts and the end of a shutdown ----------------------------------------------
 
