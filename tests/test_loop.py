@@ -215,3 +215,40 @@ def test_tasks_claimed_behind_a_long_one_are_handed_back_unspent(caplog):
         assert (row.status, row.attempts, len(row.history)) == ("SUCCESSFUL", 1, 1)
         assert row.history[0]["worker_id"] != long_row.history[0]["worker_id"]
     assert SideEffect.objects.filter(key__startswith="step:").count() == 2
+
+
+@pytest.mark.skipif(
+    "connection.vendor == 'sqlite'", reason="SQLite has no row locks: a writer holds everything"
+)
+def test_a_burst_does_not_end_while_a_hand_back_is_still_being_written(caplog):
+    # Claimed together, run in priority order: the first locks the last one's
+    # row, the second runs long, so the keeper takes the last from behind it
+    # and cannot write it back as READY while the row is locked. Until it can,
+    # the row is RUNNING under the worker's own claim and no claim sees it: a
+    # burst worker that took that for "drained" would leave it behind.
+    short = tasks.step.using(priority=0).enqueue("behind")
+    long = tasks.waits_for.using(priority=1).enqueue(["gate"], 20)
+    tasks.locks_row.using(priority=2).enqueue(short.id)
+    caplog.set_level(logging.DEBUG, logger="django_rdbtasks.worker")
+    worker = Worker(batch=3, burst=True, poll_interval=0.05, listen=False)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: "handing back 1" in caplog.text, timeout=30)
+        assert len(tasks.held_row_locks) == 1
+        SideEffect.objects.create(key="gate", pid=os.getpid())
+        wait_until(lambda: Task.objects.get(pk=long.id).status == "SUCCESSFUL", timeout=30)
+        assert Task.objects.get(pk=short.id).status == "RUNNING"  # not yet written back
+        # Time for a slot that took the empty claim for "drained" to end
+        # before the row can go back to READY.
+        thread.join(1.0)
+    finally:
+        while tasks.held_row_locks:
+            holder = tasks.held_row_locks.pop()
+            holder.rollback()
+            holder.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    row = Task.objects.get(pk=short.id)
+    assert (row.status, row.attempts) == ("SUCCESSFUL", 1)
+    assert SideEffect.objects.filter(key="step:behind").count() == 1

@@ -118,3 +118,17 @@ def test_outcomes_a_round_could_not_write_go_first_into_the_next():
     slot.put_back_finished(unwritten)
     assert [o.id for o, _ in slot.take_finished()] == [1, 2]
     assert slot.held() == []
+
+
+def test_a_hand_back_counts_until_the_keeper_has_written_it():
+    slot = Slot(0, "w")
+    slot.add([row(1), row(2)])
+    slot.take_next()
+    assert not slot.handing_back()
+    taken = slot.hand_back_if_stuck(now=float("inf"), after=0)
+    assert [r.row.id for r in taken.unstarted] == [2]
+    # Row 2 is still RUNNING under this slot's claim: the slot must not read
+    # an empty claim as an empty queue yet.
+    assert slot.handing_back()
+    slot.hand_back_written()
+    assert not slot.handing_back()

@@ -50,6 +50,7 @@ class LeaseKeeper:
         stopping: Callable[[], bool],
     ) -> None:
         self.slots = slots
+        self._slots_by_id = {slot.worker_id: slot for slot in slots}
         self.store = store
         self.executor = executor
         self.reporter = reporter
@@ -119,6 +120,8 @@ class LeaseKeeper:
                 return
             self._write_backoff.reset()
             self._unwritten[worker_id] = []
+            # Only this thread takes from the slots: all it took is written now.
+            self._slots_by_id[worker_id].hand_back_written()
             self.reporter.report(pairs, written)
 
     # -- leases ------------------------------------------------------------------------

@@ -296,9 +296,10 @@ class Worker:
                     # What it just finished may have made more runnable (a
                     # dependant released after the claim): look again at once.
                     continue
-                elif exchange.contended:
+                elif exchange.contended or slot.handing_back():
                     # Runnable rows were there but others won them, or hold
-                    # them locked: look again soon, not at once.
+                    # them locked; or the keeper is still writing back tasks
+                    # it took from this slot: look again soon, not at once.
                     self.wake.wait(random.uniform(0.005, 0.05))
                 elif self.burst and not self._retries_pending(store):
                     break

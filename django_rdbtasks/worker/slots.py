@@ -69,6 +69,10 @@ class Slot:
         self._current_since = 0.0
         self._finished: list[tuple[Outcome, Running]] = []
         self._first_finished_at = 0.0
+        #: The keeper took claims from this slot and has not yet written them
+        #: back: until it does they are RUNNING under this slot's id, and a
+        #: claim cannot see them (burst mode must not take that for drained).
+        self._handed_back_unwritten = False
 
     # -- the slot's own thread ---------------------------------------------------------
 
@@ -136,7 +140,18 @@ class Slot:
             taken = HandBack(list(self._queue), self._finished)
             self._queue.clear()
             self._finished = []
+            self._handed_back_unwritten = True
             return taken
+
+    def hand_back_written(self) -> None:
+        """The keeper has committed everything it took from this slot."""
+        with self.lock:
+            self._handed_back_unwritten = False
+
+    def handing_back(self) -> bool:
+        """Claims taken from this slot are not yet back in the database."""
+        with self.lock:
+            return self._handed_back_unwritten
 
     def take_everything(self) -> HandBack:
         """All but the running task, which is returned in ``unstarted`` too (shutdown)."""

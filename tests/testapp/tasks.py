@@ -211,3 +211,28 @@ def waits_for(keys, timeout):
             raise TimeoutError(f"{keys} never ran while this task was running")
         time.sleep(0.02)
     return "seen"
+
+
+#: Connections ``locks_row`` left open, holding their row locks, for the test
+#: (running the worker in its own process) to roll back.
+held_row_locks = []
+
+
+@task()
+def locks_row(task_id):
+    """Lock another task's row on a connection of its own and leave it locked."""
+    import uuid
+
+    from django.db import connections
+
+    from django_rdbtasks.models import Task
+
+    holder = connections.create_connection("default")
+    holder.inc_thread_sharing()  # ended by the test's thread
+    holder.set_autocommit(False)
+    with holder.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Task._meta.db_table} WHERE id = %s FOR UPDATE",
+            [Task._meta.pk.get_db_prep_value(uuid.UUID(task_id), holder)],
+        )
+    held_row_locks.append(holder)
