@@ -9,13 +9,14 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 from django.db.models import F
 
+from .arguments import encode_arguments_and_values
 from .compat import (
     SIGNAL_MODULES,
     TASK_REFRESH_ATTRS,
@@ -26,12 +27,12 @@ from .compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
-    normalize_json,
 )
 from .db import dialect_for
+from .db.cursors import kept_cursor
 from .db.functions import DbNow
 from .db.rows import NewTask
-from .exceptions import ArgumentsNotJSON, InvalidTaskPath
+from .exceptions import InvalidTaskPath
 from .loading import load_task
 from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
@@ -121,39 +122,6 @@ def task_key(
         return template.format(**bound)
     except (KeyError, IndexError) as exc:
         raise InvalidTask(f"Key {template!r} names {exc}, which is not an argument.") from exc
-
-
-#: ``json.dumps(value, allow_nan=False)`` without building an encoder per call.
-_json_encode = json.JSONEncoder(allow_nan=False).encode
-
-
-def encode_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, str]:
-    """Arguments as JSON text that decodes to equal values, or ``ArgumentsNotJSON``.
-
-    Tuples become lists as in the framework; anything that would come back
-    different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
-    rather than surprising the task later.
-    """
-    args_json, kwargs_json, _ = _encode_arguments(args, kwargs)
-    return args_json, kwargs_json
-
-
-def _encode_arguments(
-    args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
-    """``encode_arguments``, plus the values the JSON decodes to, for the result."""
-    try:
-        normalized = cast(list[Any], normalize_json([list(args), dict(kwargs)]))
-        args_json = _json_encode(normalized[0])
-        kwargs_json = _json_encode(normalized[1])
-    except (TypeError, ValueError) as exc:
-        raise ArgumentsNotJSON(f"Task arguments must be JSON-serializable: {exc}") from exc
-    decoded = (json.loads(args_json), json.loads(kwargs_json))
-    if [*decoded] != normalized:
-        raise ArgumentsNotJSON(
-            "Task arguments must survive a JSON round trip unchanged (dict keys must be strings)."
-        )
-    return args_json, kwargs_json, decoded
 
 
 class RDBTaskBackend(BaseTaskBackend):
@@ -283,7 +251,7 @@ class RDBTaskBackend(BaseTaskBackend):
     ) -> tuple[NewTask, tuple[list[Any], dict[str, Any]]]:
         """The row to insert, and the arguments as the task will receive them."""
         self._refuse_bad_options()
-        args_json, kwargs_json, decoded = _encode_arguments(args, kwargs)
+        args_json, kwargs_json, decoded = encode_arguments_and_values(args, kwargs)
         dedup = getattr(task, "dedup_key", None)
         new = NewTask(
             id=uuid7(),
@@ -314,12 +282,11 @@ class RDBTaskBackend(BaseTaskBackend):
     def _insert_rows(self, connection: Any, dialect: Any, tasks: Sequence[NewTask]) -> Any:
         # The rows and their NOTIFY commit with the caller's transaction if one
         # is open, so a rollback takes the tasks with it; else in their own.
-        if dialect.insert_is_one_statement and not connection.in_atomic_block:
-            with connection.cursor() as cursor:
-                return dialect.insert_tasks(cursor, tasks, self.notify)
+        # One statement is atomic by itself and needs no transaction around it.
+        if dialect.insert_is_one_statement:
+            return dialect.insert_tasks(kept_cursor(connection, dialect), tasks, self.notify)
         with transaction.atomic(using=self.database, savepoint=False):
-            with connection.cursor() as cursor:
-                return dialect.insert_tasks(cursor, tasks, self.notify)
+            return dialect.insert_tasks(kept_cursor(connection, dialect), tasks, self.notify)
 
     def _new_result(
         self,

@@ -9,9 +9,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def listen_connection() -> BaseDatabaseWrapper:
+    """LISTEN needs the server itself: behind a pooler, the alias that bypasses it."""
+    return connections["direct"] if "direct" in connections else connection
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

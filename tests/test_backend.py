@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_rdbtasks.backend import RDBTask, RDBTaskBackend, bulk_enqueue
@@ -20,15 +20,11 @@ from django_rdbtasks.compat import (
 from django_rdbtasks.exceptions import ArgumentsNotJSON, ReturnValueNotJSON
 from django_rdbtasks.models import Task
 from django_rdbtasks.worker import Worker
+from tests.conftest import listen_connection
 from tests.testapp import backport_tasks, tasks
 from tests.testapp.models import Invoice
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def listen_connection():
-    """LISTEN needs the server itself: behind a pooler, the alias that bypasses it."""
-    return connections["direct"] if "direct" in connections else connection
 
 
 def test_backend_features():

@@ -1,16 +1,24 @@
 """The claim protocol's statements on a real database: CAS, leases, fencing."""
 
+import dataclasses
+import datetime as dt
+import importlib
 import time
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from django_rdbtasks.compat import task_backends
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
-from django_rdbtasks.models import Task
+from django_rdbtasks.models import Task, uuid7
 from django_rdbtasks.states import ClaimMode, OutcomeKind
+from tests.conftest import listen_connection
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -246,3 +254,102 @@ def test_a_claim_skips_a_row_another_session_holds_locked_and_never_waits(vendor
     finally:
         holder.close()
         bounded.close()
+
+
+# -- PostgreSQL's enqueue function (migration 0005) ---------------------------------------
+
+ENQUEUE_MIGRATION = importlib.import_module("django_rdbtasks.migrations.0005_enqueue_function")
+#: Columns an enqueue decides; the rest are the clock's, the id, or left NULL.
+ENQUEUED_COLUMNS = [
+    field.attname
+    for field in Task._meta.concrete_fields
+    if field.attname not in {"id", "enqueued_at", "run_after", "dedup_key", "active_dedup_key"}
+]
+
+
+@pytest.fixture
+def enqueue_function(vendor):
+    """The PostgreSQL dialect, its function looked up afresh before and after."""
+    if vendor != "postgresql":
+        pytest.skip("the enqueue function is PostgreSQL's; elsewhere the row is inserted")
+    dialect = dialect_for(connections["default"])
+    dialect._has_enqueue_function.clear()
+    yield dialect
+    dialect._has_enqueue_function.clear()
+
+
+def insert_one(dialect, new, *, by_function, notify=True):
+    dialect._has_enqueue_function[next(iter(dialect._has_enqueue_function))] = by_function
+    with connection.cursor() as cursor:
+        return dialect.insert_tasks(cursor, [new], notify)
+
+
+def test_the_enqueue_function_writes_the_row_a_plain_insert_writes(enqueue_function):
+    dialect = enqueue_function
+    with connection.cursor() as cursor:
+        assert dialect.enqueue_function_exists(cursor)
+    backend = task_backends["default"]
+    later = timezone.now() + dt.timedelta(minutes=5)
+    waiting = backend._new_task(tasks.add, [1], {"b": [2, {"c": None}]})
+    waiting.status, waiting.waiting_on, waiting.on_parent_failure = "WAITING", 2, "FAILED"
+    variants = [
+        backend._new_task(tasks.add, [1, "é 🎉"], {}),
+        backend._new_task(tasks.send_email.using(run_after=later), ["a@example.com"], {}),
+        backend._new_task(tasks.add, [], {"a": 1}, job_name="nightly"),
+        dataclasses.replace(backend._new_task(tasks.add, [3], {}), dedup_key="invoice:3"),
+        dataclasses.replace(
+            backend._new_task(tasks.add, [4], {}), trace_context='{"traceparent": "00-ab-cd-01"}'
+        ),
+        waiting,
+    ]
+    for new in variants:
+        twin = dataclasses.replace(new, id=uuid7(), dedup_key=new.dedup_key and "twin")
+        by_function = insert_one(dialect, new, by_function=True)
+        by_insert = insert_one(dialect, twin, by_function=False)
+        rows = {row.id: row for row in Task.objects.filter(pk__in=[new.id, twin.id])}
+        first, second = rows[new.id], rows[twin.id]
+        assert [getattr(first, c) for c in ENQUEUED_COLUMNS] == [
+            getattr(second, c) for c in ENQUEUED_COLUMNS
+        ], new
+        # The function's clock comes back exactly, as microseconds since the epoch.
+        assert (first.enqueued_at, second.enqueued_at) == (by_function, by_insert)
+        for row, sent in ((first, new), (second, twin)):
+            assert row.run_after == (sent.run_after or row.enqueued_at)
+            assert row.dedup_key == sent.dedup_key
+            assert row.active_dedup_key == (sent.dedup_key if row.status != "WAITING" else None)
+
+
+def test_without_the_enqueue_function_an_enqueue_inserts_the_row_and_still_notifies(
+    enqueue_function,
+):
+    """A test database made without migrations has no function: the plain INSERT serves."""
+    dialect = enqueue_function
+    params = listen_connection().get_connection_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP FUNCTION {ENQUEUE_MIGRATION.SIGNATURE}")
+    try:
+        with psycopg.connect(
+            **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
+        ) as listener:
+            listener.execute("LISTEN rdbtasks")
+            with CaptureQueriesContext(connection) as queries:
+                result = tasks.send_email.enqueue("x@example.com")
+                tasks.send_email.enqueue("y@example.com")
+            payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+        assert payloads == ["emails", "emails"]
+        statements = [q["sql"] for q in queries.captured_queries]
+        # Looked up once, then plain INSERTs.
+        assert sum("to_regprocedure" in sql for sql in statements) == 1, statements
+        assert sum(sql.startswith("INSERT INTO") for sql in statements) == 2, statements
+        row = Task.objects.get(pk=result.id)
+        assert (row.args, row.status, row.enqueued_at) == (
+            ["x@example.com"],
+            "READY",
+            result.enqueued_at,
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(ENQUEUE_MIGRATION.CREATE)
+    dialect._has_enqueue_function.clear()
+    with connection.cursor() as cursor:
+        assert dialect.enqueue_function_exists(cursor)

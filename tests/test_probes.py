@@ -143,21 +143,27 @@ def test_live_passes_and_ready_fails_in_time_when_the_database_hangs(silent_serv
 # -- ready -----------------------------------------------------------------------------
 
 
-def test_ready_passes_on_a_migrated_database_and_fails_on_a_missing_migration():
+@pytest.mark.parametrize(
+    "missing",
+    [
+        pytest.param("0005_enqueue_function", id="the-latest"),
+        # A gap behind an applied leaf: Django's own plan towards the leaves is empty.
+        pytest.param("0004_task_trace_context", id="one-behind-an-applied-one"),
+    ],
+)
+def test_ready_passes_on_a_migrated_database_and_fails_on_a_missing_migration(missing):
     code, out = probe("ready")
     assert code == 0, out
     recorder = MigrationRecorder(connection)
-    applied = recorder.migration_qs.get(app="django_rdbtasks", name="0004_task_trace_context")
+    applied = recorder.migration_qs.get(app="django_rdbtasks", name=missing)
     applied_at = applied.applied
     applied.delete()
     try:
         code, out = probe("ready")
     finally:
-        recorder.migration_qs.create(
-            app="django_rdbtasks", name="0004_task_trace_context", applied=applied_at
-        )
+        recorder.migration_qs.create(app="django_rdbtasks", name=missing, applied=applied_at)
     assert code == 1, out
-    assert "1 migrations not applied: django_rdbtasks.0004_task_trace_context" in out
+    assert f"1 migrations not applied: django_rdbtasks.{missing}" in out
 
 
 def test_ready_fails_against_an_unreachable_database():

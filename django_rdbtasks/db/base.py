@@ -151,6 +151,10 @@ class Dialect:
         """Driver options for a worker's own connections (keepalives, timeouts)."""
         return {}
 
+    def new_cursor(self, connection: Any) -> Any:
+        """A driver cursor for the enqueue's statements, kept for the connection's life."""
+        return connection.create_cursor()
+
     def encode_id(self, value: uuid.UUID) -> Any:
         return self._pk_field.get_db_prep_value(value, self.connection)
 

@@ -30,6 +30,14 @@ from .base import (
 )
 
 NOTIFY_CHANNEL = "rdbtasks"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: The function one enqueue calls (created by migration 0005; a change to its
+#: columns is a new version in a new migration, never an edit of this one).
+ENQUEUE_FUNCTION = "rdbtasks_enqueue_v1"
+ENQUEUE_SIGNATURE = (
+    f"{ENQUEUE_FUNCTION}(uuid, text, text, text, integer, jsonb, jsonb, integer, "
+    "timestamptz, text, text, text, integer, text, jsonb, boolean)"
+)
 
 #: The outcomes of one kind, as rows: one JSON document is far cheaper to send
 #: than five arrays of quoted JSON texts.
@@ -93,9 +101,9 @@ class PostgreSQLDialect(Dialect):
             f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) q) "
             "SELECT n.now, (SELECT count(*) FROM notified) FROM n"
         )
-        # One row, the common case (a request enqueues one task): plain VALUES
-        # is planned much faster than the unnest of fifteen arrays, which
-        # nearly doubles the rate of one enqueue per transaction.
+        # One row, the common case (a request enqueues one task): a call of the
+        # enqueue function (migration 0005), whose INSERT PL/pgSQL plans once
+        # per session; where it is missing, the same row as a plain INSERT.
         columns = ", ".join(INSERT_COLUMNS)
         one_row = (
             f"INSERT INTO {t} ({columns}) VALUES (%s::uuid, %s, %s, %s, %s, %s::jsonb, "
@@ -107,6 +115,17 @@ class PostgreSQLDialect(Dialect):
             # Delivered by PostgreSQL at commit, still in the one round trip.
             True: f"{one_row}, pg_notify('{NOTIFY_CHANNEL}', queue_name)::text",
         }
+        # Every parameter cast: bound on the server (new_cursor), a Python
+        # int arrives as the smallest integer type that holds it.
+        self.enqueue_call_sql = (
+            f"SELECT {ENQUEUE_FUNCTION}(%s::uuid, %s::text, %s::text, %s::text, %s::integer, "
+            "%s::jsonb, %s::jsonb, %s::integer, %s::timestamptz, %s::text, %s::text, "
+            "%s::text, %s::integer, %s::text, %s::jsonb, %s::boolean)"
+        )
+        #: Whether the enqueue function exists, per database (settings NAME,
+        #: HOST, PORT): looked up once per process, since a test run switches
+        #: an alias to its test database, made with or without migrations.
+        self._has_enqueue_function: dict[tuple, bool] = {}
 
     insert_is_one_statement = True
 
@@ -115,31 +134,54 @@ class PostgreSQLDialect(Dialect):
     ) -> dt.datetime:
         if len(tasks) == 1:
             t = tasks[0]
-            cursor.execute(
-                self.insert_one_sql[notify],
-                [
-                    t.id,
-                    t.task_path,
-                    t.queue_name,
-                    t.backend_name,
-                    t.priority,
-                    t.args_json,
-                    t.kwargs_json,
-                    t.max_attempts,
-                    t.run_after,
-                    t.status,
-                    t.job_name,
-                    t.dedup_key,
-                    t.waiting_on,
-                    t.on_parent_failure,
-                    t.run_after,
-                    t.trace_context,
-                ],
-            )
+            params = [
+                t.id,
+                t.task_path,
+                t.queue_name,
+                t.backend_name,
+                t.priority,
+                t.args_json,
+                t.kwargs_json,
+                t.max_attempts,
+                t.run_after,
+                t.status,
+                t.job_name,
+                t.dedup_key,
+                t.waiting_on,
+                t.on_parent_failure,
+            ]
+            if self.enqueue_function_exists(cursor):
+                cursor.execute(self.enqueue_call_sql, [*params, t.trace_context, notify])
+                return _EPOCH + dt.timedelta(microseconds=cursor.fetchone()[0])
+            cursor.execute(self.insert_one_sql[notify], [*params, t.run_after, t.trace_context])
             return cursor.fetchone()[0]
         queues = sorted({t.queue_name for t in tasks}) if notify else []
         cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
         return cursor.fetchone()[0]
+
+    def new_cursor(self, connection: Any) -> Any:
+        # Parameters bound by the server: psycopg sends them beside the
+        # statement rather than quoting each into its text, a quarter less
+        # client CPU per enqueue. Nothing is prepared (Django leaves
+        # prepare_threshold at None), so a transaction pooler sees nothing new.
+        try:
+            from django.db.backends.postgresql.base import ServerBindingCursor
+            from django.db.backends.postgresql.psycopg_any import register_tzloader
+        except ImportError:  # psycopg2
+            return connection.create_cursor()
+        cursor = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
+        # As on Django's own cursors: datetimes in the connection's time zone.
+        register_tzloader(connection.timezone, cursor)
+        return cursor
+
+    def enqueue_function_exists(self, cursor: Any) -> bool:
+        settings = self.connection.settings_dict
+        key = (settings["NAME"], settings["HOST"], settings["PORT"])
+        exists = self._has_enqueue_function.get(key)
+        if exists is None:
+            cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [ENQUEUE_SIGNATURE])
+            exists = self._has_enqueue_function[key] = bool(cursor.fetchone()[0])
+        return exists
 
     @staticmethod
     def _batch_json(tasks: Sequence[NewTask]) -> str:

@@ -355,9 +355,13 @@ def _unapplied_migrations(using: str) -> list[str]:
     connection = connections[using]
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    executor = MigrationExecutor(connection)
-    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
+    loader = MigrationExecutor(connection).loader
+    # Every migration the leaves need, not ``migration_plan(leaves)``: that plan
+    # is empty once a leaf is recorded, even with a gap behind it.
+    needed: dict[tuple[str, str], None] = {}
+    for leaf in loader.graph.leaf_nodes():
+        needed.update(dict.fromkeys(loader.graph.forwards_plan(leaf)))
+    return [f"{app}.{name}" for app, name in needed if (app, name) not in loader.applied_migrations]
 
 
 def _bounded(work: Callable[[], Any], timeout: float) -> Any:
