@@ -7,11 +7,19 @@ Prints tasks/s for three ways of enqueueing a no-op task:
 - ``txn``: many ``task.enqueue()`` calls inside one ``transaction.atomic()``;
 - ``bulk``: ``bulk_enqueue()``, ``--chunk`` tasks per call, each call its own transaction.
 
+and, to show how close ``single`` is to what the server allows, three floors on the
+same connection, each statement its own transaction, no Django in the loop:
+
+- ``roundtrip``: ``SELECT 1``, a round trip without a commit;
+- ``insert``: a one-column ``INSERT``, the cheapest durable commit;
+- ``function``: the enqueue function's call with ``single``'s row, from psycopg.
+
 It uses a database of its own (``bench_enqueue`` by default, created and migrated if
 missing, emptied between runs), never the test database. Examples::
 
     .venv/bin/python bench/enqueue_profile.py
     .venv/bin/python bench/enqueue_profile.py --count 5000 --repeat 5
+    .venv/bin/python bench/enqueue_profile.py --modes roundtrip,insert,function,single
     .venv/bin/python bench/enqueue_profile.py --modes single --profile /tmp/single.prof
     .venv-dj61/bin/python bench/enqueue_profile.py     # the Django 6.1 line
 
@@ -101,6 +109,10 @@ def noop() -> None:
     """The task enqueued: module-level, as the framework requires."""
 
 
+#: The floors' table: one column, its primary key.
+FLOOR_TABLE = "rdbtasks_bench_floor"
+
+
 def empty_table() -> None:
     from django.db import connection
 
@@ -108,6 +120,8 @@ def empty_table() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {connection.ops.quote_name(Task._meta.db_table)} CASCADE")
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (id uuid PRIMARY KEY)")
+        cursor.execute(f"TRUNCATE {FLOOR_TABLE}")
         cursor.execute("CHECKPOINT")
 
 
@@ -131,7 +145,42 @@ def modes(task: Any, count: int, chunk: int) -> dict[str, Callable[[], None]]:
         for _ in range(max(1, count * 10 // chunk)):
             bulk_enqueue(task, calls, batch_size=chunk)
 
-    return {"single": single, "txn": txn, "bulk": bulk}
+    return {"single": single, "txn": txn, "bulk": bulk, **floors(count)}
+
+
+def floors(count: int) -> dict[str, Callable[[], None]]:
+    import uuid
+
+    import psycopg
+    from django.db import connection
+
+    from django_rdbtasks.db import dialect_for
+    from django_rdbtasks.models import TaskStatus, uuid7
+
+    def cursor() -> psycopg.Cursor:
+        # Parameters bound on the server, as the enqueue's kept cursor binds them.
+        connection.ensure_connection()
+        return psycopg.Cursor(connection.connection)
+
+    def roundtrip() -> None:
+        with cursor() as cur:
+            for _ in range(count):
+                cur.execute("SELECT 1")
+
+    def insert() -> None:
+        with cursor() as cur:
+            for _ in range(count):
+                cur.execute(f"INSERT INTO {FLOOR_TABLE} (id) VALUES (%s)", [uuid.uuid4()])
+
+    def function() -> None:
+        sql = dialect_for(connection).enqueue_call_sql
+        row = [f"{__name__}.noop", "default", "default", 0, "[]", "{}", 1, None, TaskStatus.READY]
+        rest = ["", None, 0, TaskStatus.CANCELLED, None, True]
+        with cursor() as cur:
+            for _ in range(count):
+                cur.execute(sql, [uuid7(), *row, *rest])
+
+    return {"roundtrip": roundtrip, "insert": insert, "function": function}
 
 
 def main() -> None:
@@ -184,19 +233,23 @@ def main() -> None:
 
     # Wall time is what a producer waits; this process's CPU time per task is
     # the Python side alone, and holds still when other work loads the machine.
-    for mode in selected:
-        rates, cpu = [], []
-        for _ in range(args.repeat):
+    # The modes take turns, so that a slow minute of the disk hits all of them.
+    rates: dict[str, list[float]] = {mode: [] for mode in selected}
+    cpu: dict[str, list[float]] = {mode: [] for mode in selected}
+    for _ in range(args.repeat):
+        for mode in selected:
             empty_table()
             tasks = args.count * 10 // args.chunk * args.chunk if mode == "bulk" else args.count
             start, start_cpu = time.perf_counter(), time.process_time()
             runs[mode]()
-            rates.append(tasks / (time.perf_counter() - start))
-            cpu.append((time.process_time() - start_cpu) / tasks * 1e6)
-        shown = ", ".join(f"{r:,.0f}" for r in rates)
+            rates[mode].append(tasks / (time.perf_counter() - start))
+            cpu[mode].append((time.process_time() - start_cpu) / tasks * 1e6)
+    for mode in selected:
+        rate = statistics.median(rates[mode])
+        shown = ", ".join(f"{r:,.0f}" for r in rates[mode])
         print(
-            f"{mode:>6}: {statistics.median(rates):>8,.0f} tasks/s   "
-            f"client CPU {statistics.median(cpu):5.1f} us/task   (runs: {shown})"
+            f"{mode:>9}: {rate:>8,.0f}/s  {1e6 / rate:6.0f} us each   "
+            f"client CPU {statistics.median(cpu[mode]):5.1f} us   (runs: {shown})"
         )
     empty_table()
 
