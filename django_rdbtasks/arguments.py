@@ -21,21 +21,15 @@ _encode = json.JSONEncoder(allow_nan=False).encode
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def encode_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
-    """Arguments as JSON text that decodes to equal values, or ``ArgumentsNotJSON``.
-
-    Tuples become lists as in the framework; anything that would come back
-    different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
-    rather than surprising the task later.
-    """
-    args_json, kwargs_json, _ = encode_arguments_and_values(args, kwargs)
-    return args_json, kwargs_json
-
-
 def encode_arguments_and_values(
     args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
-    """``encode_arguments``, plus the values as the task will receive them."""
+    """Arguments as JSON text that decodes to equal values, and those values.
+
+    Tuples become lists as in the framework; anything that would come back
+    different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
+    with ``ArgumentsNotJSON``, rather than surprising the task later.
+    """
     try:
         values = [_normalized(value) for value in args]
         keywords = _normalized(kwargs)
