@@ -142,6 +142,9 @@ class RDBTaskBackend(BaseTaskBackend):
         self.backoff = self._number_option("BACKOFF", DEFAULT_BACKOFF, 0, float)
         self.max_backoff = self._number_option("MAX_BACKOFF", DEFAULT_MAX_BACKOFF, 0, float)
         self.notify = bool(options.get("NOTIFY", True))
+        #: Whether the enqueue may keep its statement prepared in the session:
+        #: not behind a transaction pooler, whose sessions change hands.
+        self.prepare = not options.get("TRANSACTION_POOLING", False)
         #: Tasks validate_task() accepted, by id: a Task is immutable and so is
         #: this backend's configuration (the framework makes a new backend when
         #: TASKS changes), so the same task object needs checking once.
@@ -283,10 +286,11 @@ class RDBTaskBackend(BaseTaskBackend):
         # The rows and their NOTIFY commit with the caller's transaction if one
         # is open, so a rollback takes the tasks with it; else in their own.
         # One statement is atomic by itself and needs no transaction around it.
+        cursor = kept_cursor(connection, dialect, prepare=self.prepare)
         if dialect.insert_is_one_statement:
-            return dialect.insert_tasks(kept_cursor(connection, dialect), tasks, self.notify)
+            return dialect.insert_tasks(cursor, tasks, self.notify)
         with transaction.atomic(using=self.database, savepoint=False):
-            return dialect.insert_tasks(kept_cursor(connection, dialect), tasks, self.notify)
+            return dialect.insert_tasks(cursor, tasks, self.notify)
 
     def _new_result(
         self,

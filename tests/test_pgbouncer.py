@@ -28,6 +28,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from django_rdbtasks.models import Task
 from scripts.clusters import pgbouncer
 from tests.conftest import ROOT, wait_until
 from tests.testapp import tasks
@@ -170,7 +171,11 @@ def test_workers_through_the_pooler_share_its_server_sessions_and_leave_nothing_
     logs = "".join(worker.log() for worker in workers)
     assert "polling" not in logs  # LISTEN went straight to the server
 
-    # Every pooled session, held at once by one client each, is as a new one.
+    assert_pooled_sessions_are_as_new(bouncer, dbname)
+
+
+def assert_pooled_sessions_are_as_new(bouncer: pgbouncer.Bouncer, dbname: str) -> None:
+    """Every pooled session, held at once by one client each, is as a new one."""
     held = [psycopg.connect(bouncer.url(dbname)) for _ in range(POOL_SIZE)]
     try:
         pids = set()
@@ -188,6 +193,63 @@ def test_workers_through_the_pooler_share_its_server_sessions_and_leave_nothing_
     finally:
         for conn in held:
             conn.close()
+
+
+#: Producer threads in a process whose backend is not told of the pooler.
+UNTOLD_PRODUCERS = """
+import sys, threading
+import django
+django.setup()
+from django.db import connection
+from django_rdbtasks.compat import task_backends
+from tests.testapp import tasks
+assert task_backends["default"].prepare, "TRANSACTION_POOLING is set"
+errors = []
+def produce(number):
+    try:
+        for i in range(int(sys.argv[2])):
+            tasks.record.enqueue(f"p{number}-{i}")
+    except BaseException as exc:
+        errors.append(repr(exc))
+    finally:
+        connection.close()
+threads = [threading.Thread(target=produce, args=(n,)) for n in range(int(sys.argv[1]))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(errors)
+sys.exit(1 if errors else 0)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_producers_not_told_of_the_pooler_prepare_nothing_through_it(bouncer):
+    # Without TRANSACTION_POOLING an enqueue keeps its statement prepared in
+    # the session from its second run, but only in a session that is the
+    # server's own: through the pooler the connection's process id is
+    # PgBouncer's, not the server's, and nothing is prepared.
+    dbname = settings.DATABASES["default"]["NAME"]
+    producers, each = 2 * POOL_SIZE, 100
+    env = {
+        **os.environ,
+        "DATABASE_URL": bouncer.url("test"),
+        "RDBTASKS_TEST_WORKER": "1",  # the test database, by its name
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", UNTOLD_PRODUCERS, str(producers), str(each)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert Task.objects.count() == producers * each
+    assert Task.objects.values("args").distinct().count() == producers * each
+    assert_pooled_sessions_are_as_new(bouncer, dbname)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -151,8 +151,12 @@ class Dialect:
         """Driver options for a worker's own connections (keepalives, timeouts)."""
         return {}
 
-    def new_cursor(self, connection: Any) -> Any:
-        """A driver cursor for the enqueue's statements, kept for the connection's life."""
+    def new_cursor(self, connection: Any, *, prepare: bool = False) -> Any:
+        """A driver cursor for the enqueue's statements, kept for the connection's life.
+
+        ``prepare``: it may keep its statements prepared in the session, where
+        the database and its driver can.
+        """
         return connection.create_cursor()
 
     def encode_id(self, value: uuid.UUID) -> Any:

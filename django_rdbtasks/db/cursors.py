@@ -9,30 +9,37 @@ if TYPE_CHECKING:
     from .base import Dialect
 
 #: Per Django connection (one per thread): the driver connection the cursor
-#: belongs to, and the cursor. Gone with the Django connection object.
-_kept: WeakKeyDictionary[Any, tuple[Any, Any]] = WeakKeyDictionary()
+#: belongs to, whether it may prepare, and the cursor. Gone with the Django
+#: connection object.
+_kept: WeakKeyDictionary[Any, tuple[Any, bool, Any]] = WeakKeyDictionary()
 
 
-def kept_cursor(connection: Any, dialect: Dialect) -> Any:
+def kept_cursor(connection: Any, dialect: Dialect, *, prepare: bool = False) -> Any:
     """What ``connection.cursor()`` returns, over a driver cursor made once.
 
     A new psycopg cursor per statement costs about a tenth of a single
     enqueue: it sets up its adapters again and looks up the dumper of every
     parameter afresh. The kept cursor is wrapped as Django wraps every cursor
-    (execute wrappers, errors translated, queries logged under DEBUG and
-    ``assertNumQueries``), and replaced when Django reconnects.
+    (execute wrappers, errors translated), and replaced when Django
+    reconnects. ``prepare``
+    lets the dialect's cursor keep its statement prepared in the session
+    (False behind a transaction pooler).
     """
-    if "cursor" in vars(connection):
+    if "cursor" in vars(connection) or connection.queries_logged:
         # Someone wrapped this connection's cursor() (django-debug-toolbar's
-        # SQL panel, SimpleTestCase's refusal of queries): go through it.
+        # SQL panel, SimpleTestCase's refusal of queries): go through it. And
+        # while queries are logged (DEBUG, assertNumQueries), Django's own
+        # cursor: its log reads the statement's text, which a run of a
+        # prepared statement leaves unset.
         return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     driver_connection = connection.connection
     kept = _kept.get(connection)
-    if kept is None or kept[0] is not driver_connection:
+    if kept is None or kept[0] is not driver_connection or kept[1] is not prepare:
         with connection.wrap_database_errors:
-            kept = _kept[connection] = (driver_connection, dialect.new_cursor(connection))
+            cursor = dialect.new_cursor(connection, prepare=prepare)
+        kept = _kept[connection] = (driver_connection, prepare, cursor)
     # Django's own wrapping of a fresh cursor (checks the thread, picks the
     # debug wrapper while queries are logged).
-    return connection._prepare_cursor(kept[1])
+    return connection._prepare_cursor(kept[2])

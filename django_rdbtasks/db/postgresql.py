@@ -28,6 +28,7 @@ from .base import (
     NewTask,
     Outcome,
 )
+from .preparing import preparing_cursor_class
 
 NOTIFY_CHANNEL = "rdbtasks"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -159,17 +160,18 @@ class PostgreSQLDialect(Dialect):
         cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
         return cursor.fetchone()[0]
 
-    def new_cursor(self, connection: Any) -> Any:
+    def new_cursor(self, connection: Any, *, prepare: bool = False) -> Any:
         # Parameters bound by the server: psycopg sends them beside the
         # statement rather than quoting each into its text, a quarter less
-        # client CPU per enqueue. Nothing is prepared (Django leaves
-        # prepare_threshold at None), so a transaction pooler sees nothing new.
+        # client CPU per enqueue. Prepared only by this cursor, and only
+        # where the session is the server's own (see preparing.py).
         try:
             from django.db.backends.postgresql.base import ServerBindingCursor
             from django.db.backends.postgresql.psycopg_any import register_tzloader
         except ImportError:  # psycopg2
             return connection.create_cursor()
-        cursor = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
+        cls = preparing_cursor_class() if prepare else ServerBindingCursor
+        cursor = cls(connection.connection)
         # As on Django's own cursors: datetimes in the connection's time zone.
         register_tzloader(connection.timezone, cursor)
         return cursor

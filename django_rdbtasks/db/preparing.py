@@ -1,0 +1,87 @@
+"""PostgreSQL with psycopg 3: the enqueue's statement kept prepared in a server session.
+
+A single enqueue is one statement and one commit; parsing and planning the
+statement anew costs about a sixth of it (measured in bench/enqueue_profile.py).
+Django leaves psycopg's ``prepare_threshold`` at None, which turns prepared
+statements off for the whole connection, because behind a transaction pooler
+the next statement may run in another server session. So this cursor prepares
+its own statement, and nothing else, and only where the session is known to be
+the server's own:
+
+- never when the backend says ``TRANSACTION_POOLING`` (the cursor is not made);
+- from a statement's second run on a connection, so that a connection that enqueues once
+  (``CONN_MAX_AGE = 0`` and one task per request) pays nothing extra;
+- after one check that the connection talks to a server process directly: its
+  ``pg_backend_pid()`` is the process id the connection was given at start-up.
+  A pooler (PgBouncer, pgcat, RDS Proxy) hands its clients a process id of its
+  own, so behind any pooler, configured or not, nothing is prepared.
+
+The connection's ``prepare_threshold`` is set only for the duration of this
+cursor's statement, so the project's other queries are never counted or
+prepared. psycopg deallocates every prepared statement when a transaction is
+rolled back; the enqueue prepares again at its next run. If the statement was
+deallocated behind psycopg's back (``DEALLOCATE ALL`` or ``DISCARD ALL`` sent
+as SQL), the cursor stops preparing; outside a transaction the enqueue is run
+again unprepared at once (the failed run did nothing), inside one the error is
+raised, as the transaction is lost anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+
+@functools.cache
+def preparing_cursor_class() -> type:
+    """The cursor class, made on first use (Django defines its base only under psycopg 3)."""
+    if TYPE_CHECKING:
+        from psycopg import Cursor as ServerBindingCursor
+    else:
+        from django.db.backends.postgresql.base import ServerBindingCursor
+    from psycopg.errors import InvalidSqlStatementName
+    from psycopg.pq import TransactionStatus
+
+    class PreparingCursor(ServerBindingCursor):
+        #: Whether the session is the server's own: None until checked.
+        direct: bool | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            #: The statements run once on this connection, not prepared then.
+            self.run_once: set[Any] = set()
+
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
+        ) -> Any:
+            connection = self.connection
+            if prepare is not None or connection.prepare_threshold is not None:
+                # Asked explicitly, or the project prepares statements itself:
+                # psycopg's own rules apply.
+                return super().execute(query, params, prepare=prepare, **kwargs)
+            if query not in self.run_once:
+                self.run_once.add(query)
+                return super().execute(query, params, **kwargs)
+            if self.direct is None:
+                self.direct = self._is_direct()
+            if not self.direct:
+                return super().execute(query, params, **kwargs)
+            connection.prepare_threshold = 0
+            try:
+                return super().execute(query, params, prepare=True, **kwargs)
+            except InvalidSqlStatementName:
+                self.direct = False
+                if connection.info.transaction_status != TransactionStatus.IDLE:
+                    raise
+                return super().execute(query, params, prepare=False, **kwargs)
+            finally:
+                connection.prepare_threshold = None
+
+        def _is_direct(self) -> bool:
+            # A query of its own, once per connection, on this cursor (whose
+            # result the next execute replaces).
+            super().execute("SELECT pg_backend_pid()")
+            row = self.fetchone()
+            return row is not None and row[0] == self.connection.info.backend_pid
+
+    return PreparingCursor
