@@ -93,6 +93,12 @@ class RDBTaskResult(TaskResult):  # type: ignore[misc]
     progress: float | None = None
     progress_message: str = ""
 
+    def __post_init__(self) -> None:
+        # The framework's normalises args and kwargs to JSON values here. Ours
+        # are so already: normalised and checked at enqueue, or read back
+        # from a JSON column; doing it again costs every enqueue.
+        pass
+
     def refresh(self) -> None:
         self._refresh_from(self.task.get_backend().get_result(self.id))
 
