@@ -220,8 +220,9 @@ def test_search_by_id_running_worker_path_key_and_job() -> None:
     other = make_task()
     client = client_for(*VIEW)
     terms = [str(target.pk), "box-9:77", "tests.testapp.tasks.sync_acc", "sync:acme", "hourly-sy"]
+    terms += ["sync_acc", "SYNC_ACCOUNT", "testapp.tasks.s"]  # any part of a path, any case
     if connection.vendor == "postgresql":
-        terms += ["sync_acc", "acme", "ly-sync"]  # any part, through the trigram indexes
+        terms += ["acme", "ly-sync"]  # any part, through the trigram indexes
     for term in terms:
         page = text(client.get(url("task_changelist"), {"q": term}))
         assert url("task_change", target.pk) in page, term
@@ -250,12 +251,22 @@ def test_the_search_uses_its_indexes_on_postgresql() -> None:
         finally:
             cursor.execute("SET enable_seqscan = on")
     for index in (
-        "rdbtasks_task_path_search",
         "rdbtasks_task_job_search",
         "rdbtasks_task_dedup_search",
         "rdbtasks_task_lease",
     ):
         assert index in plan, plan
+    # No path has the term: no arm for paths at all.
+    assert '"task_path" IN' not in str(found.query)
+    make_task(task_path="tests.testapp.tasks.sync_account")
+    found, _ = model_admin.get_search_results(request, TaskModel.objects.all(), "sync_acc")
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        try:
+            plan = found.order_by().explain()
+        finally:
+            cursor.execute("SET enable_seqscan = on")
+    assert "rdbtasks_task_path" in plan, plan
 
 
 # -- a task's page -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import uuid
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_rdbtasks.db import dialect_for
@@ -108,3 +109,35 @@ def test_status_index_is_partial_where_possible():
         else:
             cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'rdbtasks_task_ready'")
             assert "WHERE" in cursor.fetchone()[0]
+
+
+def test_task_paths_are_the_distinct_paths_in_order_read_off_their_index():
+    paths = ["b.tasks.two", "a.tasks.one", "c.tasks.three", "a.tasks.one_more"]
+    Task.objects.bulk_create(
+        [Task(task_path=path, status="SUCCESSFUL") for path in paths for _ in range(500)],
+        batch_size=1000,
+    )
+    assert Task.objects.task_paths() == sorted(paths)
+    assert Task.objects.task_paths(limit=2) == sorted(paths)[:2]
+    # The whole table's paths, whatever the queryset's own filters.
+    assert Task.objects.filter(task_path="b.tasks.two").task_paths() == sorted(paths)
+    assert Task.objects.none().task_paths() == sorted(paths)
+
+
+def test_task_paths_never_reads_the_table():
+    Task.objects.bulk_create(
+        [Task(task_path=f"app.tasks.t{n % 7}", status="SUCCESSFUL") for n in range(20_000)],
+        batch_size=2000,
+    )
+    if connection.vendor != "postgresql":
+        assert len(Task.objects.task_paths()) == 7
+        return
+    with CaptureQueriesContext(connection) as queries:
+        assert len(Task.objects.task_paths()) == 7
+    (query,) = queries.captured_queries
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_rdbtasks_task")
+        cursor.execute("EXPLAIN (ANALYZE) " + query["sql"])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "rdbtasks_task_path" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -234,8 +234,8 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
                 "a job name or a dedup key."
             )
         return _(
-            "A task id, a worker (host:pid) running it, or the beginning of a task path, "
-            "a job name or a dedup key."
+            "A task id, a worker (host:pid) running it, part of a task path, "
+            "or the beginning of a job name or a dedup key."
         )
 
     # -- permissions: read-only rows, one permission per operator action --
@@ -296,13 +296,22 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
                 return Q(**{f"{field}__istartswith": term})
 
         condition = (
-            matches("task_path")
             # The conditions of the partial indexes, spelled out for the planner.
-            | (matches("job_name") & ~Q(job_name=""))
+            (matches("job_name") & ~Q(job_name=""))
             | (matches("dedup_key") & Q(dedup_key__isnull=False))
             # Running tasks: the few rows of the lease index.
             | Q(status=TaskStatus.RUNNING, worker_id__startswith=term)
         )
+        # Any part of a task path, on every database: the few distinct paths
+        # that contain the term, then their rows, both from the B-tree.
+        folded = term.casefold()
+        paths = [
+            path
+            for path in Task.objects.using(queryset.db).task_paths()
+            if folded in path.casefold()
+        ]
+        if paths:
+            condition |= Q(task_path__in=paths)
         return queryset.filter(condition), False
 
     # -- views --
