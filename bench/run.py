@@ -344,11 +344,26 @@ class Runner:
 
     # -- measurements ------------------------------------------------------------------
 
+    def measure_enqueues(self) -> None:
+        """Every system's enqueue, back to back, before anything else of the run.
+
+        A single enqueue waits on one commit, so its figure is the disk's as
+        much as the code's: measured one system right after another, none of
+        them just after a drain or pgbench has left the disk busy.
+        """
+        if "enqueue" in self.args.skip or self.args.backlog:
+            return
+        for system in self.systems:
+            # Enqueueing does not depend on the worker's options: once per database.
+            if self.first_of_database(system):
+                self.attempt(system, "enqueue", self._measure_enqueue_in_its_database)
+
+    def _measure_enqueue_in_its_database(self, system: System) -> None:
+        with self.server.connect(system.database) as conn:
+            self.measure_enqueue(system, conn)
+
     def measure_all(self, system: System) -> None:
         with self.server.connect(system.database) as conn:
-            # Enqueueing does not depend on the worker's options: once per database.
-            if "enqueue" not in self.args.skip and self.first_of_database(system):
-                self.measure_enqueue(system, conn)
             if "drain" not in self.args.skip:
                 for workers in self.args.workers:
                     self.measure_drain(system, conn, workers)
@@ -501,6 +516,7 @@ class Runner:
         for repeat in range(self.args.repeat):
             if self.args.repeat > 1:
                 log(f"-- run {repeat + 1} of {self.args.repeat}")
+            self.measure_enqueues()
             self.measure_commit_limit()
             for system in self.systems:
                 self.attempt(system, "measuring", step)
