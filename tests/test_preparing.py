@@ -21,7 +21,10 @@ ENQUEUE_CALL = "rdbtasks_enqueue_v1("
 def postgresql_only(vendor):
     if vendor != "postgresql":
         pytest.skip("prepared statements are PostgreSQL's (psycopg 3)")
-    # A new session for each test: what it prepared is its own.
+    # A new session for each test, and none left to the next: what it
+    # prepared, and how, is its own.
+    connection.close()
+    yield
     connection.close()
 
 
@@ -80,6 +83,27 @@ def test_inside_a_transaction_a_deallocated_statement_fails_the_transaction_and_
         tasks.add.enqueue(3, 1)
     tasks.add.enqueue(4, 1)
     assert sorted(Task.objects.values_list("args", flat=True)) == [[1, 1], [2, 1], [4, 1]]
+
+
+def test_an_enqueue_inside_a_transaction_prepares_nothing_so_a_failed_one_leaves_nothing():
+    # The deduplicated enqueue runs in a transaction of its own and expects a
+    # unique key to fail: a run that prepared and then failed would leave the
+    # statement on the server with psycopg unaware of it.
+    for _ in range(5):
+        tasks.sync_account.enqueue("acme")
+    assert Task.objects.count() == 1
+    with transaction.atomic():
+        tasks.add.enqueue(1, 1)
+        tasks.add.enqueue(2, 1)
+    assert prepared() == []
+    # Prepared outside a transaction, then used inside one.
+    tasks.add.enqueue(3, 1)
+    (statement,) = prepared()
+    with transaction.atomic():
+        tasks.add.enqueue(4, 1)
+        tasks.add.enqueue(5, 1)
+    assert prepared() == [statement]
+    assert Task.objects.count() == 6
 
 
 def test_transaction_pooling_prepares_nothing():

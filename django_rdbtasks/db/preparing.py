@@ -1,25 +1,34 @@
-"""PostgreSQL with psycopg 3: the enqueue's statement kept prepared in a server session.
+"""PostgreSQL with psycopg 3: the enqueue's statements kept prepared in a server session.
 
 A single enqueue is one statement and one commit; parsing and planning the
 statement anew costs about a sixth of it (measured in bench/enqueue_profile.py).
 Django leaves psycopg's ``prepare_threshold`` at None, which turns prepared
 statements off for the whole connection, because behind a transaction pooler
-the next statement may run in another server session. So this cursor prepares
-its own statement, and nothing else, and only where the session is known to be
-the server's own:
+the next statement may run in another server session. So this cursor, which
+runs only the enqueue's statements, prepares them itself, and only where the
+session is known to be the server's own:
 
 - never when the backend says ``TRANSACTION_POOLING`` (the cursor is not made);
-- from a statement's second run on a connection, so that a connection that enqueues once
-  (``CONN_MAX_AGE = 0`` and one task per request) pays nothing extra;
+- from a statement's second run on a connection, so that a connection that
+  enqueues once (``CONN_MAX_AGE = 0`` and one task per request) pays nothing
+  extra;
 - after one check that the connection talks to a server process directly: its
   ``pg_backend_pid()`` is the process id the connection was given at start-up.
   A pooler (PgBouncer, pgcat, RDS Proxy) hands its clients a process id of its
   own, so behind any pooler, configured or not, nothing is prepared.
 
+A statement is prepared only by an enqueue outside a transaction (its own
+commit), and used prepared inside one once it is. The run that prepares is
+two messages, and if its second failed (a unique key inside the caller's
+transaction), psycopg would forget the statement the server still holds.
+Outside a transaction a plain enqueue does not fail but with its connection.
+
 The connection's ``prepare_threshold`` is set only for the duration of this
 cursor's statement, so the project's other queries are never counted or
-prepared. psycopg deallocates every prepared statement when a transaction is
-rolled back; the enqueue prepares again at its next run. If the statement was
+prepared. But a prepared statement on the connection makes psycopg deallocate
+all of them (``DEALLOCATE ALL``, one more round trip) when a transaction is
+rolled back, which also drops any the project made with SQL ``PREPARE``; the
+next enqueue outside a transaction prepares again. If the statement was
 deallocated behind psycopg's back (``DEALLOCATE ALL`` or ``DISCARD ALL`` sent
 as SQL), the cursor stops preparing; outside a transaction the enqueue is run
 again unprepared at once (the failed run did nothing), inside one the error is
@@ -29,7 +38,12 @@ raised, as the transaction is lost anyway.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import TYPE_CHECKING, Any
+
+#: A threshold no statement reaches: psycopg then runs prepared what it has
+#: prepared already, and prepares nothing new.
+_NEVER = sys.maxsize
 
 
 @functools.cache
@@ -66,9 +80,12 @@ def preparing_cursor_class() -> type:
                 self.direct = self._is_direct()
             if not self.direct:
                 return super().execute(query, params, **kwargs)
-            connection.prepare_threshold = 0
+            # Its own transaction: in autocommit (Django's atomic() turns it
+            # off before its first statement opens the transaction).
+            alone = connection.autocommit
+            connection.prepare_threshold = 0 if alone else _NEVER
             try:
-                return super().execute(query, params, prepare=True, **kwargs)
+                return super().execute(query, params, prepare=True if alone else None, **kwargs)
             except InvalidSqlStatementName:
                 self.direct = False
                 if connection.info.transaction_status != TransactionStatus.IDLE:

@@ -1,0 +1,81 @@
+"""Migrations that do more than Django's own operations: 0006, the task path's index."""
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+APP = "django_rdbtasks"
+BEFORE = (APP, "0005_enqueue_function")
+AFTER = (APP, "0006_task_path_btree")
+
+
+def migrate(target: tuple[str, str]) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([target])
+
+
+def indexes() -> dict[str, str]:
+    """The task table's indexes on task_path, by name: their definition (or columns)."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, "django_rdbtasks_task")
+    return {
+        name: str(info.get("type") or "")
+        for name, info in constraints.items()
+        if info["index"] and info["columns"] == ["task_path"]
+    }
+
+
+@pytest.fixture
+def at_0005():
+    migrate(BEFORE)
+    try:
+        yield
+    finally:
+        migrate(AFTER)
+
+
+def test_0006_replaces_the_trigram_index_by_a_btree_and_back(at_0005, vendor):
+    before = indexes()
+    assert set(before) == {"rdbtasks_task_path_search"}
+    if vendor == "postgresql":
+        assert before["rdbtasks_task_path_search"] == "gin"
+    migrate(AFTER)
+    after = indexes()
+    assert set(after) == {"rdbtasks_task_path"}
+    assert after["rdbtasks_task_path"] in {"btree", "idx", ""}, after
+    migrate(BEFORE)
+    assert indexes() == before
+
+
+def test_0006_keeps_a_btree_built_beforehand_and_rebuilds_an_invalid_one(at_0005, vendor):
+    if vendor != "postgresql":
+        pytest.skip("CREATE INDEX CONCURRENTLY is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE INDEX CONCURRENTLY rdbtasks_task_path ON django_rdbtasks_task (task_path)"
+        )
+        cursor.execute("SELECT 'rdbtasks_task_path'::regclass::oid")
+        index_oid = cursor.fetchone()[0]
+    migrate(AFTER)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 'rdbtasks_task_path'::regclass::oid")
+        assert cursor.fetchone()[0] == index_oid  # the one built by hand, kept
+    assert set(indexes()) == {"rdbtasks_task_path"}
+
+    # A concurrent build that failed leaves an invalid index behind.
+    migrate(BEFORE)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE INDEX rdbtasks_task_path ON django_rdbtasks_task (task_path)")
+        cursor.execute(
+            "UPDATE pg_index SET indisvalid = false "
+            "WHERE indexrelid = 'rdbtasks_task_path'::regclass"
+        )
+    migrate(AFTER)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'rdbtasks_task_path'::regclass"
+        )
+        assert cursor.fetchone()[0] is True
