@@ -21,9 +21,8 @@ def kept_cursor(connection: Any, dialect: Dialect, *, prepare: bool = False) -> 
     enqueue: it sets up its adapters again and looks up the dumper of every
     parameter afresh. The kept cursor is wrapped as Django wraps every cursor
     (execute wrappers, errors translated), and replaced when Django
-    reconnects. ``prepare``
-    lets the dialect's cursor keep its statement prepared in the session
-    (False behind a transaction pooler).
+    reconnects. ``prepare`` lets the dialect's cursor keep its statements
+    prepared in the session (False behind a transaction pooler).
     """
     if "cursor" in vars(connection) or connection.queries_logged:
         # Someone wrapped this connection's cursor() (django-debug-toolbar's

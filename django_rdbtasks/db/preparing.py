@@ -19,9 +19,10 @@ session is known to be the server's own:
 
 A statement is prepared only by an enqueue outside a transaction (its own
 commit), and used prepared inside one once it is. The run that prepares is
-two messages, and if its second failed (a unique key inside the caller's
-transaction), psycopg would forget the statement the server still holds.
-Outside a transaction a plain enqueue does not fail but with its connection.
+two exchanges, and if the second failed (a deduplicated enqueue meeting its
+key inside its transaction), psycopg would forget the statement the server
+still holds. Outside a transaction a plain enqueue fails only when its
+connection does.
 
 The connection's ``prepare_threshold`` is set only for the duration of this
 cursor's statement, so the project's other queries are never counted or
