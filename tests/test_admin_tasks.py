@@ -231,6 +231,16 @@ def test_search_by_id_running_worker_path_key_and_job() -> None:
     assert url("task_change", target.pk) not in nothing
 
 
+def plan_without_seqscan(queryset) -> str:
+    """PostgreSQL's plan for ``queryset`` where an index can serve it (tiny tables read whole)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        try:
+            return queryset.order_by().explain()
+        finally:
+            cursor.execute("SET enable_seqscan = on")
+
+
 def test_the_search_uses_its_indexes_on_postgresql() -> None:
     if connection.vendor != "postgresql":
         pytest.skip("the plans of PostgreSQL")
@@ -244,12 +254,7 @@ def test_the_search_uses_its_indexes_on_postgresql() -> None:
     request.user = AnonymousUser()
     model_admin = TaskAdmin(TaskModel, None)  # type: ignore[arg-type]
     found, _ = model_admin.get_search_results(request, TaskModel.objects.all(), "nothing-like-it")
-    with connection.cursor() as cursor:
-        cursor.execute("SET enable_seqscan = off")
-        try:
-            plan = found.order_by().explain()
-        finally:
-            cursor.execute("SET enable_seqscan = on")
+    plan = plan_without_seqscan(found)
     for index in (
         "rdbtasks_task_job_search",
         "rdbtasks_task_dedup_search",
@@ -260,12 +265,7 @@ def test_the_search_uses_its_indexes_on_postgresql() -> None:
     assert '"task_path" IN' not in str(found.query)
     make_task(task_path="tests.testapp.tasks.sync_account")
     found, _ = model_admin.get_search_results(request, TaskModel.objects.all(), "sync_acc")
-    with connection.cursor() as cursor:
-        cursor.execute("SET enable_seqscan = off")
-        try:
-            plan = found.order_by().explain()
-        finally:
-            cursor.execute("SET enable_seqscan = on")
+    plan = plan_without_seqscan(found)
     assert "rdbtasks_task_path" in plan, plan
 
 

@@ -50,6 +50,18 @@ def test_db_defaults_come_from_the_database():
     assert row.run_after == row.enqueued_at
 
 
+def _analyze():
+    """Fresh planner statistics for the task table."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE django_rdbtasks_task")
+        elif connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE django_rdbtasks_task")
+            cursor.fetchall()
+        else:
+            cursor.execute("ANALYZE")
+
+
 def _explain(sql, params):
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -69,14 +81,7 @@ def test_finding_runnable_tasks_uses_the_index_not_a_scan():
     ]
     Task.objects.bulk_create(finished, batch_size=2000)
     Task.objects.bulk_create([Task(task_path="a.b") for _ in range(20)])
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("ANALYZE django_rdbtasks_task")
-        elif connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE django_rdbtasks_task")
-            cursor.fetchall()
-        else:
-            cursor.execute("ANALYZE")
+    _analyze()
     dialect = dialect_for(connection)
     sql = dialect.candidates_sql(2)
     # Parameters in candidates()'s order: expired leases of both queues, then each queue.
@@ -128,14 +133,7 @@ def test_task_paths_never_reads_the_table():
         [Task(task_path=f"app.tasks.t{n % 7}", status="SUCCESSFUL") for n in range(20_000)],
         batch_size=2000,
     )
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("ANALYZE django_rdbtasks_task")
-        elif connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE django_rdbtasks_task")
-            cursor.fetchall()
-        else:
-            cursor.execute("ANALYZE")
+    _analyze()
     with CaptureQueriesContext(connection) as queries:
         assert len(Task.objects.task_paths()) == 7
     # One look-up per distinct path, and one that finds none after the last.
