@@ -108,6 +108,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="tasks enqueued one per transaction (default: %(default)s)",
     )
     parser.add_argument(
+        "--enqueue-rounds",
+        type=int,
+        default=5,
+        help="rounds the one-per-transaction enqueues are split into, the systems taking "
+        "turns in each (default: %(default)s)",
+    )
+    parser.add_argument(
         "--bulk", type=int, default=20_000, help="tasks enqueued in bulk (default: %(default)s)"
     )
     parser.add_argument(
@@ -345,22 +352,45 @@ class Runner:
     # -- measurements ------------------------------------------------------------------
 
     def measure_enqueues(self) -> None:
-        """Every system's enqueue, back to back, before anything else of the run.
+        """Every system's enqueue, before anything else of the run, the systems taking turns.
 
         A single enqueue waits on one commit, so its figure is the disk's as
-        much as the code's: measured one system right after another, none of
-        them just after a drain or pgbench has left the disk busy.
+        much as the code's, and this machine's disk changes pace from minute
+        to minute. So the one-per-transaction enqueues are timed in
+        ``--enqueue-rounds`` rounds, each system enqueueing its share in turn,
+        and added up; none of them just after a drain or pgbench.
         """
         if "enqueue" in self.args.skip or self.args.backlog:
             return
-        for system in self.systems:
-            # Enqueueing does not depend on the worker's options: once per database.
-            if self.first_of_database(system):
-                self.attempt(system, "enqueue", self._measure_enqueue_in_its_database)
+        # Enqueueing does not depend on the worker's options: once per database.
+        systems = [
+            s for s in self.systems if self.first_of_database(s) and not self.results[s.ident].error
+        ]
+        rounds = max(1, self.args.enqueue_rounds)
+        share = max(1, self.args.single // rounds)
+        single = dict.fromkeys(systems, 0.0)
+        for _ in range(rounds):
+            for system in systems:
+                self.attempt(system, "enqueue", lambda s: self._time_single(s, share, single))
+        for system in systems:
+            self.attempt(system, "enqueue", lambda s: self._time_bulk(s, share * rounds, single))
 
-    def _measure_enqueue_in_its_database(self, system: System) -> None:
+    def _time_single(self, system: System, count: int, seconds: dict[System, float]) -> None:
         with self.server.connect(system.database) as conn:
-            self.measure_enqueue(system, conn)
+            seconds[system] += measure.time_single_enqueues(system, conn, count)
+
+    def _time_bulk(self, system: System, single_count: int, single: dict[System, float]) -> None:
+        args = self.args
+        with self.server.connect(system.database) as conn:
+            bulk_seconds = measure.time_bulk_enqueues(system, conn, args.bulk, args.chunk)
+        run = measure.EnqueueRun(
+            single_count, single[system], args.bulk, bulk_seconds, args.chunk
+        ).as_dict()
+        self.results[system.ident].enqueue.append(run)
+        log(
+            f"{system.title}: enqueue {run['single_per_second']:,.0f}/s one per transaction,"
+            f" {run['bulk_per_second']:,.0f}/s bulk"
+        )
 
     def measure_all(self, system: System) -> None:
         with self.server.connect(system.database) as conn:
@@ -369,17 +399,6 @@ class Runner:
                     self.measure_drain(system, conn, workers)
             if "latency" not in self.args.skip:
                 self.measure_latency(system, conn)
-
-    def measure_enqueue(self, system: System, conn: psycopg.Connection) -> None:
-        args = self.args
-        run = measure.measure_enqueue(
-            system, conn, single=args.single, bulk=args.bulk, chunk=args.chunk
-        ).as_dict()
-        self.results[system.ident].enqueue.append(run)
-        log(
-            f"{system.title}: enqueue {run['single_per_second']:,.0f}/s one per transaction,"
-            f" {run['bulk_per_second']:,.0f}/s bulk"
-        )
 
     def measure_drain(self, system: System, conn: psycopg.Connection, workers: int) -> None:
         log_path = self.log_path(system, "drain")
@@ -564,6 +583,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "repeat": args.repeat,
         "single": args.single,
+        "enqueue_rounds": args.enqueue_rounds,
         "bulk": args.bulk,
         "chunk": args.chunk,
         "latency_count": args.latency_count,

@@ -228,22 +228,27 @@ def measure_drain(
     system: System, conn: psycopg.Connection, *, tasks: int, workers: int, chunk: int, log: Path
 ) -> DrainRun:
     reset(system, conn)
-    enqueue_bulk(system, tasks, chunk)  # not timed here; see measure_enqueue
+    enqueue_bulk(system, tasks, chunk)  # not timed here; see time_bulk_enqueues
     settle(conn, system.job_tables)
     return time_drain(system, conn, tasks, workers, log)
 
 
-def measure_enqueue(
-    system: System, conn: psycopg.Connection, *, single: int, bulk: int, chunk: int
-) -> EnqueueRun:
+def time_single_enqueues(system: System, conn: psycopg.Connection, count: int) -> float:
+    """Seconds to enqueue ``count`` tasks one per transaction, from an empty table."""
     reset(system, conn)
     settle(conn, [])
-    single_seconds = system.drive("enqueue", "--mode", "single", "--count", str(single))["seconds"]
+    seconds = float(system.drive("enqueue", "--mode", "single", "--count", str(count))["seconds"])
+    reset(system, conn)
+    return seconds
+
+
+def time_bulk_enqueues(system: System, conn: psycopg.Connection, count: int, chunk: int) -> float:
+    """Seconds to enqueue ``count`` tasks in bulk calls of ``chunk``, from an empty table."""
     reset(system, conn)
     settle(conn, [])
-    bulk_seconds = enqueue_bulk(system, bulk, chunk)
+    seconds = enqueue_bulk(system, count, chunk)
     reset(system, conn)
-    return EnqueueRun(single, single_seconds, bulk, bulk_seconds, chunk)
+    return seconds
 
 
 def measure_latency(
