@@ -116,7 +116,7 @@ class Dialect:
         self._claim_cols = ", ".join(CLAIM_COLUMNS)
         self._cand_cols = ", ".join(CANDIDATE_COLUMNS)
         self.claimable_sql = self.claimable("")
-        self.fence_sql = f"id = %s AND version = %s AND worker_id = %s AND status = '{RUNNING}'"
+        self.fence_sql = f"id = %s AND version = %s AND {self.holder('')} = %s"
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
 
     # -- pieces each database spells its own way -------------------------------------
@@ -177,14 +177,27 @@ class Dialect:
 
     # -- SQL building blocks -----------------------------------------------------------
 
+    # Where a statement addresses rows by id, its conditions on the status are
+    # CASE expressions, which no index can serve and no partial index's
+    # predicate follows from: the planner's only cheap way to the rows is then
+    # the primary key, whatever its statistics say. Spelled plainly, they let
+    # it prefer a scan of every READY or RUNNING row whenever the last ANALYZE
+    # saw few of them, which is exactly when a backlog builds unseen.
+
     def claimable(self, alias: str) -> str:
         """Runnable now: READY and due, or RUNNING with its lease run out."""
         p = f"{alias}." if alias else ""
         now = self.now_sql
         return (
-            f"(({p}status = '{READY}' AND {p}run_after <= {now}) OR "
-            f"({p}status = '{RUNNING}' AND {p}lease_expires_at <= {now}))"
+            f"(CASE {p}status WHEN '{READY}' THEN {p}run_after <= {now} "
+            f"WHEN '{RUNNING}' THEN {p}lease_expires_at <= {now} ELSE FALSE END)"
         )
+
+    @staticmethod
+    def holder(alias: str) -> str:
+        """The worker that holds the row, NULL unless it is RUNNING: a fence's test."""
+        p = f"{alias}." if alias else ""
+        return f"(CASE WHEN {p}status = '{RUNNING}' THEN {p}worker_id END)"
 
     def claim_assignments(self, alias: str, worker_id: str, lease: str) -> str:
         """The SET list of a claim; ``worker_id`` and ``lease`` are SQL expressions."""
@@ -451,14 +464,13 @@ class Dialect:
                 params += [i, v]
             cursor.execute(
                 f"UPDATE {self.table} SET lease_expires_at = {self.now_plus_sql('%s')} "
-                f"WHERE worker_id = %s AND status = '{RUNNING}' AND id IN ({marks}) "
-                f"AND ({matches})",
+                f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
                 params,
             )
             versions = dict(chunk)
             cursor.execute(
-                f"SELECT id, version, cancel_requested FROM {self.table} WHERE worker_id = %s "
-                f"AND status = '{RUNNING}' AND id IN ({marks})",
+                f"SELECT id, version, cancel_requested FROM {self.table} "
+                f"WHERE {self.holder('')} = %s AND id IN ({marks})",
                 [worker_id, *versions],
             )
             for task_id, version, cancel_requested in cursor.fetchall():
@@ -553,8 +565,7 @@ class Dialect:
         """Write a running task's progress and checkpoint, fenced by its claim."""
         cursor.execute(
             f"UPDATE {self.table} SET progress = %s, progress_message = %s, "
-            f"checkpoint = COALESCE({self.json_param}, checkpoint) WHERE id = %s AND version = %s "
-            f"AND worker_id = %s AND status = '{RUNNING}'",
+            f"checkpoint = COALESCE({self.json_param}, checkpoint) WHERE {self.fence_sql}",
             [progress, message[:200], checkpoint_json, task_id, version, worker_id],
         )
         return cursor.rowcount == 1

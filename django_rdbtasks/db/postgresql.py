@@ -81,8 +81,8 @@ class PostgreSQLDialect(Dialect):
         self.renew_sql = (
             f"UPDATE {t} AS t SET lease_expires_at = {self.now_plus_sql('%s')} "
             "FROM unnest(%s::uuid[], %s::bigint[]) AS c(id, version) "
-            f"WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
-            f"AND t.status = '{RUNNING}' RETURNING t.id, t.cancel_requested"
+            f"WHERE t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s "
+            "RETURNING t.id, t.cancel_requested"
         )
         self._exchange_sql: dict[tuple, str] = {}
 
@@ -339,8 +339,8 @@ class PostgreSQLDialect(Dialect):
             guard = " AND NOT t.has_children" if kind in SETTLES_DEPENDANTS else ""
             ctes.append(
                 f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {_OUTCOME_ROWS} "
-                "WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
-                f"AND t.status = '{RUNNING}'{guard} RETURNING t.id)"
+                f"WHERE t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s"
+                f"{guard} RETURNING t.id)"
             )
             done.append(f"d{i}")
         if not claim:
@@ -432,8 +432,8 @@ class PostgreSQLDialect(Dialect):
             )
             cursor.execute(
                 f"UPDATE {self.table} AS t SET {sets} FROM {_OUTCOME_ROWS} "
-                "WHERE t.id = c.id AND t.version = c.version AND t.worker_id = %s "
-                f"AND t.status = '{RUNNING}' RETURNING t.id, t.has_children",
+                f"WHERE t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s "
+                "RETURNING t.id, t.has_children",
                 [_outcome_rows(group), worker_id],
             )
             written.update((row[0], row[1]) for row in cursor.fetchall())
