@@ -1,0 +1,266 @@
+"""The claim's statements keep a bounded cost whatever the planner's statistics say.
+
+A queue's table changes faster than its statistics: ANALYZE taken while the
+drain keeps up says "about one runnable row", and a backlog then builds unseen.
+A plan chosen on that belief (a bitmap of every runnable row, joined to the
+picked ids by a nested loop) made each round read the whole backlog: 1.7 s a
+statement at first, 14 s as the backlog grew (issue 23). Here the statistics
+are made to lie both ways, with autovacuum kept out, and each round must read
+a number of rows bounded by what it claims, not by the backlog, reaching the
+rows it writes by primary key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.rows import ClaimRequest, Outcome
+from django_rdbtasks.models import Task
+from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+TABLE = Task._meta.db_table
+BACKLOG = 300_000
+WANT = 10
+#: What one round may read of the task table: its candidates (4 per task
+#: wanted), the rows it picks and claims, the outcomes it writes, with room to
+#: spare; the backlog is 300,000.
+ROWS_READ_BOUND = 1_000
+
+
+def modes(vendor: str) -> list[ClaimMode]:
+    return [ClaimMode.OPTIMISTIC] + ([ClaimMode.SKIP_LOCKED] if vendor != "sqlite" else [])
+
+
+def insert_rows(count: int, status: TaskStatus) -> None:
+    """``count`` rows of ``status`` in one statement, made by the server itself."""
+    done = status in TaskStatus.finished()
+    finished = "CURRENT_TIMESTAMP" if done else "NULL"
+    if connection.vendor == "postgresql":
+        source = "generate_series(1, %s)"
+        new_id, now = "gen_random_uuid()", "STATEMENT_TIMESTAMP() - INTERVAL '1 second'"
+    elif connection.vendor == "mysql":
+        source = "seq_1_to_%s"  # MariaDB's sequence engine
+        new_id, now = "UUID()", "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"
+        finished = "UTC_TIMESTAMP(6)" if done else "NULL"
+    else:
+        source = (
+            "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s) "
+            "SELECT i FROM n)"
+        )
+        new_id = "lower(hex(randomblob(16)))"
+        now = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', '-1 seconds')"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (id, task_path, queue_name, backend_name, priority, args, "
+            "kwargs, max_attempts, run_after, enqueued_at, status, version, worker_id, "
+            "attempts, history, job_name, has_children, cancel_requested, progress_message, "
+            f"finished_at) SELECT {new_id}, 'tests.testapp.tasks.noop', 'default', 'default', "
+            f"0, '[]', '{{}}', 1, {now}, {now}, %s, 0, '', 0, '[]', '', FALSE, FALSE, '', "
+            f"{finished} FROM {source} s",
+            [status.value, count],
+        )
+
+
+def analyze() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"ANALYZE {TABLE}")
+        elif connection.vendor == "mysql":
+            cursor.execute(f"ANALYZE TABLE {TABLE}")
+            cursor.fetchall()
+        else:
+            cursor.execute("ANALYZE")
+
+
+@contextlib.contextmanager
+def statistics_frozen() -> Iterator[None]:
+    """No automatic ANALYZE while the test runs: the statistics stay the ones it took."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")
+        elif connection.vendor == "mysql":
+            cursor.execute(f"ALTER TABLE {TABLE} STATS_AUTO_RECALC = 0")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"ALTER TABLE {TABLE} RESET (autovacuum_enabled)")
+            elif connection.vendor == "mysql":
+                cursor.execute(f"ALTER TABLE {TABLE} STATS_AUTO_RECALC = DEFAULT")
+
+
+def claim_some(worker_id: str, mode: ClaimMode) -> list[Outcome]:
+    """Claim ``WANT`` rows and say they succeeded: the outcomes of the measured round."""
+    dialect = dialect_for(connection)
+    with transaction.atomic(), connection.cursor() as cursor:
+        rows, _ = dialect.claim(cursor, ClaimRequest(["default"], WANT, worker_id, 60.0, mode))
+    assert len(rows) == WANT
+    return [
+        Outcome(row.id, row.version, OutcomeKind.SUCCESS, entry={"outcome": "ok"}, row=row)
+        for row in rows
+    ]
+
+
+# -- what one round reads ----------------------------------------------------------------
+
+
+class ExplainingCursor:
+    """Runs each statement under ``EXPLAIN (ANALYZE, FORMAT JSON)`` and keeps the plans.
+
+    ANALYZE executes the statement, so the round's writes happen as they would.
+    """
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+        self.plans: list[dict] = []
+        self.rowcount = 0
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        self.cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+        document = self.cursor.fetchone()[0]
+        if isinstance(document, str):
+            document = json.loads(document)
+        self.plans.append(document[0]["Plan"])
+
+    def fetchall(self) -> list:
+        return []
+
+
+def plan_nodes(node: dict, under: str = "") -> Iterator[tuple[str, dict]]:
+    """Every node of a PostgreSQL JSON plan, with the CTE it belongs to."""
+    under = node.get("Subplan Name", under)
+    yield under, node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child, under)
+
+
+def reads_of_the_table(nodes: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The nodes that read the task table (an UPDATE's own node writes what they read)."""
+    return [
+        (cte, n)
+        for cte, n in nodes
+        if n.get("Relation Name") == TABLE and n["Node Type"] != "ModifyTable"
+    ]
+
+
+def postgresql_round(outcomes: list[Outcome], mode: ClaimMode) -> list[tuple[str, dict]]:
+    """The nodes of one exchange's plan, executed, then rolled back."""
+    dialect = dialect_for(connection)
+    with transaction.atomic(), connection.cursor() as cursor:
+        explaining = ExplainingCursor(cursor.cursor)
+        dialect.exchange(
+            explaining, outcomes, "w", ClaimRequest(["default"], WANT, "w", 60.0, mode)
+        )
+        transaction.set_rollback(True)
+    [plan] = explaining.plans
+    return list(plan_nodes(plan))
+
+
+def mysql_rows_read(run: Any) -> int:
+    """Rows the server's handlers read while ``run`` ran (MySQL/MariaDB session counters)."""
+
+    def counters() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'")
+            return sum(int(value) for _, value in cursor.fetchall())
+
+    before = counters()
+    baseline = counters() - before  # what SHOW STATUS itself reads
+    start = counters()
+    run()
+    return counters() - start - baseline
+
+
+def assert_round_reads_a_bounded_number_of_rows(outcomes: list[Outcome], mode: ClaimMode) -> None:
+    vendor = connection.vendor
+    if vendor == "postgresql":
+        nodes = postgresql_round(outcomes, mode)
+        on_table = reads_of_the_table(nodes)
+        bitmaps = [n for _, n in nodes if n["Node Type"].startswith("Bitmap")]
+        assert not bitmaps, f"a bitmap over runnable rows: {[n['Node Type'] for n in bitmaps]}"
+        assert not [n for _, n in on_table if n["Node Type"] == "Seq Scan"], on_table
+        read = sum(n["Actual Rows"] * n["Actual Loops"] for _, n in on_table)
+        assert read <= ROWS_READ_BOUND, f"{read} rows read: {on_table}"
+        pkey = f"{TABLE}_pkey"
+        by_pk = {cte for cte, n in on_table if n.get("Index Name") == pkey}
+        # The outcomes' rows and the picked rows are reached by primary key;
+        # the runnable rows are read in the order of their index, with a limit.
+        shape = [(cte, n["Node Type"], n.get("Index Name")) for cte, n in on_table]
+        assert "CTE d0" in by_pk and "CTE claimed" in by_pk, shape
+        if mode == ClaimMode.OPTIMISTIC:
+            assert "CTE pick" in by_pk, shape
+        ready = [n for _, n in on_table if n.get("Index Name") == "rdbtasks_task_ready"]
+        assert ready and all(n["Node Type"] == "Index Scan" for n in ready), ready
+    else:
+        dialect = dialect_for(connection)
+
+        def run() -> None:
+            with transaction.atomic(), connection.cursor() as cursor:
+                result = dialect.exchange(
+                    cursor, outcomes, "w", ClaimRequest(["default"], WANT, "w", 60.0, mode)
+                )
+                assert len(result.written) == len(outcomes)
+                transaction.set_rollback(True)
+
+        if vendor == "mysql":
+            read = mysql_rows_read(run)
+            assert read <= ROWS_READ_BOUND, f"{read} rows read by one round"
+        else:
+            run()
+
+
+def assert_renewal_reads_a_bounded_number_of_rows(outcomes: list[Outcome]) -> None:
+    dialect = dialect_for(connection)
+    held = [(o.id, o.version) for o in outcomes]
+    if connection.vendor == "postgresql":
+        with transaction.atomic(), connection.cursor() as cursor:
+            explaining = ExplainingCursor(cursor.cursor)
+            dialect.renew(explaining, held, "w", 60.0)
+            transaction.set_rollback(True)
+        on_table = [n for _, n in reads_of_the_table(list(plan_nodes(explaining.plans[0])))]
+        assert {n.get("Index Name") for n in on_table} == {f"{TABLE}_pkey"}, on_table
+    elif connection.vendor == "mysql":
+
+        def run() -> None:
+            with connection.cursor() as cursor:
+                assert len(dialect.renew(cursor, held, "w", 60.0)[0]) == len(held)
+
+        assert mysql_rows_read(run) <= ROWS_READ_BOUND
+
+
+def test_a_backlog_the_statistics_never_saw_does_not_slow_a_round(vendor):
+    # What ANALYZE sees while a drain keeps up: finished rows, the few the
+    # workers hold, nothing waiting.
+    insert_rows(20_000, TaskStatus.SUCCESSFUL)
+    insert_rows(len(modes(vendor)) * WANT, TaskStatus.READY)
+    held = {mode: claim_some("w", mode) for mode in modes(vendor)}
+    analyze()
+    with statistics_frozen():
+        insert_rows(BACKLOG, TaskStatus.READY)
+        for mode in modes(vendor):
+            assert_round_reads_a_bounded_number_of_rows(held[mode], mode)
+        assert_renewal_reads_a_bounded_number_of_rows(held[modes(vendor)[0]])
+
+
+def test_statistics_of_a_backlog_since_drained_do_not_slow_a_round(vendor):
+    insert_rows(BACKLOG, TaskStatus.READY)
+    analyze()
+    with statistics_frozen():
+        held = {mode: claim_some("w", mode) for mode in modes(vendor)}
+        # Drained as workers drain: every row finished by an UPDATE, its
+        # index entries left behind for VACUUM.
+        Task.objects.filter(status=TaskStatus.READY).update(status=TaskStatus.SUCCESSFUL)
+        insert_rows(4 * WANT, TaskStatus.READY)
+        for mode in modes(vendor):
+            assert_round_reads_a_bounded_number_of_rows(held[mode], mode)
+        assert_renewal_reads_a_bounded_number_of_rows(held[modes(vendor)[0]])
