@@ -8,6 +8,8 @@ psycopg; each peer gets a throwaway virtualenv of its own under bench/.envs/):
     .venv/bin/python bench/run.py --rdbtasks-variants "default=;batch1=--batch 1"
     .venv/bin/python bench/run.py --repeat 3        # medians of three runs
     .venv/bin/python bench/run.py --backlog         # django-rdbtasks, 1,000 vs 1,000,000 old rows
+    .venv/bin/python bench/run.py --sustained 10    # a fixed enqueue rate for 10 minutes
+                                                    # (bench/sustained.py --help: its options)
 
 See bench/README.md for what is measured and how.
 """
@@ -607,6 +609,13 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--sustained" in argv:
+        # A harness of its own (bench/sustained.py): --sustained MINUTES, then its options.
+        import sustained
+
+        at = argv.index("--sustained")
+        return sustained.main(["--minutes", *argv[at + 1 : at + 2], *argv[:at], *argv[at + 2 :]])
     args = parse_args(argv)
     started = datetime.datetime.now().astimezone()
     stamp = started.strftime("%Y%m%d-%H%M%S")
