@@ -7,6 +7,8 @@ import re
 import signal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_rdbtasks.backend import bulk_enqueue
@@ -135,6 +137,20 @@ def test_sample_counts_ready_running_and_the_oldest_wait_of_the_served_queues():
     both = sample_load("default", ["default", "emails"])
     assert (both.ready, both.running) == (5, 2)
     assert sample_load("default", ["other"]) == Load(0, 0, None)
+
+
+@pytest.mark.django_db
+def test_a_sample_reads_at_most_its_cap_of_each_kind_whatever_the_backlog():
+    bulk_enqueue(tasks.record, [((f"s{i}",), {}) for i in range(30)])
+    held = list(Task.objects.values_list("pk", flat=True)[:12])
+    Task.objects.filter(pk__in=held).update(status=TaskStatus.RUNNING, worker_id="w:1")
+    with CaptureQueriesContext(connection) as queries:
+        load = sample_load("default", ["default"], cap=5)
+    assert (load.ready, load.running) == (5, 5)
+    assert load.lag is not None
+    # Each read of the table stops at the cap: a LIMIT, whatever the database.
+    reads = [q["sql"] for q in queries.captured_queries if Task._meta.db_table in q["sql"]]
+    assert len(reads) == 2 and all("LIMIT 5" in sql for sql in reads), reads
 
 
 # -- a burst, with real processes ---------------------------------------------------------
