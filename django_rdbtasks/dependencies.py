@@ -185,10 +185,8 @@ def release_dependants(using: str, succeeded: Sequence[Any]) -> None:
     for child, count in Counter(links).items():
         by_count[count].append(child)
     for count, children in by_count.items():
-        rows.filter(pk__in=children, status=TaskStatus.WAITING).update(
-            waiting_on=F("waiting_on") - count
-        )
-    ready = rows.filter(pk__in=set(links), status=TaskStatus.WAITING, waiting_on=0)
+        rows.among(children, TaskStatus.WAITING).update(waiting_on=F("waiting_on") - count)
+    ready = rows.among(set(links), TaskStatus.WAITING).filter(waiting_on=0)
     queues = set(ready.values_list("queue_name", flat=True))
     # A child enqueued with run_after keeps it: released early, it still waits.
     run_after = Coalesce(Greatest(F("requested_run_after"), DbNow()), DbNow())
@@ -204,11 +202,15 @@ def end_dependants(using: str, failed: Sequence[Any]) -> None:
     dialect = dialect_for(connection)
     frontier = list(failed)
     while frontier:
-        links = list(
-            TaskDependency.objects.using(using)
-            .filter(parent_id__in=frontier, child__status=TaskStatus.WAITING)
-            .values_list("parent_id", "child_id", "child__on_parent_failure")
-        )
+        # The children's status is read, not filtered on: the join then goes
+        # by primary key, never through every WAITING row (see TaskQuerySet.among).
+        links = [
+            (parent, child, policy)
+            for parent, child, policy, status in TaskDependency.objects.using(using)
+            .filter(parent_id__in=frontier)
+            .values_list("parent_id", "child_id", "child__on_parent_failure", "child__status")
+            if status == TaskStatus.WAITING
+        ]
         if not links:
             return
         ended: list[Any] = []

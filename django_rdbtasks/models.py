@@ -96,6 +96,16 @@ class TaskQuerySet(models.QuerySet["Task"]):
             | Q(status=TaskStatus.RUNNING, lease_expires_at__lte=DbNow())
         )
 
+    def among(self, ids: Iterable[Any], status: TaskStatus) -> TaskQuerySet:
+        """The rows of these ids still in ``status``, reached by primary key.
+
+        The status test is a CASE: no partial index's predicate follows from
+        it, so the planner cannot prefer a scan of every row in ``status``
+        (which the statistics may call tiny while a backlog has built).
+        """
+        matches = Case(When(status=status, then=Value(1)), default=Value(0))
+        return self.filter(pk__in=list(ids)).alias(in_status=matches).filter(in_status=1)
+
     def in_queues(self, queue_names: Iterable[str]) -> TaskQuerySet:
         return self.filter(queue_name__in=list(queue_names))
 

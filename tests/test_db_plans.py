@@ -250,6 +250,19 @@ def test_a_backlog_the_statistics_never_saw_does_not_slow_a_round(vendor):
         for mode in modes(vendor):
             assert_round_reads_a_bounded_number_of_rows(held[mode], mode)
         assert_renewal_reads_a_bounded_number_of_rows(held[modes(vendor)[0]])
+        assert_rows_by_id_are_reached_by_primary_key()
+
+
+def assert_rows_by_id_are_reached_by_primary_key() -> None:
+    """``among``, as the hand-back and the release of dependants use it."""
+    ids = list(Task.objects.filter(status=TaskStatus.READY).values_list("pk", flat=True)[:20])
+    found = Task.objects.among(ids, TaskStatus.READY)
+    if connection.vendor == "postgresql":
+        plan = found.explain()
+        assert f"{TABLE}_pkey" in plan and "rdbtasks_task_ready" not in plan, plan
+    elif connection.vendor == "mysql":
+        assert mysql_rows_read(lambda: len(found)) <= 100
+    assert found.count() == 20
 
 
 def test_statistics_of_a_backlog_since_drained_do_not_slow_a_round(vendor):

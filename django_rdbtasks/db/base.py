@@ -488,7 +488,8 @@ class Dialect:
         cursor.execute(
             f"UPDATE {self.table} SET status = %s, finished_at = {self.now_sql}, "
             f"version = version + 1, history = {self.json_append_sql('history', '%s')} "
-            f"WHERE id IN ({marks}) AND status = '{TaskStatus.WAITING.value}'",
+            f"WHERE id IN ({marks}) "
+            f"AND (CASE WHEN status = '{TaskStatus.WAITING.value}' THEN 1 ELSE 0 END) = 1",
             [status, entry_json, *ids],
         )
 

@@ -213,7 +213,7 @@ class ClaimStore:
         wanted = [self.dialect.decode_id(i) for i in ids]
         if not wanted:
             return set()
-        found = Task.objects.using(self.alias).filter(pk__in=wanted, status=TaskStatus.READY)
+        found = Task.objects.using(self.alias).among(wanted, TaskStatus.READY)
         return {str(pk) for pk in found.values_list("pk", flat=True)}
 
 
