@@ -252,3 +252,56 @@ def test_a_burst_does_not_end_while_a_hand_back_is_still_being_written(caplog):
     row = Task.objects.get(pk=short.id)
     assert (row.status, row.attempts) == ("SUCCESSFUL", 1)
     assert SideEffect.objects.filter(key="step:behind").count() == 1
+
+
+@pytest.mark.skipif(
+    "connection.vendor == 'sqlite'", reason="SQLite has no row locks: a writer holds everything"
+)
+@pytest.mark.parametrize("mode", [ClaimMode.OPTIMISTIC, ClaimMode.SKIP_LOCKED])
+def test_a_row_held_locked_holds_back_no_other_outcome_and_no_claim(mode, caplog):
+    """Issue 19: one locked row used to make every outcome of its round, and the claim, wait."""
+    caplog.set_level(logging.DEBUG, logger="django_rdbtasks.worker")
+    held = tasks.waits_for.enqueue(["gate"], 30)
+    # A lease of 4 s: renewals every 1.3 s, several while the row is held.
+    worker = Worker(mode=mode, batch=4, lease=4.0, poll_interval=0.05, listen=False)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    holder = connections.create_connection("default")
+    try:
+        wait_until(lambda: SideEffect.objects.filter(key="waiting").exists(), timeout=30)
+        # Another session (an operator's open transaction, say) locks the
+        # row while the task runs, and keeps it locked as the task finishes.
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {Task._meta.db_table} WHERE id = %s FOR UPDATE",
+                [Task._meta.pk.get_db_prep_value(Task.objects.get(pk=held.id).pk, holder)],
+            )
+        SideEffect.objects.create(key="gate", pid=os.getpid())
+        others = [tasks.step.enqueue(f"other-{i}") for i in range(40)]
+        # Every other task runs and is written, round after round, while the
+        # row stays locked: nothing waits for it.
+        wait_until(
+            lambda: Task.objects.filter(
+                pk__in=[o.id for o in others], status="SUCCESSFUL"
+            ).count()
+            == len(others),
+            timeout=30,
+        )
+        time.sleep(3.0)  # more rounds and renewals with the row still locked
+        row = Task.objects.get(pk=held.id)
+        assert (row.status, row.worker_id != "") == ("RUNNING", True)
+    finally:
+        holder.rollback()
+        holder.close()
+    # Free again: its outcome goes through in a later round, once.
+    wait_until(lambda: Task.objects.get(pk=held.id).status == "SUCCESSFUL", timeout=10)
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    row = Task.objects.get(pk=held.id)
+    assert (row.attempts, row.return_value) == (1, "seen")
+    assert SideEffect.objects.filter(key="waiting").count() == 1
+    assert SideEffect.objects.filter(key__startswith="step:other-").count() == len(others)
+    for failure in ("Lock wait timeout", "lock timeout", "failed (", "lease lost"):
+        assert failure not in caplog.text, caplog.text

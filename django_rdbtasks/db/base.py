@@ -18,7 +18,6 @@ worker had won it.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from .rows import (
     Exchange,
     NewTask,
     Outcome,
+    RowDecoding,
 )
 
 __all__ = [
@@ -97,14 +97,16 @@ SETTLES_DEPENDANTS = frozenset(
 )
 
 
-class Dialect:
+class Dialect(RowDecoding):
     vendor = ""
     #: The database clock, in the form the DateTimeField columns store.
     now_sql = "CURRENT_TIMESTAMP"
     #: A JSON text parameter where a JSON column value is expected.
     json_param = "%s"
-    #: Whether ``exchange`` is one statement, atomic without a transaction.
+    #: Whether ``exchange`` (and ``renew``) is one statement, atomic without a transaction.
     exchange_is_one_statement = False
+    #: Whether sessions lock rows (SQLite locks the whole database instead).
+    has_row_locks = True
 
     def __init__(self, connection: Any) -> None:
         from ..models import Task
@@ -161,19 +163,6 @@ class Dialect:
 
     def encode_id(self, value: uuid.UUID) -> Any:
         return self._pk_field.get_db_prep_value(value, self.connection)
-
-    def decode_id(self, value: Any) -> uuid.UUID:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-
-    def decode_json(self, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str | bytes) else value
-
-    def decode_dt(self, value: Any) -> dt.datetime | None:
-        if value is None or (isinstance(value, dt.datetime) and value.tzinfo is not None):
-            return value
-        if isinstance(value, str):
-            value = dt.datetime.fromisoformat(value)
-        return value.replace(tzinfo=dt.UTC)
 
     # -- SQL building blocks -----------------------------------------------------------
 
@@ -264,6 +253,34 @@ class Dialect:
 
     # -- writing outcomes --------------------------------------------------------------
 
+    def busy_rows(self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str) -> set[Any]:
+        """Lock the rows of these claims that no other session holds; name the others.
+
+        Returns the ids (as given) of the claims still ours whose rows another
+        session holds locked: writing them now would wait for that session, and
+        every other write of the transaction with it. The caller writes the
+        rest and keeps these for later. Runs inside the caller's transaction.
+        """
+        if not claims or not self.has_row_locks:
+            return set()
+        marks = ", ".join(["%s"] * len(claims))
+        cursor.execute(
+            f"SELECT id FROM {self.table} WHERE id IN ({marks}) FOR UPDATE SKIP LOCKED",
+            [i for i, _ in claims],
+        )
+        locked = {self.decode_id(row[0]) for row in cursor.fetchall()}
+        rest = [(i, v) for i, v in claims if self.decode_id(i) not in locked]
+        if not rest:
+            return set()
+        # A plain read waits for no lock: which of the rest are still ours.
+        cursor.execute(
+            f"SELECT id, version FROM {self.table} WHERE id IN ({', '.join(['%s'] * len(rest))}) "
+            f"AND {self.holder('')} = %s",
+            [*(i for i, _ in rest), worker_id],
+        )
+        current = {self.decode_id(i): v for i, v in cursor.fetchall()}
+        return {i for i, v in rest if current.get(self.decode_id(i)) == v}
+
     def finish(
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
     ) -> dict[Any, bool | None]:
@@ -316,10 +333,7 @@ class Dialect:
             params += [queue, limit]
         params.append(limit)
         cursor.execute(self.candidates_sql(len(queues)), params)
-        return [self._candidate(row) for row in cursor.fetchall()]
-
-    def _candidate(self, row: Sequence[Any]) -> Candidate:
-        return Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]))
+        return [self.decode_candidate(row) for row in cursor.fetchall()]
 
     def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
         """Lock runnable rows, expired leases first, skipping rows others hold locked."""
@@ -336,7 +350,7 @@ class Dialect:
                 "FOR UPDATE SKIP LOCKED",
                 [*queues, limit - len(found)],
             )
-            found += [self._candidate(r) for r in cursor.fetchall()]
+            found += [self.decode_candidate(r) for r in cursor.fetchall()]
             if len(found) >= limit:
                 break
         return found
@@ -415,34 +429,13 @@ class Dialect:
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
     ) -> Exchange:
         """Write finished outcomes and claim the next rows, in the caller's transaction."""
-        written = self.finish(cursor, outcomes, worker_id) if outcomes else {}
+        busy = self.busy_rows(cursor, [(o.id, o.version) for o in outcomes], worker_id)
+        writable = [o for o in outcomes if o.id not in busy]
+        written = self.finish(cursor, writable, worker_id) if writable else {}
         if request is None or request.want <= 0:
-            return Exchange(written)
+            return Exchange(written, busy=busy)
         claimed, contended = self.claim(cursor, request, exclude=[o.id for o in outcomes])
-        return Exchange(written, claimed, contended)
-
-    def decode_claimed(self, row: Sequence[Any]) -> ClaimedRow:
-        return ClaimedRow(
-            id=row[0],
-            version=row[1],
-            task_path=row[2],
-            args=self.decode_json(row[3]),
-            kwargs=self.decode_json(row[4]),
-            attempts=row[5],
-            max_attempts=row[6],
-            queue_name=row[7],
-            backend_name=row[8],
-            priority=row[9],
-            enqueued_at=self.decode_dt(row[10]),  # type: ignore[arg-type]
-            started_at=self.decode_dt(row[11]),  # type: ignore[arg-type]
-            claimed_at=self.decode_dt(row[12]),  # type: ignore[arg-type]
-            run_after=self.decode_dt(row[13]),  # type: ignore[arg-type]
-            history=self.decode_json(row[14]) or [],
-            job_name=row[15],
-            checkpoint=self.decode_json(row[16]),
-            requested_run_after=self.decode_dt(row[17]),
-            trace_context=self.decode_json(row[18]),
-        )
+        return Exchange(written, claimed, contended, busy=busy)
 
     # -- leases ------------------------------------------------------------------------
 
@@ -457,16 +450,23 @@ class Dialect:
         held_ids: set[Any] = set()
         cancel: set[Any] = set()
         for chunk in _chunks(held, 500):
+            # A row another session holds locked is renewed at a later
+            # heartbeat; it is still ours (read below), and the others' leases
+            # do not wait for it.
+            busy = self.busy_rows(cursor, chunk, worker_id)
+            free = [(i, v) for i, v in chunk if i not in busy]
+            if free:
+                marks = ", ".join(["%s"] * len(free))
+                matches = " OR ".join(["(id = %s AND version = %s)"] * len(free))
+                params: list[Any] = [self.seconds_param(lease), worker_id, *(i for i, _ in free)]
+                for i, v in free:
+                    params += [i, v]
+                cursor.execute(
+                    f"UPDATE {self.table} SET lease_expires_at = {self.now_plus_sql('%s')} "
+                    f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
+                    params,
+                )
             marks = ", ".join(["%s"] * len(chunk))
-            matches = " OR ".join(["(id = %s AND version = %s)"] * len(chunk))
-            params: list[Any] = [self.seconds_param(lease), worker_id, *(i for i, _ in chunk)]
-            for i, v in chunk:
-                params += [i, v]
-            cursor.execute(
-                f"UPDATE {self.table} SET lease_expires_at = {self.now_plus_sql('%s')} "
-                f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
-                params,
-            )
             versions = dict(chunk)
             cursor.execute(
                 f"SELECT id, version, cancel_requested FROM {self.table} "

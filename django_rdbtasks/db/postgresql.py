@@ -46,6 +46,12 @@ _OUTCOME_ROWS = (
     "jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, "
     "delay float8)"
 )
+#: The rows of a statement's outcomes (or renewals) that no other session holds
+#: locked, locked now: its writes touch only these, so none of them waits.
+_MINE = (
+    "mine AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%s::uuid[]) "
+    "FOR UPDATE SKIP LOCKED)"
+)
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
 _OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"}
@@ -78,11 +84,18 @@ class PostgreSQLDialect(Dialect):
         super().__init__(connection)
         t = self.table
         now = self.now_sql
+        # Rows another session holds locked are left for a later heartbeat
+        # (``busy``: still ours, so still held), instead of making every other
+        # renewal of the statement wait for that session.
         self.renew_sql = (
-            f"UPDATE {t} AS t SET lease_expires_at = {self.now_plus_sql('%s')} "
+            f"WITH {_MINE.format(table=t)}, renewed AS (UPDATE {t} AS t "
+            f"SET lease_expires_at = {self.now_plus_sql('%s')} "
             "FROM unnest(%s::uuid[], %s::bigint[]) AS c(id, version) "
-            f"WHERE t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s "
-            "RETURNING t.id, t.cancel_requested"
+            f"WHERE t.id = c.id AND t.id IN (SELECT id FROM mine) AND t.version = c.version "
+            f"AND {self.holder('t')} = %s RETURNING t.id, t.cancel_requested), "
+            f"{self._busy_cte()} "
+            "SELECT id, cancel_requested FROM renewed UNION ALL "
+            f"SELECT t.id, t.cancel_requested FROM {t} AS t JOIN busy ON t.id = busy.id"
         )
         self._exchange_sql: dict[tuple, str] = {}
 
@@ -283,10 +296,14 @@ class PostgreSQLDialect(Dialect):
         sql = self._exchange_sql.get(key)
         if sql is None:
             sql = self._exchange_sql[key] = self._build_exchange(kinds, claim, mode, queue_count)
-        params: list[Any] = []
+        ordered = sorted(outcomes, key=lambda o: o.id)
+        ids = [o.id for o in ordered]
+        params: list[Any] = [ids] if kinds else []
         for kind in kinds:
             group = sorted(by_kind[kind], key=lambda o: o.id)
             params += [_outcome_rows(group), worker_id]
+        if kinds:
+            params += [ids, [o.version for o in ordered], worker_id]
         if claim:
             assert request is not None
             params += self._claim_params(request, [o.id for o in outcomes])
@@ -305,10 +322,21 @@ class PostgreSQLDialect(Dialect):
                 result.claimed.append(claimed)
             elif marker == "d":
                 result.written[row[1]] = False
+            elif marker == "b":
+                result.busy.add(row[1])
             else:
                 seen = row[2]
         result.contended = claim and seen > len(result.claimed)
         return result
+
+    def _busy_cte(self) -> str:
+        """``busy``: the rows of the statement's claims, not in ``mine``, still ours."""
+        return (
+            f"busy AS (SELECT t.id FROM {self.table} AS t "
+            "JOIN unnest(%s::uuid[], %s::bigint[]) AS b(id, version) "
+            f"ON t.id = b.id AND t.version = b.version WHERE {self.holder('t')} = %s "
+            "AND t.id NOT IN (SELECT id FROM mine))"
+        )
 
     def _claim_params(self, request: ClaimRequest, finishing: list[Any]) -> list[Any]:
         queues = list(request.queues)
@@ -329,7 +357,7 @@ class PostgreSQLDialect(Dialect):
         self, kinds: tuple[OutcomeKind, ...], claim: bool, mode: ClaimMode | None, queues: int
     ) -> str:
         t = self.table
-        ctes: list[str] = []
+        ctes: list[str] = [_MINE.format(table=t)] if kinds else []
         done: list[str] = []
         for i, kind in enumerate(kinds):
             sets = ", ".join(
@@ -339,14 +367,18 @@ class PostgreSQLDialect(Dialect):
             guard = " AND NOT t.has_children" if kind in SETTLES_DEPENDANTS else ""
             ctes.append(
                 f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {_OUTCOME_ROWS} "
-                f"WHERE t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s"
-                f"{guard} RETURNING t.id)"
+                "WHERE t.id = c.id AND t.id IN (SELECT id FROM mine) AND t.version = c.version "
+                f"AND {self.holder('t')} = %s{guard} RETURNING t.id)"
             )
             done.append(f"d{i}")
+        if kinds:
+            ctes.append(self._busy_cte())
         if not claim:
             if not done:
                 return "SELECT 'p', NULL, 0 WHERE false"
-            selects = " UNION ALL ".join(f"SELECT 'd', id, 0 FROM {d}" for d in done)
+            selects = " UNION ALL ".join(
+                [*(f"SELECT 'd', id, 0 FROM {d}" for d in done), "SELECT 'b', id, 0 FROM busy"]
+            )
             return f"WITH {', '.join(ctes)} {selects}"
         ctes += self._claim_ctes(mode or ClaimMode.OPTIMISTIC, queues)
         returning = ", ".join(f"t.{c}" for c in CLAIM_COLUMNS)
@@ -361,6 +393,7 @@ class PostgreSQLDialect(Dialect):
         parts = [
             "SELECT 'c', claimed.* FROM claimed",
             *(f"SELECT 'd', id, {blanks} FROM {d}" for d in done),
+            *([f"SELECT 'b', id, {blanks} FROM busy"] if kinds else []),
         ]
         # How many runnable rows the claim saw: more than it won means others
         # won or hold the rest (skip-locked: only the expired leases it saw).
@@ -452,8 +485,9 @@ class PostgreSQLDialect(Dialect):
         self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
     ) -> tuple[set[Any], set[Any]]:
         ordered = sorted(held)
+        ids, versions = [i for i, _ in ordered], [v for _, v in ordered]
         cursor.execute(
-            self.renew_sql, [lease, [i for i, _ in ordered], [v for _, v in ordered], worker_id]
+            self.renew_sql, [ids, lease, ids, versions, worker_id, ids, versions, worker_id]
         )
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}

@@ -135,6 +135,10 @@ class Exchange:
     #: Runnable rows seen but lost to other workers in this round: worth
     #: asking again at once rather than waiting for the next poll.
     contended: bool = False
+    #: Outcomes left unwritten because another session holds their row locked
+    #: while the claim is still ours: to be written in a later round. A locked
+    #: row never makes the other outcomes, or the claim, wait.
+    busy: set[Any] = field(default_factory=set)
 
 
 #: Columns an enqueue writes; the rest keep their database default (NULL).
@@ -185,3 +189,46 @@ class NewTask:
     on_parent_failure: str = TaskStatus.CANCELLED.value
     #: The enqueuer's trace context, JSON text (``observability.tracing``), or None.
     trace_context: str | None = None
+
+
+class RowDecoding:
+    """Rows as the drivers return them, into the values above (every dialect's)."""
+
+    def decode_id(self, value: Any) -> uuid.UUID:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+    def decode_json(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str | bytes) else value
+
+    def decode_dt(self, value: Any) -> dt.datetime | None:
+        if value is None or (isinstance(value, dt.datetime) and value.tzinfo is not None):
+            return value
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        return value.replace(tzinfo=dt.UTC)
+
+    def decode_candidate(self, row: Sequence[Any]) -> Candidate:
+        return Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]))
+
+    def decode_claimed(self, row: Sequence[Any]) -> ClaimedRow:
+        return ClaimedRow(
+            id=row[0],
+            version=row[1],
+            task_path=row[2],
+            args=self.decode_json(row[3]),
+            kwargs=self.decode_json(row[4]),
+            attempts=row[5],
+            max_attempts=row[6],
+            queue_name=row[7],
+            backend_name=row[8],
+            priority=row[9],
+            enqueued_at=self.decode_dt(row[10]),  # type: ignore[arg-type]
+            started_at=self.decode_dt(row[11]),  # type: ignore[arg-type]
+            claimed_at=self.decode_dt(row[12]),  # type: ignore[arg-type]
+            run_after=self.decode_dt(row[13]),  # type: ignore[arg-type]
+            history=self.decode_json(row[14]) or [],
+            job_name=row[15],
+            checkpoint=self.decode_json(row[16]),
+            requested_run_after=self.decode_dt(row[17]),
+            trace_context=self.decode_json(row[18]),
+        )

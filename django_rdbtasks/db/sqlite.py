@@ -17,6 +17,7 @@ from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect
 
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
+    has_row_locks = False
     # Django stores aware datetimes as UTC text in this shape.
     now_sql = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 

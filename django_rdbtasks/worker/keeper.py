@@ -27,7 +27,7 @@ from ..retrying import Backoff, is_lost_race, race_logger
 from .execution import Executor, Running
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import Slot
+from .slots import BUSY_RETRY, Slot
 from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -112,17 +112,28 @@ class LeaseKeeper:
             if not pairs:
                 continue
             try:
-                written = self.store.finish([outcome for outcome, _ in pairs], worker_id)
+                result = self.store.finish([outcome for outcome, _ in pairs], worker_id)
             except DatabaseError as exc:
                 what = f"writing {len(pairs)} outcomes"
                 delay = self._retry_delay(what, exc, self._write_backoff)
                 self._write_after = time.monotonic() + delay
                 return
             self._write_backoff.reset()
-            self._unwritten[worker_id] = []
-            # Only this thread takes from the slots: all it took is written now.
-            self._slots_by_id[worker_id].hand_back_written()
-            self.reporter.report(pairs, written)
+            # Rows another session holds locked: tried again alone, a little
+            # later; their leases are still renewed meanwhile (see renew).
+            busy = [(o, r) for o, r in pairs if o.id in result.busy]
+            self._unwritten[worker_id] = busy
+            if busy:
+                self._write_after = time.monotonic() + BUSY_RETRY
+            else:
+                # Only this thread takes from the slots: all it took is written now.
+                self._slots_by_id[worker_id].hand_back_written()
+            done = [(o, r) for o, r in pairs if o.id not in result.busy]
+            self.reporter.report(done, result.written)
+
+    def writing(self) -> bool:
+        """Outcomes taken from the slots are still to be written."""
+        return any(self._unwritten.values())
 
     # -- leases ------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from .keeper import EXIT_RECYCLE, LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import ClaimAhead, Slot
+from .slots import BUSY_RETRY, ClaimAhead, Slot
 from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -212,6 +212,15 @@ class Worker:
                 keeper.tick(now)
                 time.sleep(TICK)
             keeper.tick(time.monotonic())  # what the slots left to write
+            while keeper.writing():
+                # A row another session holds locked: waited for, within the
+                # grace once a stop is asked for.
+                now = time.monotonic()
+                self._watch_signals_and_parent(now)
+                if now > self.stop_deadline:
+                    keeper.give_up()
+                time.sleep(TICK)
+                keeper.tick(time.monotonic())
         finally:
             self.stop()
             for thread in background:
@@ -296,6 +305,9 @@ class Worker:
                     # What it just finished may have made more runnable (a
                     # dependant released after the claim): look again at once.
                     continue
+                elif exchange.busy:
+                    # Outcomes wait for a row another session holds locked.
+                    self.wake.wait(BUSY_RETRY)
                 elif exchange.contended or slot.handing_back():
                     # Runnable rows were there but others won them, or hold
                     # them locked; or the keeper is still writing back tasks
@@ -361,6 +373,11 @@ class Worker:
             # by the slot's last round (or released by the keeper's deadline).
             slot.put_back_finished(finished)
             return Exchange()
+        if exchange.busy:
+            # Rows another session holds locked: written by a later round,
+            # while the claims stay ours and the others went through.
+            slot.put_back_finished([pair for pair in finished if pair[0].id in exchange.busy])
+            finished = [pair for pair in finished if pair[0].id not in exchange.busy]
         reporter.report(finished, exchange.written)
         return exchange
 
@@ -370,8 +387,11 @@ class Worker:
         """Write what is finished and give back what never started, attempts unspent."""
         for running in slot.take_unstarted():
             slot.finish(executor.release(running), running)
-        if slot.held():
-            self._round(slot, store, reporter, 0)
+        while slot.held():
+            exchange = self._round(slot, store, reporter, 0)
+            # A row held locked by another session: wait for it, within the grace.
+            if not exchange.busy or self.halt.wait(BUSY_RETRY):
+                break
 
     # -- budgets and burst -------------------------------------------------------------
 

@@ -22,6 +22,8 @@ from .execution import Running
 HANDBACK_AFTER = 0.05
 #: Longest a finished outcome waits for the rest of its batch before it is written.
 FLUSH_AFTER = 0.05
+#: How soon an outcome is tried again when another session held its row locked.
+BUSY_RETRY = 0.1
 
 
 class ClaimAhead:

@@ -75,23 +75,36 @@ class ClaimStore:
         with self.connection.cursor() as cursor:
             result = dialect.exchange(cursor, quick, worker_id, request)
         rest = [o for o in outcomes if o.job_name] + [
-            o for o in quick if o.id not in result.written and o.kind in SETTLES_DEPENDANTS
+            o
+            for o in quick
+            if o.id not in result.written
+            and o.id not in result.busy
+            and o.kind in SETTLES_DEPENDANTS
         ]
         if rest:
-            result.written.update(self.finish(rest, worker_id))
+            finished = self.finish(rest, worker_id)
+            result.written.update(finished.written)
+            result.busy |= finished.busy
         else:
             self._wake_others(outcomes, result.written)
         return result
 
-    def finish(self, outcomes: Sequence[Outcome], worker_id: str) -> dict[Any, bool | None]:
-        """Write outcomes with their follow-ups (job records, dependants) in one transaction."""
+    def finish(self, outcomes: Sequence[Outcome], worker_id: str) -> Exchange:
+        """Write outcomes with their follow-ups (job records, dependants) in one transaction.
+
+        Outcomes whose rows another session holds locked are left for later
+        (``busy``), so the others are written now.
+        """
         if not outcomes:
-            return {}
+            return Exchange()
         with worker_transaction(self.alias), self.connection.cursor() as cursor:
-            written = self.dialect.finish(cursor, outcomes, worker_id)
-            self._follow_up(outcomes, written, worker_id)
-            self._wake_others(outcomes, written)
-        return written
+            claims = [(o.id, o.version) for o in outcomes]
+            busy = self.dialect.busy_rows(cursor, claims, worker_id)
+            writable = [o for o in outcomes if o.id not in busy]
+            written = self.dialect.finish(cursor, writable, worker_id) if writable else {}
+            self._follow_up(writable, written, worker_id)
+            self._wake_others(writable, written)
+        return Exchange(written, busy=busy)
 
     def _wake_others(self, outcomes: Sequence[Outcome], written: dict[Any, bool | None]) -> None:
         """Tasks given back unstarted are runnable now: wake idle workers (PostgreSQL)."""
@@ -165,7 +178,11 @@ class ClaimStore:
         self, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
     ) -> tuple[set[Any], set[Any]]:
         """Extend our leases: the ids still ours, and those an operator asked to cancel."""
-        with self.connection.cursor() as cursor:
+        if self.dialect.exchange_is_one_statement:
+            with self.connection.cursor() as cursor:
+                return self.dialect.renew(cursor, held, worker_id, lease)
+        # Several statements: the rows locked first stay locked for the update.
+        with worker_transaction(self.alias), self.connection.cursor() as cursor:
             return self.dialect.renew(cursor, held, worker_id, lease)
 
     def save_progress(
