@@ -282,6 +282,9 @@ class Task(models.Model):
             models.UniqueConstraint(fields=["active_dedup_key"], name="rdbtasks_task_one_active"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.task_path} ({self.id})"
+
     @classmethod
     def check(cls, **kwargs: Any) -> list[Any]:
         messages = super().check(**kwargs)
@@ -294,9 +297,6 @@ class Task(models.Model):
             # build an equivalent there, so "conditions will be ignored" is wrong.
             messages = [m for m in messages if m.id != "models.W037"]
         return messages
-
-    def __str__(self) -> str:
-        return f"{self.task_path} ({self.id})"
 
     @property
     def is_finished(self) -> bool:

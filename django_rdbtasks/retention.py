@@ -37,6 +37,7 @@ CONFIRM_ABOVE = 1000
 #: Rows of workers that stopped or vanished longer ago than this are deleted.
 WORKER_RETENTION = dt.timedelta(days=1)
 
+
 @dataclass(slots=True)
 class PruneResult:
     deleted: dict[str, int] = field(default_factory=dict)  # by status
