@@ -204,7 +204,7 @@ def test_prunetasks_asks_before_more_than_a_thousand_and_refuses_without_a_termi
     Task.objects.bulk_create(Task(**{**fields, "id": uuid.uuid4()}) for _ in range(1000))
     assert Task.objects.count() == 1001
     out = StringIO()
-    with pytest.raises(CommandError, match="Refusing to delete 1,001 tasks.*--yes.*Nothing"):
+    with pytest.raises(CommandError, match=r"Refusing to delete 1,001 tasks.*--yes.*Nothing"):
         call_command("prunetasks", "--older-than", "7d", stdout=out)
     assert "About to delete 1,001 tasks finished more than 7d ago: SUCCESSFUL 1,001." in (
         out.getvalue()
@@ -243,6 +243,9 @@ def test_prunetasks_dry_run_never_asks(no_terminal) -> None:
     assert Task.objects.count() == 3
 
 
+PRUNE_OLDER_THAN_7D = ("prunetasks", "--older-than", "7d")
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("answer", "left"), [("yes", 1), ("n", 4), ("", 4)])
 def test_prunetasks_asks_on_a_terminal(answer, left) -> None:
@@ -253,8 +256,7 @@ def test_prunetasks_asks_on_a_terminal(answer, left) -> None:
     master, slave = os.openpty()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "django", "prunetasks", "--older-than", "7d"]
-            + ["--confirm-above", "2"],
+            [sys.executable, "-m", "django", *PRUNE_OLDER_THAN_7D, "--confirm-above", "2"],
             stdin=slave,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -350,9 +352,8 @@ def test_requeue_by_time_range_dry_run_and_limit() -> None:
     until = (moment - dt.timedelta(days=1)).isoformat()
     assert run("requeue", "--until", until)[1] == "Requeued 1 tasks.\n"
     assert Task.objects.get(pk=old.pk).status == TaskStatus.READY
-    assert (
-        run("requeue", "--since", "1h", "--until", "7min", "--limit", "1")[1] == "Requeued 1 tasks.\n"
-    )
+    until_7min = run("requeue", "--since", "1h", "--until", "7min", "--limit", "1")[1]
+    assert until_7min == "Requeued 1 tasks.\n"
     left = Task.objects.filter(pk__in=[t.pk for t in recent], status=TaskStatus.FAILED).count()
     assert left == 2
     with pytest.raises(CommandError, match="neither an age"):
