@@ -13,6 +13,7 @@ unregistered and ``check_task_backends`` runs each backend's checks once.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from django.core import checks
@@ -58,7 +59,25 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 
 
 def sqlite_checks(backend: Any) -> list[checks.CheckMessage]:
-    """A task database on SQLite without WAL and a busy timeout: ``database is locked``.
+    """W040: the backend's tasks in SQLite without WAL, IMMEDIATE and a busy timeout."""
+    if backend.database not in connections:
+        return []  # E001 says so
+    missing = sqlite_missing(connections[backend.database].settings_dict)
+    if not missing:
+        return []
+    return [
+        checks.Warning(
+            f"Task backend {backend.alias!r} keeps its tasks in SQLite (DATABASES"
+            f"[{backend.database!r}]) without {', '.join(missing)}: when a worker and the "
+            "process enqueuing write at once, one of them fails with 'database is locked'.",
+            hint=f"Set DATABASES[{backend.database!r}]['OPTIONS'] = {SQLITE_OPTIONS}.",
+            id="django_rdbtasks.W040",
+        )
+    ]
+
+
+def sqlite_missing(settings: Mapping[str, Any]) -> list[str]:
+    """What a SQLite database's settings lack for several writing processes (none if not SQLite).
 
     Every deployment has two processes writing at least (the one enqueuing and a
     worker), so this does not wait for ``runworkers --processes 2``. SQLite's
@@ -66,10 +85,7 @@ def sqlite_checks(backend: Any) -> list[checks.CheckMessage]:
     transaction that reads and then writes fails at once when another wrote in
     between, and Python's default busy timeout is 5 s.
     """
-    if backend.database not in connections:
-        return []  # E001 says so
-    settings = connections[backend.database].settings_dict
-    if not settings.get("ENGINE", "").endswith("sqlite3"):
+    if not str(settings.get("ENGINE", "")).endswith("sqlite3"):
         return []
     options = settings.get("OPTIONS") or {}
     missing = []
@@ -84,17 +100,7 @@ def sqlite_checks(backend: Any) -> list[checks.CheckMessage]:
         timeout = 0.0
     if timeout < SQLITE_MIN_TIMEOUT:
         missing.append(f"a busy timeout of {SQLITE_MIN_TIMEOUT} s or more")
-    if not missing:
-        return []
-    return [
-        checks.Warning(
-            f"Task backend {backend.alias!r} keeps its tasks in SQLite (DATABASES"
-            f"[{backend.database!r}]) without {', '.join(missing)}: when a worker and the "
-            "process enqueuing write at once, one of them fails with 'database is locked'.",
-            hint=f"Set DATABASES[{backend.database!r}]['OPTIONS'] = {SQLITE_OPTIONS}.",
-            id="django_rdbtasks.W040",
-        )
-    ]
+    return missing
 
 
 @checks.register()
