@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -156,6 +157,23 @@ def test_a_bad_retention_setting_deletes_nothing(settings, value, message) -> No
     old = _old("SUCCESSFUL", 400)
     with pytest.raises(ImproperlyConfigured, match=message):
         prune_by_setting()
+    assert Task.objects.filter(pk=old.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworkers_with_a_retention_without_a_unit_refuses_to_start(run_workers) -> None:
+    """The schedulers prune by the setting on their own: a bare 7 stops them at the door."""
+    old = _old("SUCCESSFUL", 400)
+    worker = run_workers(
+        "--processes", "0", env={"DJANGO_SETTINGS_MODULE": "tests.settings_retention"}
+    )
+    try:
+        code = worker.wait(60)
+    except subprocess.TimeoutExpired:
+        code = None  # it started: the scheduler would have pruned
+    log = worker.log()
+    assert code not in (None, 0), log
+    assert "django_rdbtasks.E020" in log and "7 has no unit" in log
     assert Task.objects.filter(pk=old.pk).exists()
 
 
