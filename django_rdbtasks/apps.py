@@ -11,4 +11,4 @@ class RDBTasksConfig(AppConfig):
 
         # The task backends' checks too: on Django 5.2 only the backport's app
         # would, and the README installs this app alone.
-        checks.register()
+        checks.register_backend_checks()

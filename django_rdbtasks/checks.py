@@ -1,14 +1,14 @@
 """System checks: bad configuration fails ``manage.py check`` and worker start-up.
 
-``register()`` (called from the app's ``ready()``) makes this app the one place
-the task backends are checked. The framework's own ``check_tasks`` is registered
-only when something imports its checks module: on Django 5.2 that is the
-``django_tasks`` app, which the README does not ask for, so without this a
-misconfigured backend passed ``manage.py check`` in silence. Where the framework
-does register it (Django 6.1 imports it with ``django.tasks``; the backport's app
-on either line), each one would check every backend again, so they are
-unregistered and ``check_task_backends`` runs each backend's checks once.
-"""
+``register_backend_checks()`` (called from the app's ``ready()``) makes this app
+the one place the task backends are checked. The framework's own
+``check_tasks`` is registered only when something imports its checks module: on
+Django 5.2 that is the ``django_tasks`` app, which the README does not ask for,
+so without this a misconfigured backend passed ``manage.py check`` in silence.
+Where the framework does register it (Django 6.1 imports it with
+``django.tasks``; the backport's app on either line), each one would check every
+backend again, so they are unregistered and ``check_task_backends`` runs each
+backend's checks once."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ SQLITE_OPTIONS = (
 SQLITE_MIN_TIMEOUT = 10
 
 
-def register() -> None:
+def register_backend_checks() -> None:
     """Check the task backends here, and only here (see the module's docstring)."""
     for name in FRAMEWORK_CHECK_MODULES:
         try:

@@ -107,6 +107,14 @@ def test_status_of_some_queues_and_another_window() -> None:
     assert data["total"]["succeeded"] == 1
 
 
+@pytest.mark.parametrize(
+    ("window", "message"), [("15", "has no unit"), ("1m", "ambiguous"), ("soon", "not an age")]
+)
+def test_status_window_needs_a_unit(window, message) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("rdbtasks", "status", "--window", window, stdout=StringIO())
+
+
 def test_status_exits_2_when_the_database_cannot_be_read(monkeypatch) -> None:
     from django_rdbtasks import ops
 
