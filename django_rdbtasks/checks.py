@@ -87,6 +87,9 @@ def sqlite_missing(settings: Mapping[str, Any]) -> list[str]:
     """
     if not str(settings.get("ENGINE", "")).endswith("sqlite3"):
         return []
+    name = str(settings.get("NAME", ""))
+    if name == ":memory:" or "mode=memory" in name:
+        return []  # one process's alone: nobody to share it with
     options = settings.get("OPTIONS") or {}
     missing = []
     init_command = str(options.get("init_command", "")).lower().replace(" ", "")

@@ -143,6 +143,11 @@ def test_sqlite_missing_concerns_sqlite_only(engine) -> None:
     assert sqlite_missing({"ENGINE": f"django.db.backends.{engine}"}) == []
 
 
+@pytest.mark.parametrize("name", [":memory:", "file:memorydb_default?mode=memory&cache=shared"])
+def test_sqlite_missing_leaves_a_database_in_memory_alone(name) -> None:
+    assert sqlite_missing({"ENGINE": "django.db.backends.sqlite3", "NAME": name}) == []
+
+
 def test_the_test_settings_pass_the_sqlite_check() -> None:
     """tests/settings.py is what several worker processes run on: no W040 there."""
     messages = check_task_backends()
