@@ -7,4 +7,8 @@ class RDBTasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the checks
+        from . import checks  # registers the checks of settings and jobs
+
+        # The task backends' checks too: on Django 5.2 only the backport's app
+        # would, and the README installs this app alone.
+        checks.register_backend_checks()

@@ -1,11 +1,109 @@
-"""System checks: bad job declarations fail ``manage.py check`` and worker start-up."""
+"""System checks: bad configuration fails ``manage.py check`` and worker start-up.
+
+``register_backend_checks()`` (called from the app's ``ready()``) makes this app
+the one place the task backends are checked. The framework's own
+``check_tasks`` is registered only when something imports its checks module: on
+Django 5.2 that is the ``django_tasks`` app, which the README does not ask for,
+so without this a misconfigured backend passed ``manage.py check`` in silence.
+Where the framework does register it (Django 6.1 imports it with
+``django.tasks``; the backport's app on either line), each one would check every
+backend again, so they are unregistered and ``check_task_backends`` runs each
+backend's checks once."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ValidationError
+from django.db import connections
+
+#: Modules whose ``check_tasks`` checks every backend of TASKS: Django 6.1's and the backport's.
+FRAMEWORK_CHECK_MODULES = ("django.tasks.checks", "django_tasks.checks")
+
+#: The SQLite OPTIONS that let several processes share the task database.
+SQLITE_OPTIONS = (
+    '{"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}'
+)
+#: Seconds of busy timeout below which a writer gives up too soon ("database is locked").
+SQLITE_MIN_TIMEOUT = 10
+
+
+def register_backend_checks() -> None:
+    """Check the task backends here, and only here (see the module's docstring)."""
+    for name in FRAMEWORK_CHECK_MODULES:
+        try:
+            # Imported now so that a later import (the backport app's ready())
+            # finds the module loaded and does not register its check again.
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        framework_check = getattr(module, "check_tasks", None)
+        checks.registry.registry.registered_checks.discard(framework_check)
+    checks.register(check_task_backends)
+
+
+def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """What the framework's ``check_tasks`` reports, plus SQLite's settings for our backends."""
+    from .backend import RDBTaskBackend
+    from .compat import task_backends
+
+    messages: list[checks.CheckMessage] = []
+    for backend in task_backends.all():
+        messages.extend(backend.check())
+        if isinstance(backend, RDBTaskBackend):
+            messages.extend(sqlite_checks(backend))
+    return messages
+
+
+def sqlite_checks(backend: Any) -> list[checks.CheckMessage]:
+    """W040: the backend's tasks in SQLite without WAL, IMMEDIATE and a busy timeout."""
+    if backend.database not in connections:
+        return []  # E001 says so
+    missing = sqlite_missing(connections[backend.database].settings_dict)
+    if not missing:
+        return []
+    return [
+        checks.Warning(
+            f"Task backend {backend.alias!r} keeps its tasks in SQLite (DATABASES"
+            f"[{backend.database!r}]) without {', '.join(missing)}: when a worker and the "
+            "process enqueuing write at once, one of them fails with 'database is locked'.",
+            hint=f"Set DATABASES[{backend.database!r}]['OPTIONS'] = {SQLITE_OPTIONS}.",
+            id="django_rdbtasks.W040",
+        )
+    ]
+
+
+def sqlite_missing(settings: Mapping[str, Any]) -> list[str]:
+    """What a SQLite database's settings lack for several writing processes (none if not SQLite).
+
+    Every deployment has two processes writing at least (the one enqueuing and a
+    worker), so this does not wait for ``runworkers --processes 2``. SQLite's
+    default rollback journal blocks readers while a writer commits, a deferred
+    transaction that reads and then writes fails at once when another wrote in
+    between, and Python's default busy timeout is 5 s.
+    """
+    if not str(settings.get("ENGINE", "")).endswith("sqlite3"):
+        return []
+    name = str(settings.get("NAME", ""))
+    if name == ":memory:" or "mode=memory" in name:
+        return []  # one process's alone: nobody to share it with
+    options = settings.get("OPTIONS") or {}
+    missing = []
+    init_command = str(options.get("init_command", "")).lower().replace(" ", "")
+    if "journal_mode=wal" not in init_command:
+        missing.append("WAL journal mode")
+    if str(options.get("transaction_mode", "")).upper() not in ("IMMEDIATE", "EXCLUSIVE"):
+        missing.append("IMMEDIATE transactions")
+    try:
+        timeout = float(options.get("timeout", 5))
+    except (TypeError, ValueError):
+        timeout = 0.0
+    if timeout < SQLITE_MIN_TIMEOUT:
+        missing.append(f"a busy timeout of {SQLITE_MIN_TIMEOUT} s or more")
+    return missing
 
 
 @checks.register()
@@ -32,12 +130,21 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 
 @checks.register()
 def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from django.core.exceptions import ImproperlyConfigured
+    """``RDBTASKS_RETENTION``: finished statuses and ages with a unit, one error each.
 
-    from .retention import retention_setting
+    The schedulers prune by it on their own every few minutes, so a bare ``7``
+    (seconds? days?) must stop the start, not delete.
+    """
+    from django.conf import settings
 
-    try:
-        retention_setting()
-    except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), id="django_rdbtasks.E020")]
-    return []
+    from .retention import read_retention
+
+    _, problems = read_retention(getattr(settings, "RDBTASKS_RETENTION", None))
+    return [
+        checks.Error(
+            problem,
+            hint='Ages carry a unit: {"SUCCESSFUL": "7d", "FAILED": "30d"}, or a timedelta.',
+            id="django_rdbtasks.E020",
+        )
+        for problem in problems
+    ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 from django.db.models import Count, Q
 
+from .durations import parse_age
 from .jobs import database_now
 from .locks import LeasedLock
 from .models import Task, TaskStatus, Worker
@@ -32,25 +32,10 @@ logger = logging.getLogger("django_rdbtasks.retention")
 
 FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
 DEFAULT_BATCH_SIZE = 1000
+#: ``prunetasks`` asks before deleting more tasks than this (``--yes`` does not ask).
+CONFIRM_ABOVE = 1000
 #: Rows of workers that stopped or vanished longer ago than this are deleted.
 WORKER_RETENTION = dt.timedelta(days=1)
-
-_UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
-
-
-def parse_age(value: str | int | float | dt.timedelta) -> dt.timedelta:
-    """``"7d"``, ``"12h"``, ``"1d12h"``, ``"90m"``, ``"2w"``, seconds, or a timedelta."""
-    if isinstance(value, dt.timedelta):
-        return value
-    if isinstance(value, int | float):
-        return dt.timedelta(seconds=value)
-    text = value.strip().lower().replace(" ", "")
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return dt.timedelta(seconds=float(text))
-    if not text or _AGE.sub("", text):
-        raise ValueError(f"{value!r} is not an age like 7d, 12h, 30m, 45s or 2w.")
-    return dt.timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in _AGE.findall(text)))
 
 
 @dataclass(slots=True)
@@ -81,21 +66,38 @@ def prunable(
 
 
 def count_prunable(
-    older_than: dt.timedelta, statuses: Iterable[str] = FINISHED, *, using: str | None = None
+    older_than: dt.timedelta,
+    statuses: Iterable[str] = FINISHED,
+    *,
+    using: str | None = None,
+    now: dt.datetime | None = None,
 ) -> dict[str, int]:
     """What ``prune`` would delete, by status (for ``--dry-run``)."""
-    using = using or router.db_for_write(Task)
     counts = {status: 0 for status in _finished_only(statuses)}
+    for (status, _queue), n in count_prunable_by_queue(
+        older_than, statuses, using=using, now=now
+    ).items():
+        counts[status] += n
+    return counts
+
+
+def count_prunable_by_queue(
+    older_than: dt.timedelta,
+    statuses: Iterable[str] = FINISHED,
+    *,
+    using: str | None = None,
+    now: dt.datetime | None = None,
+) -> dict[tuple[str, str], int]:
+    """What ``prune`` would delete, by (status, queue): read from the finished_at index alone."""
+    using = using or router.db_for_write(Task)
     rows = (
         Task.objects.using(using)
-        .filter(prunable(older_than, statuses, using=using))
+        .filter(prunable(older_than, statuses, using=using, now=now))
         .order_by()
-        .values("status")
+        .values("status", "queue_name")
         .annotate(n=Count("id"))
     )
-    for row in rows:
-        counts[row["status"]] = row["n"]
-    return counts
+    return {(row["status"], row["queue_name"]): row["n"] for row in rows}
 
 
 def prune(
@@ -108,16 +110,19 @@ def prune(
     time_budget: float | None = None,
     max_batches: int | None = None,
     progress: Callable[[PruneResult], None] | None = None,
+    now: dt.datetime | None = None,
 ) -> PruneResult:
     """Delete tasks finished in ``statuses`` more than ``older_than`` ago, in batches.
 
     The cutoff is fixed at the start (database clock), so rows finishing while
     this runs are not chased. ``pause`` sleeps between batches to leave the
     database to the workers; ``time_budget`` (seconds) and ``max_batches``
-    bound one call, and the result says whether rows were left.
+    bound one call, and the result says whether rows were left. ``now``
+    fixes the clock, so a deletion confirmed from a count takes the rows
+    counted and none that finished meanwhile.
     """
     using = using or router.db_for_write(Task)
-    condition = prunable(older_than, statuses, using=using)
+    condition = prunable(older_than, statuses, using=using, now=now)
     result = PruneResult()
     started = time.monotonic()
     while True:
@@ -179,21 +184,38 @@ def retention_setting() -> dict[str, dt.timedelta]:
 
         RDBTASKS_RETENTION = {"SUCCESSFUL": "7d", "CANCELLED": "7d", "FAILED": "30d"}
 
-    A status left out is kept forever.
+    A status left out is kept forever. A bad value raises ImproperlyConfigured
+    (the system check ``django_rdbtasks.E020`` reports it first).
     """
-    raw: Mapping[str, object] = getattr(settings, "RDBTASKS_RETENTION", None) or {}
+    ages, problems = read_retention(getattr(settings, "RDBTASKS_RETENTION", None))
+    if problems:
+        raise ImproperlyConfigured(" ".join(problems))
+    return ages
+
+
+def read_retention(raw: object) -> tuple[dict[str, dt.timedelta], list[str]]:
+    """The ages of a ``RDBTASKS_RETENTION`` value and what is wrong with it, one line each."""
+    if not raw:
+        return {}, []
+    if not isinstance(raw, Mapping):
+        return {}, [
+            f"RDBTASKS_RETENTION must be a dict of status to age, like "
+            f'{{"SUCCESSFUL": "7d", "FAILED": "30d"}}, not {raw!r}.'
+        ]
     ages: dict[str, dt.timedelta] = {}
+    problems: list[str] = []
     for status, age in raw.items():
         if status not in FINISHED:
-            raise ImproperlyConfigured(
+            problems.append(
                 f"RDBTASKS_RETENTION: {status!r} is not a finished status "
                 f"({', '.join(FINISHED)}); only finished tasks can be pruned."
             )
+            continue
         try:
-            ages[status] = parse_age(age)  # type: ignore[arg-type]
-        except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(f"RDBTASKS_RETENTION[{status!r}]: {exc}") from exc
-    return ages
+            ages[status] = parse_age(age)
+        except ValueError as exc:
+            problems.append(f"RDBTASKS_RETENTION[{status!r}]: {exc}")
+    return ages, problems
 
 
 def prune_by_setting(
@@ -201,6 +223,7 @@ def prune_by_setting(
     using: str | None = None,
     time_budget: float | None = 10.0,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    now: dt.datetime | None = None,
 ) -> PruneResult | None:
     """Apply ``RDBTASKS_RETENTION`` for at most ``time_budget`` seconds (None: until done).
 
@@ -223,7 +246,9 @@ def prune_by_setting(
             if left is not None and left <= 0:
                 total.incomplete = True
                 break
-            result = prune(age, [status], using=using, batch_size=batch_size, time_budget=left)
+            result = prune(
+                age, [status], using=using, batch_size=batch_size, time_budget=left, now=now
+            )
             total.batches += result.batches
             total.incomplete |= result.incomplete
             for name, n in result.deleted.items():

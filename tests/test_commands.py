@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
+import uuid
 from io import StringIO
 
 import pytest
@@ -12,6 +16,7 @@ from django.db import OperationalError
 
 from django_rdbtasks.models import Task, TaskStatus
 from tests.browser.support import make_task, make_worker, now
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -92,7 +97,7 @@ def test_status_exit_code_follows_the_health_limits(settings) -> None:
 def test_status_of_some_queues_and_another_window() -> None:
     make_task(queue_name="emails")
     make_task(TaskStatus.SUCCESSFUL, at=now() - dt.timedelta(minutes=30))
-    _, out = run("rdbtasks", "status", "--queue", "emails", "--window", "15m")
+    _, out = run("rdbtasks", "status", "--queue", "emails", "--window", "15min")
     assert "OK/15.0m" in out
     rows = [
         line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("Workers")
@@ -100,6 +105,14 @@ def test_status_of_some_queues_and_another_window() -> None:
     assert rows == ["emails", "TOTAL"]
     data = json.loads(run("rdbtasks", "status", "--json", "--window", "1h")[1])
     assert data["total"]["succeeded"] == 1
+
+
+@pytest.mark.parametrize(
+    ("window", "message"), [("15", "has no unit"), ("1m", "ambiguous"), ("soon", "not an age")]
+)
+def test_status_window_needs_a_unit(window, message) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("rdbtasks", "status", "--window", window, stdout=StringIO())
 
 
 def test_status_exits_2_when_the_database_cannot_be_read(monkeypatch) -> None:
@@ -128,18 +141,28 @@ def test_workers_listing() -> None:
 # -- prunetasks --------------------------------------------------------------------------------
 
 
-def _finished(status: str, days: float) -> Task:
-    return make_task(status, at=now() - dt.timedelta(days=days))
+def _finished(status: str, days: float, **fields) -> Task:
+    return make_task(status, at=now() - dt.timedelta(days=days), **fields)
+
+
+@pytest.fixture
+def no_terminal(monkeypatch):
+    """stdin as cron or a CI job has it: nobody to answer a question."""
+    monkeypatch.setattr(sys, "stdin", StringIO(""))
 
 
 def test_prunetasks_dry_run_then_for_real() -> None:
     for _ in range(3):
         _finished("SUCCESSFUL", 10)
-    _finished("FAILED", 10)
+    _finished("FAILED", 10, queue_name="emails")
     _finished("SUCCESSFUL", 1)
     make_task()
     _, out = run("prunetasks", "--older-than", "7d", "--dry-run")
-    assert "Would delete 4 tasks" in out and "SUCCESSFUL 3" in out and "FAILED 1" in out
+    assert out.splitlines() == [
+        "Would delete 4 tasks finished more than 7d ago: FAILED 1, SUCCESSFUL 3.",
+        "  FAILED in queue emails: 1",
+        "  SUCCESSFUL in queue default: 3",
+    ]
     assert Task.objects.count() == 6
     _, out = run("prunetasks", "--older-than", "7d", "--batch-size", "2")
     assert "Deleted 4 tasks in 2 batches" in out
@@ -158,13 +181,22 @@ def test_prunetasks_by_status() -> None:
     [
         ((), "Say how old"),
         (("--older-than", "soon"), "is not an age"),
+        # A bare number once meant seconds and deleted every finished task.
+        (("--older-than", "7"), "has no unit: write an age like 7d, 12h, 30min, 45s"),
+        (("--older-than", "7.5"), "has no unit"),
+        (("--older-than", "0"), "has no unit"),
+        (("--older-than", "1m"), "ambiguous.*1min for minutes.*30d"),
+        (("--older-than=-1d",), "is not an age"),
         (("--older-than", "7d", "--batch-size", "0"), "at least 1"),
+        (("--older-than", "7d", "--confirm-above", "-1"), "0 or more"),
         (("--by-setting", "--older-than", "7d"), "takes its ages"),
     ],
 )
 def test_prunetasks_refuses_unclear_orders(args, message) -> None:
+    old = _finished("SUCCESSFUL", 30)
     with pytest.raises(CommandError, match=message):
         call_command("prunetasks", *args, stdout=StringIO())
+    assert Task.objects.filter(pk=old.pk).exists()
 
 
 def test_prunetasks_refuses_unfinished_statuses() -> None:
@@ -172,15 +204,122 @@ def test_prunetasks_refuses_unfinished_statuses() -> None:
         call_command("prunetasks", "--older-than", "1d", "--status", "READY", stdout=StringIO())
 
 
+def test_prunetasks_asks_before_more_than_a_thousand_and_refuses_without_a_terminal(
+    no_terminal,
+) -> None:
+    template = _finished("SUCCESSFUL", 10)
+    fields = {f.attname: getattr(template, f.attname) for f in Task._meta.concrete_fields}
+    Task.objects.bulk_create(Task(**{**fields, "id": uuid.uuid4()}) for _ in range(1000))
+    assert Task.objects.count() == 1001
+    out = StringIO()
+    with pytest.raises(CommandError, match=r"Refusing to delete 1,001 tasks.*--yes.*Nothing"):
+        call_command("prunetasks", "--older-than", "7d", stdout=out)
+    assert "About to delete 1,001 tasks finished more than 7d ago: SUCCESSFUL 1,001." in (
+        out.getvalue()
+    )
+    assert Task.objects.count() == 1001
+    _, out_yes = run("prunetasks", "--older-than", "7d", "--yes")
+    assert "Deleted 1,001 tasks" in out_yes
+    assert not Task.objects.exists()
+
+
+@pytest.mark.parametrize("flag", ["--yes", "-y", "--no-input", "--noinput"])
+def test_prunetasks_past_the_threshold_with_a_flag_asks_nothing(no_terminal, flag) -> None:
+    for _ in range(3):
+        _finished("FAILED", 10)
+    young = _finished("FAILED", 1)
+    with pytest.raises(CommandError, match="Refusing to delete 3 tasks"):
+        call_command("prunetasks", "--older-than", "7d", "--confirm-above", "2", stdout=StringIO())
+    assert Task.objects.count() == 4
+    _, out = run("prunetasks", "--older-than", "7d", "--confirm-above", "2", flag)
+    assert "Deleted 3 tasks" in out
+    assert list(Task.objects.values_list("pk", flat=True)) == [young.pk]
+
+
+def test_prunetasks_up_to_the_threshold_asks_nothing(no_terminal) -> None:
+    for _ in range(2):
+        _finished("SUCCESSFUL", 10)
+    _, out = run("prunetasks", "--older-than", "7d", "--confirm-above", "2")
+    assert "Deleted 2 tasks" in out and not Task.objects.exists()
+
+
+def test_prunetasks_dry_run_never_asks(no_terminal) -> None:
+    for _ in range(3):
+        _finished("SUCCESSFUL", 10)
+    _, out = run("prunetasks", "--older-than", "7d", "--confirm-above", "0", "--dry-run")
+    assert out.startswith("Would delete 3 tasks")
+    assert Task.objects.count() == 3
+
+
+PRUNE_OLDER_THAN_7D = ("prunetasks", "--older-than", "7d")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("answer", "left"), [("yes", 1), ("n", 4), ("", 4)])
+def test_prunetasks_asks_on_a_terminal(answer, left) -> None:
+    """A real process whose stdin is a terminal: the answer decides."""
+    for _ in range(3):
+        _finished("SUCCESSFUL", 10)
+    _finished("SUCCESSFUL", 1)
+    master, slave = os.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", *PRUNE_OLDER_THAN_7D, "--confirm-above", "2"],
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "RDBTASKS_TEST_WORKER": "1",
+                "PYTHONPATH": str(ROOT),
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+            },
+        )
+        os.write(master, f"{answer}\n".encode())
+        out, _ = process.communicate(timeout=120)
+    finally:
+        os.close(slave)
+        os.close(master)
+    text = out.decode()
+    assert "About to delete 3 tasks" in text and "Type 'yes' to continue" in text
+    if left == 1:
+        assert process.returncode == 0 and "Deleted 3 tasks" in text
+    else:
+        assert process.returncode == 1 and "Nothing was deleted" in text
+    assert Task.objects.count() == left
+
+
 def test_prunetasks_by_setting(settings) -> None:
     settings.RDBTASKS_RETENTION = {"FAILED": "2d"}
     _finished("FAILED", 3)
     _finished("SUCCESSFUL", 300)
     _, out = run("prunetasks", "--by-setting", "--dry-run")
-    assert "Would delete 1 FAILED tasks older than 2 days" in out
+    assert "Would delete 1 FAILED tasks older than 2d" in out
+    assert "  FAILED in queue default: 1" in out
     _, out = run("prunetasks", "--by-setting")
     assert "Deleted 1 tasks (FAILED 1)" in out
     assert Task.objects.get().status == "SUCCESSFUL"
+
+
+def test_prunetasks_by_setting_asks_too(settings, no_terminal) -> None:
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "1d"}
+    for _ in range(3):
+        _finished("SUCCESSFUL", 3)
+    with pytest.raises(CommandError, match="Refusing to delete 3 tasks"):
+        call_command("prunetasks", "--by-setting", "--confirm-above", "2", stdout=StringIO())
+    assert Task.objects.count() == 3
+    _, out = run("prunetasks", "--by-setting", "--confirm-above", "2", "--yes")
+    assert "Deleted 3 tasks" in out and not Task.objects.exists()
+
+
+@pytest.mark.parametrize("value", [7, "7", "1m"])
+def test_prunetasks_by_setting_refuses_an_age_without_a_unit(settings, value) -> None:
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": value}
+    _finished("SUCCESSFUL", 300)
+    with pytest.raises(CommandError, match="RDBTASKS_RETENTION\\['SUCCESSFUL'\\]"):
+        call_command("prunetasks", "--by-setting", "--yes", stdout=StringIO())
+    assert Task.objects.count() == 1
 
 
 # -- requeue -----------------------------------------------------------------------------------
@@ -221,9 +360,8 @@ def test_requeue_by_time_range_dry_run_and_limit() -> None:
     until = (moment - dt.timedelta(days=1)).isoformat()
     assert run("requeue", "--until", until)[1] == "Requeued 1 tasks.\n"
     assert Task.objects.get(pk=old.pk).status == TaskStatus.READY
-    assert (
-        run("requeue", "--since", "1h", "--until", "7m", "--limit", "1")[1] == "Requeued 1 tasks.\n"
-    )
+    until_7min = run("requeue", "--since", "1h", "--until", "7min", "--limit", "1")[1]
+    assert until_7min == "Requeued 1 tasks.\n"
     left = Task.objects.filter(pk__in=[t.pk for t in recent], status=TaskStatus.FAILED).count()
     assert left == 2
     with pytest.raises(CommandError, match="neither an age"):

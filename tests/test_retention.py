@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -10,40 +11,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django_rdbtasks import retention
 from django_rdbtasks.locks import LeasedLock
 from django_rdbtasks.models import JobRecord, Task, TaskDependency, TaskStatus, Worker
-from django_rdbtasks.retention import parse_age, prune, prune_by_setting, prune_workers
+from django_rdbtasks.retention import prune, prune_by_setting, prune_workers, read_retention
 from tests.browser.support import make_task, make_worker, now
 
 pytestmark = pytest.mark.django_db
 
 DAY = dt.timedelta(days=1)
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("7d", 7 * 86400),
-        ("12h", 43200),
-        ("1d12h", 129600),
-        ("90m", 5400),
-        ("45s", 45),
-        ("2w", 1209600),
-        ("1.5h", 5400),
-        ("30", 30),
-        (15, 15),
-        (dt.timedelta(minutes=2), 120),
-    ],
-)
-def test_parse_age(text, seconds) -> None:
-    assert parse_age(text).total_seconds() == seconds
-
-
-@pytest.mark.parametrize("text", ["", "7", "7y", "d", "seven days", "-1d", "7d x"])
-def test_parse_age_refuses_what_it_cannot_read(text) -> None:
-    if text == "7":
-        assert parse_age(text).total_seconds() == 7  # plain seconds are fine
-        return
-    with pytest.raises(ValueError, match="is not an age"):
-        parse_age(text)
 
 
 def _old(status: str, days: float, **fields) -> Task:
@@ -106,6 +79,22 @@ def test_count_prunable() -> None:
     assert Task.objects.count() == 3
 
 
+def test_count_prunable_by_queue_and_a_fixed_clock() -> None:
+    _old("SUCCESSFUL", 10)
+    _old("SUCCESSFUL", 10, queue_name="emails")
+    _old("FAILED", 10, queue_name="emails")
+    assert retention.count_prunable_by_queue(7 * DAY) == {
+        ("SUCCESSFUL", "default"): 1,
+        ("SUCCESSFUL", "emails"): 1,
+        ("FAILED", "emails"): 1,
+    }
+    # A clock fixed 5 days back: nothing had finished 7 days before it.
+    earlier = now() - 5 * DAY
+    assert retention.count_prunable_by_queue(7 * DAY, now=earlier) == {}
+    assert prune(7 * DAY, now=earlier).total == 0
+    assert Task.objects.count() == 3
+
+
 def test_prune_workers_deletes_rows_of_long_gone_workers() -> None:
     make_worker("alive:1")
     make_worker("gone-long:2", age=2 * 86400)
@@ -155,9 +144,50 @@ def test_prune_by_setting_lets_one_process_work_at_a_time(settings) -> None:
     [
         ({"READY": "1d"}, "not a finished status"),
         ({"SUCCESSFUL": "soon"}, "is not an age"),
+        ({"SUCCESSFUL": 7}, "has no unit"),
+        ({"SUCCESSFUL": 7.0}, "has no unit"),
+        ({"SUCCESSFUL": "7"}, "has no unit"),
+        ({"SUCCESSFUL": "1m"}, "ambiguous"),
+        (["SUCCESSFUL", "7d"], "must be a dict"),
     ],
 )
-def test_retention_setting_is_checked(settings, value, message) -> None:
+def test_a_bad_retention_setting_deletes_nothing(settings, value, message) -> None:
+    """What the schedulers call every few minutes refuses the setting, deleting nothing."""
     settings.RDBTASKS_RETENTION = value
+    old = _old("SUCCESSFUL", 400)
     with pytest.raises(ImproperlyConfigured, match=message):
         prune_by_setting()
+    assert Task.objects.filter(pk=old.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworkers_with_a_retention_without_a_unit_refuses_to_start(run_workers) -> None:
+    """The schedulers prune by the setting on their own: a bare 7 stops them at the door."""
+    old = _old("SUCCESSFUL", 400)
+    worker = run_workers(
+        "--processes", "0", env={"DJANGO_SETTINGS_MODULE": "tests.settings_retention"}
+    )
+    try:
+        code = worker.wait(60)
+    except subprocess.TimeoutExpired:
+        code = None  # it started: the scheduler would have pruned
+    log = worker.log()
+    assert code not in (None, 0), log
+    assert "django_rdbtasks.E020" in log and "7 has no unit" in log
+    assert Task.objects.filter(pk=old.pk).exists()
+
+
+def test_read_retention_reports_every_bad_entry() -> None:
+    ages, problems = read_retention({"SUCCESSFUL": 7, "FAILED": "30d", "READY": "1d"})
+    assert ages == {"FAILED": 30 * DAY}
+    assert len(problems) == 2
+    assert "RDBTASKS_RETENTION['SUCCESSFUL']: 7 has no unit" in problems[0]
+    assert "'READY' is not a finished status" in problems[1]
+
+
+def test_retention_takes_a_timedelta(settings) -> None:
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": dt.timedelta(days=1)}
+    old, young = _old("SUCCESSFUL", 2), _old("SUCCESSFUL", 0.5)
+    assert prune_by_setting().deleted == {"SUCCESSFUL": 1}
+    assert list(Task.objects.values_list("pk", flat=True)) == [young.pk]
+    assert not Task.objects.filter(pk=old.pk).exists()

@@ -1,19 +1,31 @@
-"""``manage.py prunetasks --older-than 7d``: delete old finished tasks, a batch at a time."""
+"""``manage.py prunetasks --older-than 7d``: delete old finished tasks, a batch at a time.
+
+Nothing a typo can destroy: an age without a unit is refused (``durations``),
+and a deletion of more than ``--confirm-above`` tasks asks first, or needs
+``--yes`` where nobody can answer. Only finished tasks are ever deleted.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
 
+from ...durations import FORMS, format_age, parse_age
+from ...jobs import database_now
+from ...models import Task
 from ...retention import (
+    CONFIRM_ABOVE,
     DEFAULT_BATCH_SIZE,
     FINISHED,
     PruneResult,
-    count_prunable,
-    parse_age,
+    count_prunable_by_queue,
     prune,
     prune_by_setting,
+    retention_setting,
 )
 
 
@@ -27,7 +39,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--older-than",
             metavar="AGE",
-            help="Finished longer ago than this: 7d, 12h, 90m, 2w (database clock).",
+            help=f"Finished longer ago than this, with a unit: {FORMS.split(' (')[0]} "
+            "(database clock).",
         )
         parser.add_argument(
             "--status",
@@ -45,7 +58,29 @@ class Command(BaseCommand):
             help="Apply RDBTASKS_RETENTION (ages per status) instead of --older-than.",
         )
         parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+            "--dry-run",
+            action="store_true",
+            help="Count what would be deleted, by status and queue; delete nothing.",
+        )
+        parser.add_argument(
+            "--yes",
+            "-y",
+            action="store_true",
+            help="Do not ask before a deletion of more than --confirm-above tasks.",
+        )
+        parser.add_argument(
+            "--no-input",
+            "--noinput",
+            action="store_false",
+            dest="interactive",
+            help="The same as --yes, as Django's commands spell it.",
+        )
+        parser.add_argument(
+            "--confirm-above",
+            type=int,
+            default=CONFIRM_ABOVE,
+            metavar="N",
+            help=f"Ask before deleting more than N tasks (default {CONFIRM_ABOVE:,}).",
         )
         parser.add_argument(
             "--batch-size",
@@ -65,51 +100,65 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
+        if options["confirm_above"] < 0:
+            raise CommandError("--confirm-above must be 0 or more.")
+        using = options["database"] or router.db_for_write(Task)
         if options["by_setting"]:
             if options["older_than"] or options["statuses"]:
                 raise CommandError("--by-setting takes its ages and statuses from the setting.")
-            self._by_setting(options)
+            self._by_setting(using, options)
             return
         if not options["older_than"]:
             raise CommandError("Say how old: --older-than 7d (or --by-setting).")
         try:
             age = parse_age(options["older_than"])
         except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(f"--older-than: {exc}") from exc
         statuses = options["statuses"] or list(FINISHED)
+        # One clock for the count and the deletion: what was confirmed is what goes.
+        now = database_now(using)
+        counts = count_prunable_by_queue(age, statuses, using=using, now=now)
+        what = f"tasks finished more than {format_age(age)} ago"
         if options["dry_run"]:
-            counts = count_prunable(age, statuses, using=options["database"])
-            self.stdout.write(
-                f"Would delete {sum(counts.values()):,} tasks finished more than "
-                f"{options['older_than']} ago: {self._by_status(counts)}."
-            )
+            self._report(f"Would delete {sum(counts.values()):,} {what}", counts)
             return
+        self._confirm(what, counts, options)
         result = prune(
             age,
             statuses,
-            using=options["database"],
+            using=using,
             batch_size=options["batch_size"],
             pause=options["pause"],
             progress=self._progress if options["verbosity"] >= 2 else None,
+            now=now,
         )
         self.stdout.write(
             f"Deleted {result.total:,} tasks in {result.batches} batches: "
             f"{self._by_status(result.deleted)}."
         )
 
-    def _by_setting(self, options: dict[str, Any]) -> None:
-        if options["dry_run"]:
-            from ...retention import retention_setting
-
+    def _by_setting(self, using: str, options: dict[str, Any]) -> None:
+        try:
             ages = retention_setting()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        now = database_now(using)
+        counts: dict[tuple[str, str], int] = {}
+        for status, age in ages.items():
+            counts.update(count_prunable_by_queue(age, [status], using=using, now=now))
+        if options["dry_run"]:
             if not ages:
                 self.stdout.write("RDBTASKS_RETENTION is not set: nothing would be deleted.")
+                return
             for status, age in ages.items():
-                n = count_prunable(age, [status], using=options["database"])[status]
-                self.stdout.write(f"Would delete {n:,} {status} tasks older than {age}.")
+                n = sum(v for (s, _), v in counts.items() if s == status)
+                older = format_age(age)
+                self.stdout.write(f"Would delete {n:,} {status} tasks older than {older}.")
+            self._report("", counts)
             return
+        self._confirm("tasks past RDBTASKS_RETENTION", counts, options)
         result = prune_by_setting(
-            using=options["database"], time_budget=None, batch_size=options["batch_size"]
+            using=using, time_budget=None, batch_size=options["batch_size"], now=now
         )
         if result is None:
             raise CommandError("Another process is pruning right now; try again later.")
@@ -117,6 +166,33 @@ class Command(BaseCommand):
             f"Deleted {result.total:,} tasks ({self._by_status(result.deleted)}) "
             f"and {result.workers} rows of gone workers."
         )
+
+    def _confirm(self, what: str, counts: dict[tuple[str, str], int], options: dict) -> None:
+        """Ask before a large deletion; without a terminal to ask on, refuse it."""
+        total = sum(counts.values())
+        if total <= options["confirm_above"] or options["yes"] or not options["interactive"]:
+            return
+        self._report(f"About to delete {total:,} {what}", counts)
+        if not sys.stdin.isatty():
+            raise CommandError(
+                f"Refusing to delete {total:,} tasks (more than {options['confirm_above']:,}) "
+                "without confirmation, and there is no terminal to ask on: run with --yes "
+                "(or --no-input) to delete them, or --dry-run to see them. Nothing was deleted."
+            )
+        answer = input(f"Delete these {total:,} tasks? Type 'yes' to continue: ")
+        if answer.strip().lower() not in ("yes", "y"):
+            raise CommandError("Nothing was deleted.")
+
+    def _report(self, headline: str, counts: dict[tuple[str, str], int]) -> None:
+        """The headline with the counts by status, then one line per status and queue."""
+        if headline:
+            by_status: dict[str, int] = {}
+            for (status, _), n in counts.items():
+                by_status[status] = by_status.get(status, 0) + n
+            self.stdout.write(f"{headline}: {self._by_status(by_status)}.")
+        for (status, queue), n in sorted(counts.items()):
+            if n:
+                self.stdout.write(f"  {status} in queue {queue}: {n:,}")
 
     def _progress(self, result: PruneResult) -> None:
         self.stdout.write(f"  batch {result.batches}: {result.total:,} deleted so far")

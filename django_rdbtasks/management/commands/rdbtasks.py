@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from ... import ops
-from ...retention import parse_age
+from ...durations import parse_age
 from ...states import TaskStatus
 
 EXIT_UNHEALTHY = 1
@@ -93,7 +93,7 @@ class Command(BaseCommand):
         status.add_argument(
             "--window",
             default="1h",
-            help="How far back finished tasks are counted (default 1h; e.g. 15m, 24h).",
+            help="How far back finished tasks are counted (default 1h; e.g. 15min, 24h, 7d).",
         )
         limits = status.add_argument_group(
             "health limits", "Override RDBTASKS_HEALTH; a limit not set is not checked."
