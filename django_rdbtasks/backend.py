@@ -18,7 +18,6 @@ from django.db.models import F
 
 from .arguments import encode_arguments_and_values
 from .compat import (
-    SIGNAL_MODULES,
     TASK_REFRESH_ATTRS,
     BaseTaskBackend,
     InvalidTask,
@@ -27,6 +26,7 @@ from .compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    framework_signals,
 )
 from .db import dialect_for
 from .db.cursors import kept_cursor
@@ -500,8 +500,10 @@ class RDBTaskBackend(BaseTaskBackend):
         return bool(updated)
 
     def send_signal(self, name: str, result: TaskResult) -> None:
-        for module in SIGNAL_MODULES:
-            getattr(module, name).send(sender=type(self), task_result=result)
+        """Send one of the framework's signals, once. ``task_finished`` of a
+        failure must be sent while its exception is being handled: the
+        framework's receiver logs ``sys.exc_info()`` (see ``worker.reporting``)."""
+        getattr(framework_signals, name).send(sender=type(self), task_result=result)
 
 
 def bulk_enqueue(

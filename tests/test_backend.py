@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from django_rdbtasks.backend import RDBTask, RDBTaskBackend, bulk_enqueue
 from django_rdbtasks.compat import (
-    SIGNAL_MODULES,
     InvalidTask,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    framework_signals,
     task_backends,
 )
 from django_rdbtasks.exceptions import ArgumentsNotJSON, ReturnValueNotJSON
@@ -156,7 +156,7 @@ def test_signals_are_sent(django_capture_on_commit_callbacks):
     def receiver(sender, task_result, **kwargs):
         seen.append((sender, task_result.status))
 
-    signals = SIGNAL_MODULES[0]
+    signals = framework_signals
     for name in ("task_enqueued", "task_started", "task_finished"):
         getattr(signals, name).connect(receiver, weak=False)
     try:

@@ -14,7 +14,9 @@ their module is already imported.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
+import traceback
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -29,11 +31,11 @@ from django.utils import timezone
 from django_rdbtasks.backend import RDBTaskBackend, RDBTaskResult
 from django_rdbtasks.compat import (
     HAS_DJANGO_TASKS,
-    SIGNAL_MODULES,
     Task,
     TaskResultDoesNotExist,
     TaskResultMismatch,
     TaskResultStatus,
+    framework_signals,
     task_backends,
 )
 from django_rdbtasks.db.functions import DbNow
@@ -141,7 +143,7 @@ def backend() -> RDBTaskBackend:
 def signals_seen() -> Iterator[list[tuple[str, Any, dict[str, Any]]]]:
     """(signal name, sender, a snapshot of the result) for every signal sent."""
     seen: list[tuple[str, Any, dict[str, Any]]] = []
-    module = SIGNAL_MODULES[0]  # the framework's: django.tasks, or the backport on 5.2
+    module = framework_signals  # django.tasks, or the backport on 5.2
     receivers = {}
     for name in ("task_enqueued", "task_started", "task_finished"):
 
@@ -584,3 +586,25 @@ def test_task_finished_of_a_failure_carries_its_error(signals_seen: list) -> Non
     drain()
     [finished] = [s for name, _, s in signals_seen if name == "task_finished"]
     assert [e.exception_class for e in finished["errors"]] == [ValueError]
+
+
+def test_a_failure_logs_one_error_record_with_the_task_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The framework's task_finished receiver logs a failure with ``sys.exc_info()``:
+    sent once, while the task's exception is the one being handled, so an error
+    tracker gets one event with the task's own stack (not ``NoneType: None``)."""
+    caplog.set_level(logging.DEBUG)
+    failing_task_value_error.enqueue()
+    drain()
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1, [(r.name, r.getMessage(), r.exc_info) for r in errors]
+    [record] = errors
+    assert record.name == ("django.tasks" if HAS_DJANGO_TASKS else "django_tasks")
+    assert record.exc_info is not None
+    kind, error, stack = record.exc_info
+    assert kind is ValueError and str(error) == "This task failed due to ValueError"
+    frames = traceback.extract_tb(stack)
+    # The task's own stack, from the worker's call to the raise; nothing of the reporter.
+    assert frames[-1].name == "failing_task_value_error"
+    assert all("reporting.py" not in frame.filename for frame in frames)
