@@ -95,6 +95,9 @@ if DIRECT_URL:
     if not os.environ.get("RDBTASKS_TEST_POLL_ONLY"):
         TASKS["default"]["OPTIONS"]["LISTEN_DATABASE"] = "direct"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The contract tests declare their tasks in their own module, not in an app:
+# enqueue refuses a task whose module a worker would not import.
+RDBTASKS_TASK_MODULES = ["tests.test_contract"]
 # Processes started by the record check-out tests load the processor.
 if os.environ.get("RDBTASKS_TEST_PROCESSORS"):
     RDBTASKS_IMPORTS = ["tests.testapp.processors"]
