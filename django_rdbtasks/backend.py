@@ -199,7 +199,7 @@ class RDBTaskBackend(BaseTaskBackend):
         # Not in validate_task(): the framework calls that while @task runs,
         # before the module has the name the worker will look the task up by.
         try:
-            check_loadable(task)
+            check_loadable(task.module_path)
         except InvalidTaskPath as exc:
             raise InvalidTask(str(exc)) from exc
         # Deferred tasks are made per call (using(run_after=...)): not kept.

@@ -89,8 +89,8 @@ def load_task(path: str) -> Task:
 _reachable: dict[str, InvalidTaskPath | None] = {}
 
 
-def check_loadable(task: Task) -> None:
-    """Raise ``InvalidTaskPath`` unless a worker would find ``task`` at its path.
+def check_loadable(path: str) -> None:
+    """Raise ``InvalidTaskPath`` unless a worker would find a task at ``path``.
 
     What ``load_task`` would say in a worker, said where the task is enqueued.
     Here the task's module is imported whatever it is, so ``sys.modules``
@@ -98,7 +98,6 @@ def check_loadable(task: Task) -> None:
     ``RDBTASKS_TASK_MODULES``, and its ``__main__`` is ``manage.py``, not the
     script that defined the task. Cached per path: one import at most.
     """
-    path = task.module_path
     if path not in _reachable:
         if len(_reachable) >= 1024:
             _reachable.clear()
@@ -115,10 +114,10 @@ def _unreachable(path: str) -> InvalidTaskPath | None:
             f"{path!r} is defined in __main__, the script this process runs, which a "
             "worker cannot import: define the task in a module of an installed app."
         )
-    if module_name and not _in_allowed_package(module_name):
-        return _outside_apps(path, module_name)
     try:
-        _load(path)
+        _load(path)  # what a worker says first, where it would say anything
     except InvalidTaskPath as exc:
         return exc
+    if not _in_allowed_package(module_name):
+        return _outside_apps(path, module_name)
     return None
