@@ -106,5 +106,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_rdbtasks": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "django_rdbtasks": {"handlers": ["console"], "level": "INFO"},
+        # The framework's record of a failed task, in worker processes' logs.
+        "django.tasks": {"handlers": ["console"], "level": "ERROR"},
+        "django_tasks": {"handlers": ["console"], "level": "ERROR"},
+    },
 }

@@ -596,6 +596,21 @@ def test_task_finished_of_a_failure_carries_its_error(signals_seen: list) -> Non
     assert [e.exception_class for e in finished["errors"]] == [ValueError]
 
 
+@pytest.mark.slow
+def test_a_failure_in_a_worker_process_logs_its_traceback_once(run_workers: Any) -> None:
+    """The same through ``runworkers``, whose log has the framework's ERROR records."""
+    result = failing_task_value_error.enqueue()
+    workers = run_workers("--burst")
+    assert workers.wait(timeout=120) == 0, workers.log()
+    log = workers.log()
+    assert "NoneType: None" not in log, log
+    finished = log.split(f"Task id={result.id} path=")
+    assert len(finished) == 2, log  # one record: its start is logged at INFO, not shown
+    assert "state=FAILED\nTraceback (most recent call last):" in finished[1], log
+    assert "in failing_task_value_error" in finished[1]
+    assert finished[1].count("ValueError: This task failed due to ValueError") == 1
+
+
 def test_a_failure_logs_one_error_record_with_the_task_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
