@@ -121,12 +121,12 @@ class Reporter:
         the exception is raised again here; its traceback is put back, so the
         log shows the task's stack and not this frame.
         """
-        stack = error.__traceback__
+        stack, context = error.__traceback__, error.__context__
         try:
             raise error
         except BaseException:
             # sys.exc_info() reads the traceback from the exception (3.11+).
-            error.__traceback__ = stack
+            error.__traceback__, error.__context__ = stack, context
             self.backend.send_signal("task_finished", result)
 
 
