@@ -89,6 +89,7 @@ def setup(url: str) -> None:
         USE_TZ=True,
         SECRET_KEY="bench-only",
         INSTALLED_APPS=["django_rdbtasks"],
+        RDBTASKS_TASK_MODULES=["bench.enqueue_task"],
         DATABASES={"default": db},
         TASKS={
             "default": {
@@ -103,10 +104,6 @@ def setup(url: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-
-
-def noop() -> None:
-    """The task enqueued: module-level, as the framework requires."""
 
 
 #: The floors' table: one column, its primary key.
@@ -174,7 +171,8 @@ def floors(count: int) -> dict[str, Callable[[], None]]:
 
     def function() -> None:
         sql = dialect_for(connection).enqueue_call_sql
-        row = [f"{__name__}.noop", "default", "default", 0, "[]", "{}", 1, None, TaskStatus.READY]
+        path = "bench.enqueue_task.noop"
+        row = [path, "default", "default", 0, "[]", "{}", 1, None, TaskStatus.READY]
         rest = ["", None, 0, TaskStatus.CANCELLED, None, True]
         with cursor() as cur:
             for _ in range(count):
@@ -201,14 +199,7 @@ def main() -> None:
     setup(args.db_url)
     import django
 
-    from django_rdbtasks.compat import HAS_DJANGO_TASKS
-
-    if HAS_DJANGO_TASKS:
-        from django.tasks import task
-    else:
-        from django_tasks import task
-
-    noop_task = task()(noop)
+    from bench.enqueue_task import noop as noop_task
     runs = modes(noop_task, args.count, args.chunk)
     selected = [m.strip() for m in args.modes.split(",") if m.strip()]
     print(f"Django {django.get_version()}, Python {sys.version.split()[0]}, {args.db_url}")

@@ -11,6 +11,7 @@ the walk, and non-finite floats, which the encoder refuses.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,8 +37,79 @@ def encode_arguments_and_values(
         args_json = _encode(values) if values else "[]"
         kwargs_json = _encode(keywords) if keywords else "{}"
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ArgumentsNotJSON(f"Task arguments must be JSON-serializable: {exc}") from exc
+        try:
+            culprit = _culprit(args, kwargs)
+        except RecursionError:  # nested too deep to walk again
+            culprit = None
+        raise ArgumentsNotJSON(
+            "Task arguments must be JSON-serializable: "
+            f"{culprit or 'one is not'} ({str(exc).rstrip('.')})."
+        ) from exc
     return args_json, kwargs_json, (values, keywords)
+
+
+def _culprit(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Which argument was refused and what it is: ``kwargs['when'] is a datetime.datetime``.
+
+    Only on the way to an error, so the walk above stays as short as it is.
+    """
+    for index, value in enumerate(args):
+        found = _find(value, f"args[{index}]", {})
+        if found:
+            return found
+    for name, value in kwargs.items():
+        found = _find(value, f"kwargs[{name!r}]", {})
+        if found:
+            return found
+    return None
+
+
+def _find(value: Any, where: str, outer: dict[int, str]) -> str | None:
+    """The first value under ``value`` that ``_normalized`` or the encoder refuses.
+
+    ``outer`` maps the containers around ``value`` to where they are, to name a
+    value that contains itself rather than recurse without end.
+    """
+    if type(value) in _SCALARS or isinstance(value, str | int | float | bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{where} is {value!r}"
+        return None
+    if id(value) in outer:
+        return f"{outer[id(value)]} contains itself at {where}"
+    outer = {**outer, id(value): where}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            try:
+                text_key = isinstance(_normalized(key), str)
+            except (TypeError, ValueError, RecursionError):
+                text_key = False
+            if not text_key:
+                return f"{where} has a key {key!r} of type {_type_name(key)}"
+            found = _find(item, f"{where}[{key!r}]", outer)
+            if found:
+                return found
+        return None
+    if isinstance(value, bytes):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"{where} is bytes that are not UTF-8"
+        return None
+    if isinstance(value, Sequence):
+        for index, item in enumerate(value):
+            found = _find(item, f"{where}[{index}]", outer)
+            if found:
+                return found
+        return None
+    name = _type_name(value)
+    return f"{where} is {'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _normalized(value: Any) -> Any:

@@ -18,7 +18,6 @@ from django.db.models import F
 
 from .arguments import encode_arguments_and_values
 from .compat import (
-    SIGNAL_MODULES,
     TASK_REFRESH_ATTRS,
     BaseTaskBackend,
     InvalidTask,
@@ -27,13 +26,14 @@ from .compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    framework_signals,
 )
 from .db import dialect_for
 from .db.cursors import kept_cursor
 from .db.functions import DbNow
 from .db.rows import NewTask
 from .exceptions import InvalidTaskPath
-from .loading import load_task
+from .loading import check_loadable, load_task
 from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
 from .observability import tracing
@@ -196,6 +196,12 @@ class RDBTaskBackend(BaseTaskBackend):
         if self._valid_tasks.get(id(task)) is task:
             return
         self.validate_task(task)
+        # Not in validate_task(): the framework calls that while @task runs,
+        # before the module has the name the worker will look the task up by.
+        try:
+            check_loadable(task.module_path)
+        except InvalidTaskPath as exc:
+            raise InvalidTask(str(exc)) from exc
         # Deferred tasks are made per call (using(run_after=...)): not kept.
         if task.run_after is None:
             if len(self._valid_tasks) >= 1024:
@@ -404,16 +410,20 @@ class RDBTaskBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id) from exc
         try:
             task = load_task(row.task_path)
-        except InvalidTaskPath as exc:
-            raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
+        except InvalidTaskPath:
+            # The row is there, whatever became of its task (renamed, removed,
+            # never importable here): its result still reads.
+            task = unloadable_task(row.task_path, self.alias)
         return self.result_from_row(row, task)
 
     def result_from_row(self, row: TaskRow, task: Task) -> TaskResult:
         # The task as it was enqueued, so that the result equals the one
         # enqueue() returned: run_after is what the producer asked for (None
         # when not deferred), not the column the queue orders by, which is
-        # the enqueue time then and moves with every retry's backoff.
-        task = dataclasses.replace(
+        # the enqueue time then and moves with every retry's backoff. Not
+        # validated again: a queue since removed from QUEUES must not make
+        # an existing row unreadable.
+        task = _replace_unvalidated(
             task,
             priority=row.priority,
             queue_name=row.queue_name,
@@ -500,8 +510,50 @@ class RDBTaskBackend(BaseTaskBackend):
         return bool(updated)
 
     def send_signal(self, name: str, result: TaskResult) -> None:
-        for module in SIGNAL_MODULES:
-            getattr(module, name).send(sender=type(self), task_result=result)
+        """Send one of the framework's signals, once. ``task_finished`` of a
+        failure must be sent while its exception is being handled: the
+        framework's receiver logs ``sys.exc_info()`` (see ``worker.reporting``)."""
+        getattr(framework_signals, name).send(sender=type(self), task_result=result)
+
+
+def _replace_unvalidated(task: Task, **changes: Any) -> Task:
+    """``dataclasses.replace()`` without ``__post_init__``, the framework's validation."""
+    copy = object.__new__(type(task))
+    for item in dataclasses.fields(task):
+        object.__setattr__(copy, item.name, changes.get(item.name, getattr(task, item.name)))
+    return copy
+
+
+_unloadable: dict[tuple[str, str], Task] = {}
+
+
+def unloadable_task(path: str, alias: str) -> Task:
+    """A stand-in for a task this process cannot load, so its rows' results still read.
+
+    Its ``module_path`` is ``path``; calling it raises ``InvalidTaskPath``.
+    One per path, so two reads of a result compare equal.
+    """
+    key = (path, alias)
+    known = _unloadable.get(key)
+    if known is not None:
+        return known
+    module_name, _, name = path.rpartition(".")
+
+    def unloadable(*args: Any, **kwargs: Any) -> Any:
+        raise InvalidTaskPath(f"{path!r} cannot be loaded in this process.")
+
+    unloadable.__module__ = module_name
+    unloadable.__name__ = unloadable.__qualname__ = name
+    stand_in = object.__new__(RDBTask)
+    for item in dataclasses.fields(RDBTask):
+        if item.default is not dataclasses.MISSING:
+            object.__setattr__(stand_in, item.name, item.default)
+    object.__setattr__(stand_in, "func", unloadable)
+    object.__setattr__(stand_in, "backend", alias)
+    if len(_unloadable) >= 1024:
+        _unloadable.clear()
+    _unloadable[key] = stand_in
+    return stand_in
 
 
 def bulk_enqueue(

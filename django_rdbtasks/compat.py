@@ -3,6 +3,10 @@
 Django 6.1+ ships ``django.tasks``; Django 5.2 LTS uses the ``django-tasks``
 backport. Libraries may declare tasks through the backport even on 6.1, so the
 worker must accept ``Task`` objects of either API (``TASK_BASE_CLASSES``).
+
+Signals go to ``framework_signals`` only, the framework this backend is a
+backend of: on 6.1 with the backport also installed, sending to both made
+each failure logged twice, once by each framework's receiver.
 """
 
 from __future__ import annotations
@@ -43,25 +47,19 @@ else:
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
     from django_tasks.utils import normalize_json
 
-# Signal modules to send to: the framework's, plus the backport's when a
-# project on 6.1 also has it installed, so receivers of either API hear us.
-SIGNAL_MODULES: list = [framework_signals]
 TASK_BASE_CLASSES: tuple[type, ...] = (Task,)
 
 if HAS_DJANGO_TASKS:
     try:
         import django_tasks.base as _backport_base
-        from django_tasks import signals as _backport_signals
     except ImportError:  # the backport is optional on 6.1
         pass
     else:
-        SIGNAL_MODULES.append(_backport_signals)
         TASK_BASE_CLASSES = (Task, _backport_base.Task)
 
 __all__ = [
     "DEFAULT_TASK_QUEUE_NAME",
     "HAS_DJANGO_TASKS",
-    "SIGNAL_MODULES",
     "TASK_BASE_CLASSES",
     "TASK_REFRESH_ATTRS",
     "BaseTaskBackend",
@@ -73,6 +71,7 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultMismatch",
     "TaskResultStatus",
+    "framework_signals",
     "normalize_json",
     "task_backends",
 ]

@@ -14,13 +14,6 @@ class WorkerLost(RDBTasksError):
     """Recorded as the error of an attempt whose worker stopped renewing its lease."""
 
 
-class ReturnValueNotJSON(RDBTasksError, TypeError):
-    """A task returned a value that cannot be stored as JSON.
-
-    A ``TypeError``, as the framework's own backends record for such a value.
-    """
-
-
 class TaskCancelled(RDBTasksError):
     """Recorded as the error of a task an operator cancelled."""
 

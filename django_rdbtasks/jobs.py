@@ -17,7 +17,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -26,11 +26,11 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 
-from .compat import Task
+from .compat import TASK_BASE_CLASSES, Task
 from .db import dialect_for
 from .db.functions import DbNow
 from .exceptions import InvalidTaskPath
-from .loading import load_task
+from .loading import check_loadable, load_task
 from .models import Job, JobRecord, MisfirePolicy
 from .states import TaskStatus
 
@@ -70,8 +70,9 @@ def validate_timezone(name: str) -> None:
 
 
 def validate_task_path(path: str) -> None:
+    """Refuse a path no worker could load a task from, as ``enqueue()`` would."""
     try:
-        load_task(path)
+        check_loadable(path)
     except InvalidTaskPath as exc:
         raise ValidationError(str(exc)) from exc
 
@@ -163,8 +164,18 @@ def periodic(
     @task()
     def nightly_report(): ...
     """
+    if not isinstance(cron, str):  # @periodic with no parentheses
+        raise TypeError(
+            f"@periodic needs a cron expression, not {_name_of(cron)}: "
+            '@periodic("0 3 * * *") above @task().'
+        )
 
     def declare(task: Task) -> Task:
+        if not isinstance(task, TASK_BASE_CLASSES):
+            raise ImproperlyConfigured(
+                f"@periodic on {_name_of(task)}: it needs a task, made with @task(); "
+                "put @periodic above @task()."
+            )
         spec = JobSpec(
             name=name or task.module_path,
             task_path=task.module_path,
@@ -185,6 +196,14 @@ def periodic(
         return task
 
     return declare
+
+
+def _name_of(thing: Any) -> str:
+    if isinstance(thing, TASK_BASE_CLASSES):
+        return f"the task {cast(Task, thing).module_path}"
+    module = getattr(thing, "__module__", None)
+    name = getattr(thing, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(thing)
 
 
 def declared_jobs() -> dict[str, JobSpec]:

@@ -30,11 +30,20 @@ def _allowed_prefixes() -> tuple[str, ...]:
 
 
 def _may_import(module_name: str) -> bool:
-    if module_name in sys.modules:
-        return True
+    return module_name in sys.modules or _in_allowed_package(module_name)
+
+
+def _in_allowed_package(module_name: str) -> bool:
     return any(
         module_name == prefix or module_name.startswith(prefix + ".")
         for prefix in _allowed_prefixes()
+    )
+
+
+def _outside_apps(path: str, module_name: str) -> InvalidTaskPath:
+    return InvalidTaskPath(
+        f"{path!r}: module {module_name!r} is not part of an installed app "
+        "(add its package to RDBTASKS_TASK_MODULES to allow it)."
     )
 
 
@@ -43,15 +52,14 @@ def _load(path: str) -> Task:
     if not module_name or not attribute.isidentifier():
         raise InvalidTaskPath(f"{path!r} is not a dotted path to a task.")
     if not _may_import(module_name):
-        raise InvalidTaskPath(
-            f"{path!r}: module {module_name!r} is not part of an installed app "
-            "(add its package to RDBTASKS_TASK_MODULES to allow it)."
-        )
+        raise _outside_apps(path, module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidTaskPath(f"{path!r}: cannot import {module_name!r}: {exc}") from exc
-    found = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise InvalidTaskPath(f"{path!r}: module {module_name!r} has no {attribute!r}.")
+    found = getattr(module, attribute)
     if not isinstance(found, TASK_BASE_CLASSES):
         raise InvalidTaskPath(
             f"{path!r} is not a task: found {type(found).__name__}, "
@@ -76,3 +84,40 @@ def load_task(path: str) -> Task:
     if isinstance(known, InvalidTaskPath):
         raise known
     return known
+
+
+_reachable: dict[str, InvalidTaskPath | None] = {}
+
+
+def check_loadable(path: str) -> None:
+    """Raise ``InvalidTaskPath`` unless a worker would find a task at ``path``.
+
+    What ``load_task`` would say in a worker, said where the task is enqueued.
+    Here the task's module is imported whatever it is, so ``sys.modules``
+    proves nothing: a worker imports only installed apps and
+    ``RDBTASKS_TASK_MODULES``, and its ``__main__`` is ``manage.py``, not the
+    script that defined the task. Cached per path: one import at most.
+    """
+    if path not in _reachable:
+        if len(_reachable) >= 1024:
+            _reachable.clear()
+        _reachable[path] = _unreachable(path)
+    refused = _reachable[path]
+    if refused is not None:
+        raise refused
+
+
+def _unreachable(path: str) -> InvalidTaskPath | None:
+    module_name = path.rpartition(".")[0]
+    if module_name == "__main__" or module_name.startswith("__main__."):
+        return InvalidTaskPath(
+            f"{path!r} is defined in __main__, the script this process runs, which a "
+            "worker cannot import: define the task in a module of an installed app."
+        )
+    try:
+        _load(path)  # what a worker says first, where it would say anything
+    except InvalidTaskPath as exc:
+        return exc
+    if not _in_allowed_package(module_name):
+        return _outside_apps(path, module_name)
+    return None

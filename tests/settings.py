@@ -95,6 +95,9 @@ if DIRECT_URL:
     if not os.environ.get("RDBTASKS_TEST_POLL_ONLY"):
         TASKS["default"]["OPTIONS"]["LISTEN_DATABASE"] = "direct"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The contract tests declare their tasks in their own module, not in an app:
+# enqueue refuses a task whose module a worker would not import.
+RDBTASKS_TASK_MODULES = ["tests.test_contract"]
 # Processes started by the record check-out tests load the processor.
 if os.environ.get("RDBTASKS_TEST_PROCESSORS"):
     RDBTASKS_IMPORTS = ["tests.testapp.processors"]
@@ -103,5 +106,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_rdbtasks": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "django_rdbtasks": {"handlers": ["console"], "level": "INFO"},
+        # The framework's record of a failed task, in worker processes' logs.
+        "django.tasks": {"handlers": ["console"], "level": "ERROR"},
+        "django_tasks": {"handlers": ["console"], "level": "ERROR"},
+    },
 }

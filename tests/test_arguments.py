@@ -104,6 +104,32 @@ def test_arguments_that_would_not_come_back_equal_are_refused(args, kwargs, reas
         assert not survived
 
 
+def itself_inside():
+    value: dict = {}
+    value["self"] = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, culprit",
+    [
+        ((1, dt.date(2026, 1, 1)), {}, "args[1] is a datetime.date ("),
+        ((), {"when": dt.datetime(2026, 1, 1)}, "kwargs['when'] is a datetime.datetime ("),
+        ((object(),), {}, "args[0] is an object ("),
+        ((), {"data": {"ok": 1, 2: "int key"}}, "kwargs['data'] has a key 2 of type int ("),
+        ((), {"x": [1, [math.inf]]}, "kwargs['x'][1][0] is inf ("),
+        ((b"\xff",), {}, "args[0] is bytes that are not UTF-8 ("),
+        ((), {"d": itself_inside()}, "kwargs['d'] contains itself at kwargs['d']['self'][0] ("),
+        (("ok", {"tags": {1, 2}}), {}, "args[1]['tags'] is a set ("),
+    ],
+    ids=["date", "datetime", "object", "int-key", "inf", "bad-utf8", "circular", "nested-set"],
+)
+def test_a_refused_argument_is_named_with_its_type(args, kwargs, culprit):
+    with pytest.raises(ArgumentsNotJSON) as refused:
+        encode_arguments_and_values(args, kwargs)
+    assert culprit in str(refused.value)
+
+
 def random_value(rng: random.Random, depth: int = 0):
     kinds = ["str", "int", "float", "bool", "none", "bytes"]
     if depth < 3:

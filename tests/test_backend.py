@@ -1,5 +1,9 @@
 import datetime as dt
 import math
+import os
+import re
+import subprocess
+import sys
 import threading
 
 import psycopg
@@ -11,16 +15,17 @@ from django.utils import timezone
 
 from django_rdbtasks.backend import RDBTask, RDBTaskBackend, bulk_enqueue
 from django_rdbtasks.compat import (
-    SIGNAL_MODULES,
     InvalidTask,
     TaskResultDoesNotExist,
+    TaskResultMismatch,
     TaskResultStatus,
+    framework_signals,
     task_backends,
 )
-from django_rdbtasks.exceptions import ArgumentsNotJSON, ReturnValueNotJSON
+from django_rdbtasks.exceptions import ArgumentsNotJSON
 from django_rdbtasks.models import Task
 from django_rdbtasks.worker import Worker
-from tests.conftest import listen_connection
+from tests.conftest import ROOT, listen_connection
 from tests.testapp import backport_tasks, tasks
 from tests.testapp.models import Invoice
 
@@ -102,9 +107,18 @@ def test_arguments_json_cannot_round_trip_are_refused(args, kwargs):
     assert not Task.objects.exists()
 
 
+def test_a_refused_argument_is_named_and_nothing_is_written():
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    with pytest.raises(ArgumentsNotJSON, match=r"kwargs\['b'\] is a datetime\.datetime"):
+        tasks.add.enqueue(1, b=when)
+    assert not Task.objects.exists()
+
+
 def test_tuples_become_lists_like_the_framework():
+    """As the framework's own backends do (documented in the README): not refused."""
     result = tasks.add.enqueue((1, 2), {"k": (3,)})
     assert result.args == [[1, 2], {"k": [3]}]
+    assert Task.objects.get().args == [[1, 2], {"k": [3]}]
 
 
 def test_get_result_from_any_process_view():
@@ -127,6 +141,100 @@ def test_get_result_of_unknown_id_raises():
         backend.get_result("00000000-0000-0000-0000-000000000000")
     with pytest.raises(TaskResultDoesNotExist):
         backend.get_result("not-a-uuid")
+
+
+NOT_AN_APP = "'tests.not_an_app.report': module 'tests.not_an_app' is not part of an installed app"
+
+
+def test_a_task_a_worker_cannot_import_is_refused_at_enqueue():
+    from tests import not_an_app
+
+    for _ in range(2):  # refused every time, not only the first
+        with pytest.raises(InvalidTask, match=re.escape(NOT_AN_APP)):
+            not_an_app.report.enqueue("monday")
+    with pytest.raises(InvalidTask, match=re.escape(NOT_AN_APP)):
+        bulk_enqueue(not_an_app.report, [(("tuesday",), {})])
+    with pytest.raises(InvalidTask, match=re.escape(NOT_AN_APP)):
+        not_an_app.report.using(priority=3).enqueue("wednesday")
+    assert not Task.objects.exists()
+
+
+MAIN_SCRIPT = """
+import django
+django.setup()
+from django_rdbtasks.compat import HAS_DJANGO_TASKS, InvalidTask
+if HAS_DJANGO_TASKS:
+    from django.tasks import task
+else:
+    from django_tasks import task
+
+@task()
+def nightly():
+    return 1
+
+try:
+    nightly.enqueue()
+except InvalidTask as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_task_defined_in_main_is_refused_at_enqueue(tmp_path):
+    """A script that declares a task and enqueues it: a worker's __main__ is manage.py."""
+    script = tmp_path / "script.py"
+    script.write_text(MAIN_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused: '__main__.nightly' is defined in __main__"), (
+        done.stdout + done.stderr
+    )
+    assert not Task.objects.exists()
+
+
+def test_get_result_reads_a_row_whose_task_cannot_be_loaded():
+    """Renamed, removed, or never importable: the row is there, so is its result."""
+    row = Task.objects.create(
+        task_path="tests.testapp.tasks.renamed_since", args=[1], max_attempts=3, status="FAILED"
+    )
+    backend = task_backends["default"]
+    result = backend.get_result(str(row.id))
+    assert result.status == TaskResultStatus.FAILED
+    assert result.task.module_path == "tests.testapp.tasks.renamed_since"
+    assert result.args == [1] and result.backend == "default"
+    assert backend.get_result(str(row.id)) == result
+    result.refresh()
+    with pytest.raises(TaskResultMismatch):
+        tasks.add.get_result(str(row.id))
+
+
+def test_get_result_reads_a_row_whose_queue_is_no_longer_configured():
+    row = Task.objects.create(
+        task_path="tests.testapp.tasks.add", args=[1, 2], queue_name="removed", status="READY"
+    )
+    result = tasks.add.get_result(str(row.id))
+    assert result.status == TaskResultStatus.READY
+    assert result.task.queue_name == "removed" and result.task.func is tasks.add.func
+
+
+@pytest.mark.slow
+def test_a_row_a_worker_cannot_import_fails_with_the_message_enqueue_gives(run_workers):
+    """A row written before enqueue refused such tasks: a real worker fails it with
+    the message enqueue now gives, and its result reads."""
+    row = Task.objects.create(task_path="tests.not_an_app.report", args=["monday"])
+    workers = run_workers("--burst")
+    assert workers.wait(timeout=120) == 0, workers.log()
+    row.refresh_from_db()
+    assert row.status == "FAILED"
+    assert NOT_AN_APP in row.history[-1]["traceback"]
+    result = task_backends["default"].get_result(str(row.id))
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path.endswith("InvalidTaskPath")
 
 
 def test_failed_result_carries_every_attempts_error():
@@ -156,7 +264,7 @@ def test_signals_are_sent(django_capture_on_commit_callbacks):
     def receiver(sender, task_result, **kwargs):
         seen.append((sender, task_result.status))
 
-    signals = SIGNAL_MODULES[0]
+    signals = framework_signals
     for name in ("task_enqueued", "task_started", "task_finished"):
         getattr(signals, name).connect(receiver, weak=False)
     try:
@@ -341,8 +449,7 @@ def test_refresh_reads_once_and_brings_progress(django_assert_num_queries):
     assert (result.progress, result.progress_message) == (0.75, "most")
 
 
-def test_return_value_not_json_is_a_type_error_like_arguments_not_json():
-    assert issubclass(ReturnValueNotJSON, TypeError)
+def test_arguments_not_json_is_a_type_error():
     assert issubclass(ArgumentsNotJSON, TypeError)
 
 

@@ -14,7 +14,9 @@ their module is already imported.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
+import traceback
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -29,11 +31,11 @@ from django.utils import timezone
 from django_rdbtasks.backend import RDBTaskBackend, RDBTaskResult
 from django_rdbtasks.compat import (
     HAS_DJANGO_TASKS,
-    SIGNAL_MODULES,
     Task,
     TaskResultDoesNotExist,
     TaskResultMismatch,
     TaskResultStatus,
+    framework_signals,
     task_backends,
 )
 from django_rdbtasks.db.functions import DbNow
@@ -141,7 +143,7 @@ def backend() -> RDBTaskBackend:
 def signals_seen() -> Iterator[list[tuple[str, Any, dict[str, Any]]]]:
     """(signal name, sender, a snapshot of the result) for every signal sent."""
     seen: list[tuple[str, Any, dict[str, Any]]] = []
-    module = SIGNAL_MODULES[0]  # the framework's: django.tasks, or the backport on 5.2
+    module = framework_signals  # django.tasks, or the backport on 5.2
     receivers = {}
     for name in ("task_enqueued", "task_started", "task_finished"):
 
@@ -395,16 +397,24 @@ def test_complex_exception() -> None:
     assert 'ValueError(ValueError("This task failed"))' in result.errors[0].traceback
 
 
-def test_a_return_value_that_is_not_json_fails_with_a_type_error() -> None:
+def test_complex_return_value(caplog: pytest.LogCaptureFixture) -> None:
+    """Django's own test: the framework records ``TypeError`` itself, not a subclass."""
     result = complex_return_value.enqueue()
-    drain()
+    with caplog.at_level(logging.ERROR):
+        drain()
+    assert [r.name for r in caplog.records if r.levelno >= logging.ERROR] == [
+        "django.tasks" if HAS_DJANGO_TASKS else "django_tasks"
+    ]
     result.refresh()
     assert result.status == FAILED
     assert result._return_value is None
     [error] = result.errors  # not retried: a retry cannot make it JSON
-    assert error.exception_class_path == "django_rdbtasks.exceptions.ReturnValueNotJSON"
-    assert issubclass(error.exception_class, TypeError)
-    assert "ReturnValueNotJSON" in error.traceback
+    assert error.exception_class is TypeError
+    assert error.exception_class_path == "builtins.TypeError"
+    assert "Unsupported type" in error.traceback  # the framework's own message, as the cause
+    # Ours says which task returned it and where that task is defined.
+    assert "tests.test_contract.complex_return_value (" in error.traceback
+    assert "test_contract.py, line" in error.traceback
 
 
 def test_takes_context() -> None:
@@ -584,3 +594,40 @@ def test_task_finished_of_a_failure_carries_its_error(signals_seen: list) -> Non
     drain()
     [finished] = [s for name, _, s in signals_seen if name == "task_finished"]
     assert [e.exception_class for e in finished["errors"]] == [ValueError]
+
+
+@pytest.mark.slow
+def test_a_failure_in_a_worker_process_logs_its_traceback_once(run_workers: Any) -> None:
+    """The same through ``runworkers``, whose log has the framework's ERROR records."""
+    result = failing_task_value_error.enqueue()
+    workers = run_workers("--burst")
+    assert workers.wait(timeout=120) == 0, workers.log()
+    log = workers.log()
+    assert "NoneType: None" not in log, log
+    finished = log.split(f"Task id={result.id} path=")
+    assert len(finished) == 2, log  # one record: its start is logged at INFO, not shown
+    assert "state=FAILED\nTraceback (most recent call last):" in finished[1], log
+    assert "in failing_task_value_error" in finished[1]
+    assert finished[1].count("ValueError: This task failed due to ValueError") == 1
+
+
+def test_a_failure_logs_one_error_record_with_the_task_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The framework's task_finished receiver logs a failure with ``sys.exc_info()``:
+    sent once, while the task's exception is the one being handled, so an error
+    tracker gets one event with the task's own stack (not ``NoneType: None``)."""
+    caplog.set_level(logging.DEBUG)
+    failing_task_value_error.enqueue()
+    drain()
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1, [(r.name, r.getMessage(), r.exc_info) for r in errors]
+    [record] = errors
+    assert record.name == ("django.tasks" if HAS_DJANGO_TASKS else "django_tasks")
+    assert record.exc_info is not None
+    kind, error, stack = record.exc_info
+    assert kind is ValueError and str(error) == "This task failed due to ValueError"
+    frames = traceback.extract_tb(stack)
+    # The task's own stack, from the worker's call to the raise; nothing of the reporter.
+    assert frames[-1].name == "failing_task_value_error"
+    assert all("reporting.py" not in frame.filename for frame in frames)

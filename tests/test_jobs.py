@@ -277,6 +277,58 @@ def test_periodic_refuses_a_bad_cron_at_import():
         periodic("not a cron")(noop)
 
 
+def test_periodic_on_a_plain_function_says_it_needs_a_task():
+    from django_rdbtasks.jobs import periodic
+    from tests.testapp.tasks import plain_function
+
+    with pytest.raises(ImproperlyConfigured) as refused:
+        periodic("0 3 * * *")(plain_function)
+    assert str(refused.value) == (
+        "@periodic on tests.testapp.tasks.plain_function: it needs a task, made with "
+        "@task(); put @periodic above @task()."
+    )
+
+
+def test_periodic_without_a_cron_expression_says_so():
+    from django_rdbtasks.jobs import periodic
+    from tests.testapp.tasks import noop
+
+    expected = r"@periodic needs a cron expression, not the task tests\.testapp\.tasks\.noop"
+    with pytest.raises(TypeError, match=expected):
+        periodic(noop)  # type: ignore[arg-type]
+
+
+@pytestmark_db
+def test_a_declared_job_naming_a_missing_task_says_which_path(settings):
+    settings.RDBTASKS_JOBS = {
+        "ghost": {"task": "tests.testapp.tasks.missing", "cron": "* * * * *"},
+        "outside": {"task": "tests.not_an_app.report", "cron": "* * * * *"},
+    }
+    with pytest.raises(SystemCheckError) as error:
+        call_command("check")
+    message = str(error.value)
+    assert (
+        "Job 'ghost': 'tests.testapp.tasks.missing': module 'tests.testapp.tasks' "
+        "has no 'missing'." in message
+    )
+    # Refused as enqueue() would refuse it: no worker would import that module.
+    assert "Job 'outside': 'tests.not_an_app.report': module 'tests.not_an_app' is not" in message
+    assert "NoneType" not in message
+
+
+@pytestmark_db
+def test_a_job_whose_task_is_gone_records_which_path():
+    job = make_job(name="renamed")
+    Job.objects.filter(pk=job.pk).update(task_path="tests.testapp.tasks.renamed_since")
+    assert fire_due_jobs() == 1
+    record = JobRecord.objects.get()
+    assert record.status == "FAILED"
+    assert record.error == (
+        "InvalidTaskPath: 'tests.testapp.tasks.renamed_since': module 'tests.testapp.tasks' "
+        "has no 'renamed_since'."
+    )
+
+
 def test_tick_key_is_utc_to_the_second():
     tick = timezone.make_aware(dt.datetime(2026, 3, 29, 3, 0), BERLIN)
     assert tick_key(tick) == "2026-03-29T01:00:00Z"

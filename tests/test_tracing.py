@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from django_rdbtasks.backend import bulk_enqueue
-from django_rdbtasks.compat import SIGNAL_MODULES
+from django_rdbtasks.compat import framework_signals
 from django_rdbtasks.models import Task
 from django_rdbtasks.worker import Worker
 from tests.conftest import ROOT
@@ -75,7 +75,7 @@ def test_the_run_span_is_the_child_of_the_enqueue_span_and_links_to_it(exporter,
     def started(sender, task_result, **kwargs):
         seen.append(trace.get_current_span().get_span_context())
 
-    signal = SIGNAL_MODULES[0].task_started
+    signal = framework_signals.task_started
     signal.connect(started)
     try:
         with tracer.start_as_current_span("request") as request:

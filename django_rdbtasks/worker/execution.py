@@ -28,7 +28,6 @@ from ..db.rows import ClaimedRow, Outcome
 from ..exceptions import (
     HandOver,
     InvalidTaskPath,
-    ReturnValueNotJSON,
     TaskCancelled,
     TaskTimeout,
     WorkerLost,
@@ -253,7 +252,7 @@ class Executor:
             return self._handed_over(running, started, 0.0)
         try:
             value = _json_value(task, value)
-        except ReturnValueNotJSON as exc:
+        except (TypeError, ValueError) as exc:
             return self._failure(running, exc, started, retry=False)
         outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
         outcome.return_value = value
@@ -428,14 +427,21 @@ def history_entry(
 
 
 def _json_value(task: Any, value: Any) -> Any:
-    """The return value as stored, or ``ReturnValueNotJSON`` naming the task that returned it."""
+    """The return value as stored, or the error the framework's own backends record.
+
+    That is a plain ``TypeError`` (``ValueError`` for a value such as NaN or
+    bytes that are not UTF-8), not a subclass: ``errors[0].exception_class``
+    is part of the contract. The message adds the task and where it is defined;
+    the framework's own error is its cause.
+    """
     try:
         value = normalize_json(value)
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         code = getattr(getattr(task, "func", None), "__code__", None)
         where = f" ({code.co_filename}, line {code.co_firstlineno})" if code else ""
-        raise ReturnValueNotJSON(
+        error = ValueError if isinstance(exc, ValueError) else TypeError
+        raise error(
             f"{task.module_path}{where} returned {type(value).__name__!s} "
             f"that cannot be stored as JSON: {exc}"
         ) from exc

@@ -107,6 +107,26 @@ class Reporter:
                             traceback=outcome.entry.get("traceback", ""),
                         )
                     )
+            if kind == OutcomeKind.FAILURE and outcome.error is not None:
+                self._send_failed(result, outcome.error)
+            else:
+                self.backend.send_signal("task_finished", result)
+
+    def _send_failed(self, result: Any, error: BaseException) -> None:
+        """``task_finished`` with the task's exception as the one being handled.
+
+        The framework's receiver logs the failure with ``sys.exc_info()`` (the
+        backport's with ``logger.exception``), as its own backends send the
+        signal from their ``except`` block. The outcome was written since, so
+        the exception is raised again here; its traceback is put back, so the
+        log shows the task's stack and not this frame.
+        """
+        stack, context = error.__traceback__, error.__context__
+        try:
+            raise error
+        except BaseException:
+            # sys.exc_info() reads the traceback from the exception (3.11+).
+            error.__traceback__, error.__context__ = stack, context
             self.backend.send_signal("task_finished", result)
 
 

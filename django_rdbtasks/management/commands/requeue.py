@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import uuid
 from typing import Any
 
@@ -10,7 +11,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
 from ... import ops
+from ...compat import task_backends
+from ...exceptions import InvalidTaskPath
 from ...jobs import database_now
+from ...loading import load_task
 from ...models import Task, TaskStatus
 from ...retention import parse_age
 
@@ -74,10 +78,15 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         selected = self.select(options)
         user = self._user(options["user"]) if options["user"] else None
+        visible: QuerySet[Task] = Task.objects.using(
+            options["database"] or ops.default_database()
+        )
         if user is not None:
             from ...admin.permissions import access_for
 
             selected = access_for(user).filter(selected)
+            visible = access_for(user).filter(visible)
+        self.refuse_unknown(options, visible)
         if options["dry_run"]:
             count = ops.capped_count(selected)
             about = "more than " if count.estimate else ""
@@ -135,6 +144,36 @@ class Command(BaseCommand):
                 tasks = tasks.filter(finished_at__lt=self._when(options["until"], now))
         return tasks
 
+    def refuse_unknown(self, options: dict[str, Any], visible: QuerySet[Task]) -> None:
+        """A typo must not read as "Requeued 0 tasks.": name what matches nothing.
+
+        An id is unknown if no task has it; a task path if no task has it and it
+        names no task in the code; a queue if no backend has it in QUEUES and no
+        task is in it. An id that exists in another status is only reported.
+        """
+        problems = []
+        ids = [self._uuid(value) for value in options["ids"]]
+        if ids:
+            found = dict(visible.filter(pk__in=ids).values_list("pk", "status"))
+            missing = [str(pk) for pk in ids if pk not in found]
+            if missing:
+                problems.append(f"No task has the id {', '.join(missing)}.")
+            statuses = options["statuses"] or [TaskStatus.FAILED]
+            for pk, status in found.items():
+                if status not in statuses:
+                    self.stderr.write(f"Task {pk} is {status}, not {' or '.join(statuses)}.")
+        for path in options["tasks"] or []:
+            if not visible.filter(task_path=path).exists() and not _names_a_task(path):
+                near = difflib.get_close_matches(path, _known_paths(visible), n=3)
+                hint = f" Did you mean {' or '.join(near)}?" if near else ""
+                problems.append(f"No task has the path {path!r}, and it names no task.{hint}")
+        for queue in options["queues"] or []:
+            if queue not in _configured_queues() and not visible.filter(queue_name=queue).exists():
+                known = ", ".join(sorted(_configured_queues())) or "none"
+                problems.append(f"No queue {queue!r}: no task is in it, and QUEUES has {known}.")
+        if problems:
+            raise CommandError(" ".join(problems))
+
     @staticmethod
     def _uuid(value: str) -> uuid.UUID:
         try:
@@ -156,3 +195,28 @@ class Command(BaseCommand):
                 f"{value!r} is neither an age (2h, 3d) nor an ISO 8601 time."
             ) from exc
         return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def _names_a_task(path: str) -> bool:
+    try:
+        load_task(path)
+    except InvalidTaskPath:
+        return False
+    return True
+
+
+def _known_paths(visible: QuerySet[Task]) -> list[str]:
+    """Task paths to suggest instead of a typo: a bounded sample, never a full scan's worth."""
+    paths = visible.order_by().values_list("task_path", flat=True).distinct()[:1000]
+    return list(paths)
+
+
+def _configured_queues() -> set[str]:
+    from ...backend import RDBTaskBackend
+
+    queues: set[str] = set()
+    for alias in task_backends:
+        backend = task_backends[alias]
+        if isinstance(backend, RDBTaskBackend):
+            queues |= backend.queues
+    return queues
