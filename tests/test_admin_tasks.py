@@ -142,7 +142,10 @@ def test_task_list_pages_without_counting_the_table() -> None:
 def test_task_list_says_how_many_rows_the_table_has() -> None:
     make_task()
     page = text(client_for(*VIEW).get(url("task_changelist")))
-    assert re.search(r"1 tasks in the table", page)
+    assert re.search(r"\b1 task in the table", page)  # one task, not "1 tasks"
+    make_task()
+    page = text(client_for(*VIEW, name="other").get(url("task_changelist")))
+    assert re.search(r"\b2 tasks in the table", page)
 
 
 def test_breadcrumbs_do_not_say_tasks_twice() -> None:

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
-from .display import cron_in_words, duration_text, when_text
+from .display import concurrency_text, cron_in_words, duration_text, when_text
 from .filters import ListState, visible_queues
 from .permissions import access_for, filter_jobs
 from .utils import admin_url, page_context
@@ -205,9 +205,7 @@ def worker_row(worker: Worker) -> dict[str, Any]:
     return {
         "name": worker.name,
         "url": admin_url(Worker, "change", worker.pk),
-        "mode": worker.mode,
-        "threads": worker.threads,
-        "batch": worker.batch,
+        "concurrency": concurrency_text(worker.mode, worker.threads, worker.batch),
         "queues": worker.queues,
         "running": worker.running,
         "running_url": running_url(worker),

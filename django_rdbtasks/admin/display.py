@@ -14,7 +14,9 @@ from typing import Any
 
 from django.utils import timezone, translation
 from django.utils.html import format_html, format_html_join
+from django.utils.formats import number_format
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..states import TaskStatus
@@ -93,6 +95,26 @@ def status_badge(status: str, label: Any = None, title: Any = "") -> SafeString:
         title,
         label,
     )
+
+
+def concurrency_text(mode: str, threads: int, batch: int) -> str:
+    """``optimistic, 2 threads, 1 task per claim``: how a worker process runs its tasks.
+
+    The registry stores 0 for a batch chosen as the worker goes (no ``--batch``).
+    """
+    parts = [
+        str(mode),
+        ngettext("%(n)d thread", "%(n)d threads", threads) % {"n": threads},
+        str(_("adaptive batch"))
+        if not batch
+        else ngettext("%(n)d task per claim", "%(n)d tasks per claim", batch) % {"n": batch},
+    ]
+    return ", ".join(parts)
+
+
+def count_text(singular: str, plural: str, n: int) -> str:
+    """``1 task`` / ``1,042 tasks``: ``singular`` and ``plural`` hold ``%(n)s``."""
+    return ngettext(singular, plural, n) % {"n": number_format(n, force_grouping=True)}
 
 
 def short_worker(worker_id: str) -> str:
