@@ -106,13 +106,6 @@ def test_the_week_is_counted_in_one_query_of_a_few_rows() -> None:
     assert sum(series.succeeded) == len(range(0, 160, 3))
 
 
-def test_dashboard_refreshes_itself_when_asked() -> None:
-    client = client_for(*VIEW)
-    assert 'http-equiv="refresh"' not in text(client.get(url("task_dashboard")))
-    page = text(client.get(url("task_dashboard"), {"refresh": "10"}))
-    assert '<meta http-equiv="refresh" content="10">' in page
-
-
 def test_dashboard_is_in_the_app_list_of_the_index_and_the_sidebar() -> None:
     client = client_for(*VIEW)
     entry = url("dashboard_changelist")

@@ -19,6 +19,7 @@ from .. import ops
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
 from .display import concurrency_text, cron_in_words, duration_text, when_text
 from .filters import ListState, visible_queues
+from .live import live_settings
 from .permissions import access_for, filter_jobs
 from .utils import admin_url, page_context
 
@@ -214,14 +215,6 @@ def worker_row(worker: Worker) -> dict[str, Any]:
     }
 
 
-def refresh_seconds(request: HttpRequest) -> int | None:
-    try:
-        seconds = int(request.GET.get("refresh", ""))
-    except ValueError:
-        return None
-    return min(max(seconds, 5), 3600)
-
-
 def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
@@ -247,7 +240,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         "workers": [worker_row(w) for w in snap.workers],
         "jobs": upcoming_jobs(request, snap.using),
         "links": card_links(range_key),
-        "refresh": refresh_seconds(request),
+        "live": live_settings(request, "#rdbtasks-live-region"),
         "can_retry": model_admin.has_retry_permission(request),
         "show_rows": access.unrestricted,
     }
