@@ -89,4 +89,4 @@ def test_worker_concurrency_says_thread_or_threads_on_the_list_and_the_dashboard
     ):
         assert "optimistic, 1 thread, adaptive batch" in page
         assert "optimistic, 4 threads, 1 task per claim" in page
-        assert "1 threads" not in page and "× 0" not in page
+        assert "1 threads" not in page and "\u00d7 0" not in page

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
-from .display import concurrency_text, cron_in_words, duration_text, when_text
+from .display import breakable, concurrency_text, cron_in_words, duration_text, when_text
 from .filters import ListState, visible_queues
 from .live import live_settings
 from .permissions import access_for, filter_jobs
@@ -140,19 +140,30 @@ def queue_rows(snap: ops.Snapshot, range_key: str) -> list[dict[str, Any]]:
     """One row per queue and a total, each count with the link to its filtered list."""
     rows = []
     for name, stats in [*snap.queues.items(), (None, snap.total)]:
+        # (css, count, link, label): the label heads the column, or the cell on a phone.
         cells = [
-            ("ready", stats.ready, tasks_url(name, status=TaskStatus.READY)),
-            ("scheduled", stats.scheduled, tasks_url(name, status=ListState.SCHEDULED)),
-            ("waiting", stats.waiting, tasks_url(name, status=TaskStatus.WAITING)),
-            ("running", stats.running, tasks_url(name, status=TaskStatus.RUNNING)),
-            ("stalled", stats.stalled, tasks_url(name, status=ListState.STALLED)),
+            ("ready", stats.ready, tasks_url(name, status=TaskStatus.READY), _("Ready")),
+            (
+                "scheduled",
+                stats.scheduled,
+                tasks_url(name, status=ListState.SCHEDULED),
+                _("Scheduled"),
+            ),
+            ("waiting", stats.waiting, tasks_url(name, status=TaskStatus.WAITING), _("Waiting")),
+            ("running", stats.running, tasks_url(name, status=TaskStatus.RUNNING), _("Running")),
+            ("stalled", stats.stalled, tasks_url(name, status=ListState.STALLED), _("Stalled")),
         ]
         cells += [
-            (css, count, tasks_url(name, status=status, finished=range_key))
-            for css, count, status in (
-                ("successful", stats.succeeded, TaskStatus.SUCCESSFUL),
-                ("failed", stats.failed, TaskStatus.FAILED),
-                ("cancelled", stats.cancelled, TaskStatus.CANCELLED),
+            (
+                css,
+                count,
+                tasks_url(name, status=status, finished=range_key),
+                f"{label} ({range_key})",
+            )
+            for css, count, status, label in (
+                ("successful", stats.succeeded, TaskStatus.SUCCESSFUL, _("Succeeded")),
+                ("failed", stats.failed, TaskStatus.FAILED, _("Failed")),
+                ("cancelled", stats.cancelled, TaskStatus.CANCELLED, _("Cancelled")),
             )
         ]
         rows.append(
@@ -205,6 +216,7 @@ def running_url(worker: Worker) -> str:
 def worker_row(worker: Worker) -> dict[str, Any]:
     return {
         "name": worker.name,
+        "name_html": breakable(worker.name),
         "url": admin_url(Worker, "change", worker.pk),
         "concurrency": concurrency_text(worker.mode, worker.threads, worker.batch),
         "queues": worker.queues,

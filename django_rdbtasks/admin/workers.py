@@ -96,7 +96,7 @@ class WorkerAdmin(AppPagesMixin, admin.ModelAdmin):
     def queues_display(self, obj: Worker) -> str:
         return ", ".join(obj.queues) or EMPTY
 
-    @admin.display(description=_("concurrency"))
+    @admin.display(description=_("mode"))
     def concurrency(self, obj: Worker) -> str:
         return concurrency_text(obj.mode, obj.threads, obj.batch)
 

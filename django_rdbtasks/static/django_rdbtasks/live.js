@@ -11,6 +11,8 @@
 {
     const STORAGE_KEY = 'django_rdbtasks.live';
     const CHECKBOXES = 'tr input.action-select';
+    const FIELDS = 'select, textarea, [contenteditable], '
+        + 'input:not([type=checkbox]):not([type=radio]):not([type=button]):not([type=submit])';
 
     // Django's actions.js binds the row checkboxes it finds when the page
     // loads. Rows swapped in later are new elements: hand it a list that is
@@ -44,8 +46,10 @@
         if (document.querySelector(CHECKBOXES + ':checked, #action-toggle:checked')) {
             return true;
         }
+        // A field being typed in or chosen from; a checkbox or a button keeps
+        // the focus after a click, and only a ticked checkbox means anything.
         const active = document.activeElement;
-        if (active && active.matches('input, select, textarea, [contenteditable]')) {
+        if (active && active.matches(FIELDS)) {
             return true;
         }
         const selection = window.getSelection && window.getSelection();
