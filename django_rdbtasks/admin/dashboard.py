@@ -141,7 +141,7 @@ def queue_rows(snap: ops.Snapshot, range_key: str) -> list[dict[str, Any]]:
     rows = []
     for name, stats in [*snap.queues.items(), (None, snap.total)]:
         # (css, count, link, label): the label heads the column, or the cell on a phone.
-        cells = [
+        cells: list[tuple[str, int, str, Any]] = [
             ("ready", stats.ready, tasks_url(name, status=TaskStatus.READY), _("Ready")),
             (
                 "scheduled",

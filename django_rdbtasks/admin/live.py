@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 
 REFRESH_VAR = "refresh"
 DEFAULT_SECONDS = 5
@@ -52,4 +52,5 @@ def pop_refresh(request: HttpRequest) -> None:
     if REFRESH_VAR in request.GET:
         query = request.GET.copy()
         query.pop(REFRESH_VAR)
-        request.GET = query
+        # Immutable again, as Django hands it to views.
+        request.GET = QueryDict(query.urlencode(), encoding=request.GET.encoding)
