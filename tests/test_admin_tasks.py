@@ -77,7 +77,8 @@ def test_task_list_shows_coloured_status_columns_and_no_add_button() -> None:
     # Judged by the database clock read with the rows:
     assert 'class="rdbtasks-badge rdbtasks-stalled"' in page
     assert ">Scheduled</span>" in page
-    assert 'title="tests.testapp.tasks.always_fails"><strong>always_fails</strong>' in page
+    # The name, breakable after underscores, its module under it (all of it on hover).
+    assert 'title="tests.testapp.tasks.always_fails"><strong>always_<wbr>fails</strong>' in page
     assert "2/2" in page  # attempts / max attempts
     assert '<progress max="1" value="0.4200">' in page and "42%" in page
     assert "host-a:101" in page  # the worker, short
