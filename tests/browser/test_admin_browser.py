@@ -469,7 +469,8 @@ def test_a_list_updates_in_place_and_waits_while_rows_are_ticked(live_server, pa
     _not_reloaded(page, seen)
     page.goto(f"{live_server.url}{TASKS}?refresh=1")
     expect(page.locator("#rdbtasks-live")).to_have_text("Resume updates")
-    page.locator("#rdbtasks-live").click()  # and on again for the next test's context
+    page.locator("#rdbtasks-live").click()
+    expect(page.locator("#rdbtasks-live")).to_have_text("Pause updates")
 
 
 def test_the_dashboard_updates_in_place(live_server, page):
