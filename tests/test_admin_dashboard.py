@@ -68,7 +68,8 @@ def test_dashboard_counts_lag_chart_workers_and_links() -> None:
         'href="/admin/django_rdbtasks/task/?status=FAILED&amp;finished=1h&amp;queue=default"'
         in queues
     )
-    assert "host-a:101" in page and "host-b:202" not in page.split('id="rdbtasks-workers"')[1]
+    workers = page.split('id="rdbtasks-workers"')[1]
+    assert "host-a:<wbr>101" in workers and "host-b:<wbr>202" not in workers  # may wrap at ":"
     assert "1 gone" in page
     assert "nightly" in page and "At 03:00" in page
     assert url("task_retry_failed") in page
@@ -104,13 +105,6 @@ def test_the_week_is_counted_in_one_query_of_a_few_rows() -> None:
     assert len(finished) == 1
     assert series.bucket == dt.timedelta(hours=2) and len(series.starts) == 84
     assert sum(series.succeeded) == len(range(0, 160, 3))
-
-
-def test_dashboard_refreshes_itself_when_asked() -> None:
-    client = client_for(*VIEW)
-    assert 'http-equiv="refresh"' not in text(client.get(url("task_dashboard")))
-    page = text(client.get(url("task_dashboard"), {"refresh": "10"}))
-    assert '<meta http-equiv="refresh" content="10">' in page
 
 
 def test_dashboard_is_in_the_app_list_of_the_index_and_the_sidebar() -> None:

@@ -13,6 +13,8 @@ from tests.browser.support import require_admin
 
 if "django.contrib.admin" in settings.INSTALLED_APPS:
     from django_rdbtasks.admin.display import (
+        concurrency_text,
+        count_text,
         cron_in_words,
         duration_text,
         error_message,
@@ -137,3 +139,22 @@ def test_traceback_parts_fold_the_frames_of_the_queue_and_of_the_framework() -> 
     assert parts[1].text.count("File ") == 2
     assert parts[2].text.endswith("app.tasks.Boom: no")
     assert "".join(p.text for p in parts).count("\n") == traceback.count("\n") - 2
+
+
+@pytest.mark.parametrize(
+    ("threads", "batch", "expected"),
+    [
+        (1, 1, "optimistic, 1 thread, 1 task per claim"),
+        (2, 10, "optimistic, 2 threads, 10 tasks per claim"),
+        (1, 0, "optimistic, 1 thread, adaptive batch"),  # no --batch: the registry says 0
+    ],
+)
+def test_concurrency_in_words_with_the_right_plural(threads: int, batch: int, expected: str):
+    assert concurrency_text("optimistic", threads, batch) == expected
+
+
+def test_counts_take_the_plural_of_their_number() -> None:
+    one, many = "%(n)s task in the table", "%(n)s tasks in the table"
+    assert count_text(one, many, 1) == "1 task in the table"
+    assert count_text(one, many, 0) == "0 tasks in the table"
+    assert count_text(one, many, 1042) == "1,042 tasks in the table"

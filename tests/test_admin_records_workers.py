@@ -77,3 +77,16 @@ def test_workers_alive_stopped_and_gone_with_what_they_run() -> None:
     # Rows of gone workers may be deleted; those of live ones may not.
     assert client.post(url("worker_delete", alive.pk), {"post": "yes"}).status_code == 403
     assert client.post(url("worker_delete", gone.pk), {"post": "yes"}).status_code == 302
+
+
+def test_worker_concurrency_says_thread_or_threads_on_the_list_and_the_dashboard() -> None:
+    make_worker("host-a:101", threads=1, batch=0)
+    make_worker("host-b:202", threads=4, batch=1)
+    client = client_for(VIEW[0], "django_rdbtasks.view_worker")
+    for page in (
+        text(client.get(url("worker_changelist"))),
+        text(client.get(url("task_dashboard"))),
+    ):
+        assert "optimistic, 1 thread, adaptive batch" in page
+        assert "optimistic, 4 threads, 1 task per claim" in page
+        assert "1 threads" not in page and "\u00d7 0" not in page

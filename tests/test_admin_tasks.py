@@ -77,7 +77,8 @@ def test_task_list_shows_coloured_status_columns_and_no_add_button() -> None:
     # Judged by the database clock read with the rows:
     assert 'class="rdbtasks-badge rdbtasks-stalled"' in page
     assert ">Scheduled</span>" in page
-    assert 'title="tests.testapp.tasks.always_fails"><strong>always_fails</strong>' in page
+    # The name, breakable after underscores, its module under it (all of it on hover).
+    assert 'title="tests.testapp.tasks.always_fails"><strong>always_<wbr>fails</strong>' in page
     assert "2/2" in page  # attempts / max attempts
     assert '<progress max="1" value="0.4200">' in page and "42%" in page
     assert "host-a:101" in page  # the worker, short
@@ -142,7 +143,10 @@ def test_task_list_pages_without_counting_the_table() -> None:
 def test_task_list_says_how_many_rows_the_table_has() -> None:
     make_task()
     page = text(client_for(*VIEW).get(url("task_changelist")))
-    assert re.search(r"1 tasks in the table", page)
+    assert re.search(r"\b1 task in the table", page)  # one task, not "1 tasks"
+    make_task()
+    page = text(client_for(*VIEW, name="other").get(url("task_changelist")))
+    assert re.search(r"\b2 tasks in the table", page)
 
 
 def test_breadcrumbs_do_not_say_tasks_twice() -> None:

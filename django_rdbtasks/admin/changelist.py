@@ -15,7 +15,12 @@ from django.utils.functional import cached_property
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
+from .live import live_settings, pop_refresh
 from .utils import APP_CRUMB, admin_url
+
+#: What a list's live update swaps: the rows and the paging under them (see
+#: base_change_list.html); not the filters, the search box or the actions.
+LIST_REGIONS = "#rdbtasks-results #rdbtasks-pagination"
 
 
 class NoCountPaginator(Paginator):
@@ -103,13 +108,22 @@ class AppPagesMixin(_ModelAdminBase):
 
     class Media:
         css = {"all": ["django_rdbtasks/admin.css"]}
+        # After the admin's actions.js, which it hands the rows swapped in.
+        js = ["django_rdbtasks/live.js"]
 
     def _crumbs_context(self) -> dict[str, Any]:
         return {"app_crumb": APP_CRUMB, "ol_breadcrumbs": django.VERSION >= (6, 0)}
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> Any:
         plural = capfirst(self.opts.verbose_name_plural)
-        extra = {**self._crumbs_context(), "crumbs": [("", plural)], **(extra_context or {})}
+        live = live_settings(request, LIST_REGIONS)
+        pop_refresh(request)
+        extra = {
+            **self._crumbs_context(),
+            "crumbs": [("", plural)],
+            "live": live,
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, extra)
 
     def changeform_view(

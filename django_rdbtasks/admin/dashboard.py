@@ -17,8 +17,9 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
-from .display import cron_in_words, duration_text, when_text
+from .display import breakable, concurrency_text, cron_in_words, duration_text, when_text
 from .filters import ListState, visible_queues
+from .live import live_settings
 from .permissions import access_for, filter_jobs
 from .utils import admin_url, page_context
 
@@ -139,19 +140,30 @@ def queue_rows(snap: ops.Snapshot, range_key: str) -> list[dict[str, Any]]:
     """One row per queue and a total, each count with the link to its filtered list."""
     rows = []
     for name, stats in [*snap.queues.items(), (None, snap.total)]:
-        cells = [
-            ("ready", stats.ready, tasks_url(name, status=TaskStatus.READY)),
-            ("scheduled", stats.scheduled, tasks_url(name, status=ListState.SCHEDULED)),
-            ("waiting", stats.waiting, tasks_url(name, status=TaskStatus.WAITING)),
-            ("running", stats.running, tasks_url(name, status=TaskStatus.RUNNING)),
-            ("stalled", stats.stalled, tasks_url(name, status=ListState.STALLED)),
+        # (css, count, link, label): the label heads the column, or the cell on a phone.
+        cells: list[tuple[str, int, str, Any]] = [
+            ("ready", stats.ready, tasks_url(name, status=TaskStatus.READY), _("Ready")),
+            (
+                "scheduled",
+                stats.scheduled,
+                tasks_url(name, status=ListState.SCHEDULED),
+                _("Scheduled"),
+            ),
+            ("waiting", stats.waiting, tasks_url(name, status=TaskStatus.WAITING), _("Waiting")),
+            ("running", stats.running, tasks_url(name, status=TaskStatus.RUNNING), _("Running")),
+            ("stalled", stats.stalled, tasks_url(name, status=ListState.STALLED), _("Stalled")),
         ]
         cells += [
-            (css, count, tasks_url(name, status=status, finished=range_key))
-            for css, count, status in (
-                ("successful", stats.succeeded, TaskStatus.SUCCESSFUL),
-                ("failed", stats.failed, TaskStatus.FAILED),
-                ("cancelled", stats.cancelled, TaskStatus.CANCELLED),
+            (
+                css,
+                count,
+                tasks_url(name, status=status, finished=range_key),
+                f"{label} ({range_key})",
+            )
+            for css, count, status, label in (
+                ("successful", stats.succeeded, TaskStatus.SUCCESSFUL, _("Succeeded")),
+                ("failed", stats.failed, TaskStatus.FAILED, _("Failed")),
+                ("cancelled", stats.cancelled, TaskStatus.CANCELLED, _("Cancelled")),
             )
         ]
         rows.append(
@@ -204,24 +216,15 @@ def running_url(worker: Worker) -> str:
 def worker_row(worker: Worker) -> dict[str, Any]:
     return {
         "name": worker.name,
+        "name_html": breakable(worker.name),
         "url": admin_url(Worker, "change", worker.pk),
-        "mode": worker.mode,
-        "threads": worker.threads,
-        "batch": worker.batch,
+        "concurrency": concurrency_text(worker.mode, worker.threads, worker.batch),
         "queues": worker.queues,
         "running": worker.running,
         "running_url": running_url(worker),
         "done": worker.done,
         "failed": worker.failed,
     }
-
-
-def refresh_seconds(request: HttpRequest) -> int | None:
-    try:
-        seconds = int(request.GET.get("refresh", ""))
-    except ValueError:
-        return None
-    return min(max(seconds, 5), 3600)
 
 
 def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
@@ -249,7 +252,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         "workers": [worker_row(w) for w in snap.workers],
         "jobs": upcoming_jobs(request, snap.using),
         "links": card_links(range_key),
-        "refresh": refresh_seconds(request),
+        "live": live_settings(request, "#rdbtasks-live-region"),
         "can_retry": model_admin.has_retry_permission(request),
         "show_rows": access.unrestricted,
     }

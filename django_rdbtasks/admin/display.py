@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone, translation
+from django.utils.formats import number_format
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..states import TaskStatus
@@ -93,6 +95,39 @@ def status_badge(status: str, label: Any = None, title: Any = "") -> SafeString:
         title,
         label,
     )
+
+
+def concurrency_text(mode: str, threads: int, batch: int) -> str:
+    """``optimistic, 2 threads, 1 task per claim``: how a worker process runs its tasks.
+
+    The registry stores 0 for a batch chosen as the worker goes (no ``--batch``).
+    """
+    parts = [
+        str(mode),
+        ngettext("%(n)d thread", "%(n)d threads", threads) % {"n": threads},
+        str(_("adaptive batch"))
+        if not batch
+        else ngettext("%(n)d task per claim", "%(n)d tasks per claim", batch) % {"n": batch},
+    ]
+    return ", ".join(parts)
+
+
+def count_text(singular: str, plural: str, n: int) -> str:
+    """``1 task`` / ``1,042 tasks``: ``singular`` and ``plural`` hold ``%(n)s``."""
+    return ngettext(singular, plural, n) % {"n": number_format(n, force_grouping=True)}
+
+
+#: Where a dotted path, a snake_case name or a worker id may wrap in a narrow column.
+BREAK_AFTER = re.compile(r"(?<=[._:])")
+
+
+def breakable(text: str) -> SafeString:
+    """``text`` escaped, with a line-break opportunity after each ``.``, ``_`` and ``:``.
+
+    A list shows the whole task name rather than cutting it; without these a
+    long name would break between any two letters.
+    """
+    return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in BREAK_AFTER.split(text)))
 
 
 def short_worker(worker_id: str) -> str:

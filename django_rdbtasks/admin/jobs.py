@@ -21,7 +21,15 @@ from ..jobs import database_now, next_tick, upcoming_ticks
 from ..models import Job, JobRecord, Task
 from .actions import Operation, OperationsMixin, Report
 from .changelist import AppPagesMixin
-from .display import EMPTY, cron_in_words, duration_text, status_badge, when, when_text
+from .display import (
+    EMPTY,
+    breakable,
+    cron_in_words,
+    duration_text,
+    status_badge,
+    when,
+    when_text,
+)
 from .filters import JobLifeFilter
 from .permissions import access_for, filter_jobs
 from .task_display import when_field
@@ -178,8 +186,8 @@ class JobColumns:
             '<span class="rdbtasks-task" title="{}">{} <span class="rdbtasks-muted">{}</span>'
             "</span>",
             obj.task_path,
-            name,
-            module,
+            breakable(name),
+            breakable(module),
         )
 
     @admin.display(description=_("name"), ordering="name")

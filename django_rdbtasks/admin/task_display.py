@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 from ..models import Job, JobRecord, Task, TaskStatus
 from .display import (
     EMPTY,
+    breakable,
     duration_text,
     error_cell,
     error_message,
@@ -80,8 +81,8 @@ class TaskColumns:
             '<span class="rdbtasks-task" title="{}"><strong>{}</strong> '
             '<span class="rdbtasks-muted">{}</span></span>',
             obj.task_path,
-            name,
-            module,
+            breakable(name),
+            breakable(module),
         )
 
     @admin.display(description=_("queue"), ordering="queue_name")

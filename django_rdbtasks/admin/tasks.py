@@ -23,7 +23,7 @@ from ..db.functions import DbNow
 from ..models import Task, TaskStatus
 from .actions import Operation, OperationsMixin, Report
 from .changelist import FastListMixin, NoCountChangeList
-from .display import last_error
+from .display import count_text, last_error
 from .filters import EnqueuedFilter, FinishedFilter, QueueFilter, StatusFilter, TaskPathFilter
 from .permissions import access_for
 from .retry_failed import retry_failed_view
@@ -317,8 +317,12 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
     # -- views --
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> Any:
+        rows = ops.estimated_task_rows(ops.default_database())
         extra = {
-            "rows": ops.estimated_task_rows(ops.default_database()),
+            "rows": rows,
+            "rows_text": count_text(
+                "%(n)s task in the table", "%(n)s tasks in the table", rows.value
+            ),
             "can_retry": self.has_retry_permission(request),
             **(extra_context or {}),
         }

@@ -18,7 +18,7 @@ from ..jobs import database_now
 from ..models import Worker
 from .changelist import AppPagesMixin
 from .dashboard import running_url
-from .display import EMPTY, duration_text, status_badge, when_text
+from .display import EMPTY, concurrency_text, duration_text, status_badge, when_text
 from .filters import WorkerState, WorkerStateFilter
 from .task_display import task_links, when_field
 from .utils import db_now
@@ -96,9 +96,9 @@ class WorkerAdmin(AppPagesMixin, admin.ModelAdmin):
     def queues_display(self, obj: Worker) -> str:
         return ", ".join(obj.queues) or EMPTY
 
-    @admin.display(description=_("concurrency"))
+    @admin.display(description=_("mode"))
     def concurrency(self, obj: Worker) -> str:
-        return f"{obj.mode}, {obj.threads} threads, batch {obj.batch}"
+        return concurrency_text(obj.mode, obj.threads, obj.batch)
 
     @admin.display(description=_("running now"), ordering="running")
     def running_display(self, obj: Worker) -> SafeString | str:

@@ -232,41 +232,61 @@ def test_an_operator_without_the_permission_gets_no_retry_button(live_server, pa
     assert Task.objects.get(pk=failed.pk).status == TaskStatus.FAILED
 
 
-def _layout(page: Any) -> dict[str, Any]:
-    """How wide the page is against the window, and how tall the list's rows are."""
+def _layout(page: Any, names: str = "") -> dict[str, Any]:
+    """How wide the page is against the window, and which cells are cut short.
+
+    ``names``: a selector of the cells naming the rows, which must show all of
+    their text (wrapped, but no part hidden and no ellipsis).
+    """
     return page.evaluate(
-        """() => {
-            const rows = [...document.querySelectorAll('#result_list tbody tr')];
+        """(names) => {
+            const visible = el => el.getClientRects().length > 0;
+            const cut = el => el.scrollWidth > el.clientWidth + 1;
             const cells = [...document.querySelectorAll('#result_list thead th')];
             const fixed = [...document.querySelectorAll('#result_list td')].filter(
                 td => td.querySelector('time, .rdbtasks-badge'));
-            const td = rows.length ? rows[0].querySelector('td') : null;
+            const named = names ? [...document.querySelectorAll(names)].filter(visible) : [];
             return {
                 scroll: document.documentElement.scrollWidth,
                 client: document.documentElement.clientWidth,
-                rows: rows.map(r => r.getBoundingClientRect().height),
-                line: td ? parseFloat(getComputedStyle(td).lineHeight) || 0 : 0,
-                right: Math.max(0, ...cells.map(c => c.getBoundingClientRect().right)),
                 viewport: window.innerWidth,
-                cut: fixed.filter(td => td.scrollWidth > td.clientWidth + 1).map(
-                    td => td.className + ': ' + td.innerText),
+                right: Math.max(0, ...cells.map(c => c.getBoundingClientRect().right)),
+                rows: document.querySelectorAll('#result_list tbody tr').length,
+                names: named.length,
+                cut: [...fixed, ...named, ...cells.filter(visible)].filter(cut).map(
+                    el => el.className + ': ' + el.innerText),
+                ellipsis: named.filter(el => [el, ...el.querySelectorAll('*')].some(
+                    e => getComputedStyle(e).textOverflow === 'ellipsis' && cut(e))).map(
+                    el => el.innerText),
             };
-        }"""
+        }""",
+        names,
     )
 
 
+#: Each list, and the cells that name its rows: what must never be cut.
 LISTS = (
-    ("task-list", TASKS),
-    ("task-list-failed", f"{TASKS}?status=FAILED"),
-    ("job-list", "/admin/django_rdbtasks/job/"),
-    ("worker-list", "/admin/django_rdbtasks/worker/"),
-    ("jobrecord-list", "/admin/django_rdbtasks/jobrecord/"),
+    ("task-list", TASKS, "#result_list .field-task_name"),
+    ("task-list-failed", f"{TASKS}?status=FAILED", "#result_list .field-task_name"),
+    (
+        "job-list",
+        "/admin/django_rdbtasks/job/",
+        "#result_list .field-name_display, #result_list .field-task_display",
+    ),
+    (
+        "worker-list",
+        "/admin/django_rdbtasks/worker/",
+        "#result_list .field-name, #result_list .field-queues_display,"
+        " #result_list .field-concurrency",
+    ),
+    ("jobrecord-list", "/admin/django_rdbtasks/jobrecord/", "#result_list .field-job_display"),
 )
 
 
-def test_lists_fit_1440_pixels_one_line_per_row(live_server, page, screenshot):
+def seed_long_names() -> dict[str, Any]:
+    """An hour of work, plus the long names, errors and worker ids that get cut first."""
     rows = seed_an_hour_of_work()
-    for i in range(3):  # long errors, long task paths, long worker ids
+    for i in range(3):
         make_task(
             TaskStatus.FAILED,
             task_path="tests.testapp.tasks.a_task_with_a_rather_long_descriptive_name_" + str(i),
@@ -280,6 +300,12 @@ def test_lists_fit_1440_pixels_one_line_per_row(live_server, page, screenshot):
                 }
             ],
         )
+    make_worker(
+        "a-very-long-host-name.internal.example.com:123456",
+        queues=["default", "emails", "reports", "a-queue-with-a-long-name"],
+        threads=1,
+        batch=0,
+    )
     Job.objects.create(
         name="a-job-with-a-long-name-for-the-weekly-finance-reports",
         task_path="tests.testapp.tasks.record_job",
@@ -289,32 +315,60 @@ def test_lists_fit_1440_pixels_one_line_per_row(live_server, page, screenshot):
         last_run_at=now() - dt.timedelta(minutes=5),
     )
     JobRecord.objects.create(job_name=rows["job"].name, key="latest", status="FAILED", error="x")
+    return rows
+
+
+def test_lists_show_whole_names_at_1440_and_390_pixels(live_server, page, screenshot):
+    seed_long_names()
     staff("operator", [], superuser=True)
     page.set_viewport_size({"width": 1440, "height": 900})
-    log_in(page, live_server.url, "operator")
-    for sidebar in ("open", "folded"):
+    log_in(page, live_server.url, "operator", f"{TASKS}?refresh=off")
+    for width, sidebar in ((1440, "open"), (1440, "folded"), (390, "phone")):
         if sidebar == "folded":
-            page.goto(f"{live_server.url}{TASKS}")
+            page.goto(f"{live_server.url}{TASKS}?refresh=off")
             page.click("#toggle-nav-sidebar")  # Django remembers it
-        for name, list_url in LISTS:
+        page.set_viewport_size({"width": width, "height": 900})
+        for name, list_url, names in LISTS:
             page.goto(f"{live_server.url}{list_url}")
-            layout = _layout(page)
-            screenshot(f"{name}-1440-{sidebar}", full_page=False)
-            # Nothing sideways: the page is as wide as the window, every column inside it.
-            assert layout["scroll"] <= layout["client"], (name, sidebar, layout)
-            assert layout["right"] <= layout["viewport"], (name, sidebar, layout)
-            # One line per row: two lines would be at least a line taller.
-            assert layout["rows"], name
-            assert max(layout["rows"]) < min(layout["rows"]) + layout["line"] / 2, (name, layout)
-            assert max(layout["rows"]) < 2.5 * layout["line"], (name, layout)
-            if sidebar == "folded":
-                # With the room operators give it, no time or status is cut short.
-                assert layout["cut"] == [], (name, layout["cut"])
+            layout = _layout(page, names)
+            screenshot(f"{name}-{width}-{sidebar}", full_page=False)
+            assert layout["rows"] and layout["names"] >= layout["rows"], (name, layout)
+            # Nothing sideways: the page is as wide as the window.
+            assert layout["scroll"] <= layout["viewport"], (name, sidebar, layout)
+            if width > 767:  # on a phone the list scrolls inside its own box
+                assert layout["right"] <= layout["viewport"], (name, sidebar, layout)
+            # No name, time, status or header cut short, with or without an ellipsis.
+            assert layout["cut"] == [], (name, sidebar, layout["cut"])
+            assert layout["ellipsis"] == [], (name, sidebar, layout["ellipsis"])
+    page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(f"{live_server.url}{TASKS}?status=FAILED")
     errors = page.locator("#result_list .rdbtasks-error")
     assert errors.count() >= 3 and "PaymentGatewayError: card declined" in errors.first.inner_text()
     page.goto(f"{live_server.url}{TASKS}")
     screenshot("task-list", docs=True, full_page=False)
+
+
+def test_the_dashboard_reflows_at_390_and_fits_1440_pixels(live_server, page, screenshot):
+    seed_long_names()
+    staff("operator", [], superuser=True)
+    log_in(page, live_server.url, "operator", "/admin/django_rdbtasks/task/dashboard/")
+    names = "#rdbtasks-workers td, #rdbtasks-jobs td, #rdbtasks-queues th"
+    for width in (1440, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(f"{live_server.url}/admin/django_rdbtasks/task/dashboard/?refresh=off")
+        layout = _layout(page, names)
+        screenshot(f"dashboard-{width}")
+        assert layout["names"] > 10, layout
+        assert layout["scroll"] <= layout["viewport"], (width, layout)
+        assert layout["cut"] == [] and layout["ellipsis"] == [], (width, layout)
+        # Every card and table inside the window: reflowed, not scrolled.
+        overflow = page.evaluate(
+            """() => [...document.querySelectorAll(
+                    '#rdbtasks-cards li, #rdbtasks-queues, #rdbtasks-workers, #rdbtasks-chart')]
+                .filter(el => el.getBoundingClientRect().right > window.innerWidth + 1)
+                .map(el => el.id || el.className)"""
+        )
+        assert overflow == [], (width, overflow)
 
 
 def test_a_failed_task_page_is_no_wider_than_the_window(live_server, page, screenshot):
@@ -345,8 +399,10 @@ def test_a_failed_task_page_is_no_wider_than_the_window(live_server, page, scree
     staff("operator", [], superuser=True)
     page.set_viewport_size({"width": 1440, "height": 900})
     log_in(page, live_server.url, "operator", f"{TASKS}{failed.pk}/change/")
-    layout = _layout(page)
+    layout = _layout(page, "table.rdbtasks-history td, table.rdbtasks-history th")
     assert layout["scroll"] <= layout["client"], layout
+    # The attempts' worker ids and times wrap rather than end in an ellipsis.
+    assert layout["names"] >= 7 and layout["cut"] == [] and layout["ellipsis"] == [], layout
     traceback = page.locator(".rdbtasks-traceback")
     assert traceback.locator("details.rdbtasks-frames").count() == 1
     assert not traceback.locator("details.rdbtasks-frames").get_attribute("open")
@@ -355,3 +411,77 @@ def test_a_failed_task_page_is_no_wider_than_the_window(live_server, page, scree
     summary = page.locator("table.rdbtasks-history summary").first.inner_text()
     assert summary.count("PaymentGatewayError") == 1
     screenshot("task-failed-1440", full_page=True)
+
+
+def _watch_navigations(page: Any) -> list[str]:
+    """The page's navigations from now on, and a mark that a reload would wipe."""
+    seen: list[str] = []
+    page.on("framenavigated", lambda frame: seen.append(frame.url))
+    page.evaluate("window.rdbtasksMark = 'still here'")
+    return seen
+
+
+def _not_reloaded(page: Any, seen: list[str]) -> None:
+    assert seen == [], seen
+    assert page.evaluate("window.rdbtasksMark") == "still here"
+    assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+
+def test_a_list_updates_in_place_and_waits_while_rows_are_ticked(live_server, page):
+    from playwright.sync_api import expect
+
+    first = make_task(TaskStatus.READY, task_path="tests.testapp.tasks.send_email")
+    second = make_task(TaskStatus.READY, task_path="tests.testapp.tasks.record")
+    staff("operator", ["django_rdbtasks.view_task", "django_rdbtasks.retry_task"])
+    log_in(page, live_server.url, "operator", f"{TASKS}?refresh=1")
+    toggle = page.locator("#rdbtasks-live")
+    expect(toggle).to_have_text("Pause updates")
+    seen = _watch_navigations(page)
+
+    def badge(task: Task) -> Any:
+        return page.locator(f"#result_list tr:has(input[value='{task.pk}']) .rdbtasks-badge")
+
+    # A row changed in the database shows its new status, with no navigation.
+    Task.objects.filter(pk=first.pk).update(status=TaskStatus.FAILED, attempts=3)
+    expect(badge(first)).to_have_text("Failed", timeout=5_000)
+    _not_reloaded(page, seen)
+
+    # A ticked row holds the page still: nothing moves under the operator.
+    page.locator(f"#result_list input[value='{second.pk}']").check()
+    Task.objects.filter(pk=second.pk).update(status=TaskStatus.CANCELLED)
+    page.wait_for_timeout(1_600)
+    expect(badge(second)).to_have_text("Ready")
+    page.locator(f"#result_list input[value='{second.pk}']").uncheck()
+    expect(badge(second)).to_have_text("Cancelled", timeout=5_000)
+
+    # The admin's actions work on the rows swapped in: select all, counted.
+    page.locator("#action-toggle").check()
+    assert page.locator("#result_list input.action-select:checked").count() == 2
+    expect(page.locator("span.action-counter")).to_have_text("2 of 2 selected")
+    page.locator("#action-toggle").uncheck()
+
+    # Paused by the toggle, and still paused on the next page (the browser remembers).
+    toggle.click()
+    expect(toggle).to_have_text("Resume updates")
+    Task.objects.filter(pk=first.pk).update(status=TaskStatus.READY)
+    page.wait_for_timeout(1_600)
+    expect(badge(first)).to_have_text("Failed")
+    _not_reloaded(page, seen)
+    page.goto(f"{live_server.url}{TASKS}?refresh=1")
+    expect(page.locator("#rdbtasks-live")).to_have_text("Resume updates")
+    page.locator("#rdbtasks-live").click()
+    expect(page.locator("#rdbtasks-live")).to_have_text("Pause updates")
+
+
+def test_the_dashboard_updates_in_place(live_server, page):
+    from playwright.sync_api import expect
+
+    make_worker("host-a:101")
+    staff("operator", ["django_rdbtasks.view_task"])
+    log_in(page, live_server.url, "operator", "/admin/django_rdbtasks/task/dashboard/?refresh=1")
+    seen = _watch_navigations(page)
+    workers = page.locator("#rdbtasks-workers")
+    expect(workers.get_by_text("host-a:101")).to_be_visible()
+    make_worker("host-z:909")
+    expect(workers.get_by_text("host-z:909")).to_be_visible(timeout=5_000)
+    _not_reloaded(page, seen)
