@@ -12,15 +12,26 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 
 from ..db.functions import DbNow
-from ..retrying import close_quietly
+from ..retrying import Backoff, close_quietly
 
 logger = logging.getLogger("django_rdbtasks.worker")
+
+
+#: Said with the first failed heartbeat of an outage, once.
+REGISTRY_ADVICE = (
+    "tasks keep running and the worker reconnects by itself; if the server stays "
+    "down, point this worker at one that is up (another node or the cluster's address)"
+)
 
 
 class Registry:
     def __init__(self, alias: str, name: str) -> None:
         self.alias = alias
         self.name = name
+        #: Failed heartbeats in a row: only its ``loud`` rule is used (the
+        #: keeper paces the heartbeats), so that a server gone for long is
+        #: reported as every other retry loop reports it, not every heartbeat.
+        self._failures = Backoff()
 
     def _rows(self) -> Any:
         from ..models import Worker as WorkerRow
@@ -57,10 +68,27 @@ class Registry:
                 last_heartbeat_at=DbNow(), running=running, done=done, failed=failed
             )
         except DatabaseError as exc:
-            logger.warning("could not update the worker registry (%s)", exc)
+            self._failures.next_delay()
+            failures = self._failures.failures
+            if failures == 1:
+                logger.warning("could not update the worker registry (%s); %s", exc, REGISTRY_ADVICE)
+            else:
+                logger.log(
+                    logging.WARNING if self._failures.loud else logging.DEBUG,
+                    "could not update the worker registry (%s) [%d heartbeats in a row]",
+                    exc,
+                    failures,
+                )
             # Reconnect at the next heartbeat: nothing else may (an idle
             # process renews no lease), and a closed connection stays closed.
             close_quietly(self.alias)
+            return
+        if self._failures.failures:
+            logger.info(
+                "worker registry updated again after %d failed heartbeats",
+                self._failures.failures,
+            )
+            self._failures.reset()
 
     def deregister(self, *, done: int, failed: int) -> None:
         self._rows().filter(name=self.name).update(

@@ -1,0 +1,77 @@
+"""The worker registry: heartbeats through an outage, and marking a registration stopped."""
+
+import logging
+import threading
+
+import pytest
+from django.db import connection, connections
+from django.db.utils import load_backend
+
+from django_rdbtasks.worker.registry import REGISTRY_ADVICE, Registry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALIAS = "rdbtasks_unreachable"
+
+
+def in_new_thread(function):
+    """A connection made here belongs to the thread that made it: test in a fresh one."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = function()
+        except BaseException as exc:  # reported in the test's thread
+            outcome["error"] = exc
+        finally:
+            try:
+                connections[ALIAS].close()
+            except Exception:
+                pass
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(120)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def unreachable_wrapper():
+    """A connection to the test database's server, on a port nothing listens on."""
+    settings = dict(connection.settings_dict)
+    if connection.vendor == "sqlite":
+        settings["NAME"] = "/nonexistent-rdbtasks-dir/registry.sqlite3"
+    else:
+        settings.update(HOST="127.0.0.1", PORT="1")
+    settings.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=False, AUTOCOMMIT=True)
+    wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, ALIAS)
+    connections[ALIAS] = wrapper
+    return wrapper
+
+
+def test_a_server_gone_for_long_is_reported_first_then_every_twentieth_heartbeat(caplog):
+    def heartbeats():
+        wrapper = unreachable_wrapper()
+        registry = Registry(ALIAS, "host:1")
+        with caplog.at_level(logging.DEBUG, logger="django_rdbtasks.worker"):
+            for _ in range(45):
+                registry.alive(running=0, done=0, failed=0)
+            # The server is back: the next heartbeat reconnects and says so.
+            wrapper.settings_dict.update(
+                NAME=connection.settings_dict["NAME"],
+                HOST=connection.settings_dict["HOST"],
+                PORT=connection.settings_dict["PORT"],
+            )
+            registry.alive(running=0, done=0, failed=0)
+
+    in_new_thread(heartbeats)
+    failures = [r for r in caplog.records if "could not update the worker registry" in r.message]
+    assert len(failures) == 45
+    loud = [r for r in failures if r.levelno == logging.WARNING]
+    # The first, the 20th and the 40th: as every other retry loop of the worker.
+    assert len(loud) == 3, [r.message for r in loud]
+    assert REGISTRY_ADVICE in loud[0].message
+    assert sum(REGISTRY_ADVICE in r.message for r in caplog.records) == 1
+    assert "[20 heartbeats in a row]" in loud[1].message
+    assert any("updated again after 45 failed heartbeats" in r.message for r in caplog.records)
