@@ -1,13 +1,20 @@
 """The worker registry: heartbeats through an outage, and marking a registration stopped."""
 
 import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
 from django.db.utils import load_backend
+from django.utils import timezone
 
-from django_rdbtasks.worker.registry import REGISTRY_ADVICE, Registry
+from django_rdbtasks.worker.registry import REGISTRY_ADVICE, Registry, mark_gone
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,3 +82,46 @@ def test_a_server_gone_for_long_is_reported_first_then_every_twentieth_heartbeat
     assert sum(REGISTRY_ADVICE in r.message for r in caplog.records) == 1
     assert "[20 heartbeats in a row]" in loud[1].message
     assert any("updated again after 45 failed heartbeats" in r.message for r in caplog.records)
+
+
+def _register(pid, stopped_at=None):
+    from django_rdbtasks.db.functions import DbNow
+    from django_rdbtasks.models import Worker
+
+    return Worker.objects.create(
+        name=f"{socket.gethostname()}:{pid}",
+        host=socket.gethostname(),
+        pid=pid,
+        mode="optimistic",
+        stopped_at=stopped_at,
+        last_heartbeat_at=DbNow(),
+    )
+
+
+def test_marking_ended_processes_stopped_never_touches_a_live_registration():
+    from django_rdbtasks.models import Worker
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    # A zombie: ended, not reaped, its pid taken by nobody else yet.
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_until(lambda: _state(zombie.pid) == "Z", timeout=30)
+    long_stopped = timezone.now() - timedelta(hours=1)
+    _register(ended.pid)
+    _register(zombie.pid)
+    _register(os.getpid())  # a live registration under a pid the caller believes ended
+    _register(999_999_999, stopped_at=long_stopped)
+    try:
+        assert mark_gone("default", [ended.pid, zombie.pid, os.getpid(), 999_999_999]) == 2
+    finally:
+        zombie.wait()
+    stopped = dict(Worker.objects.values_list("pid", "stopped_at"))
+    assert stopped[ended.pid] is not None and stopped[zombie.pid] is not None
+    assert stopped[os.getpid()] is None
+    assert stopped[999_999_999] == long_stopped  # already stopped: left as it was
+    assert Worker.objects.get(pid=ended.pid).running == 0
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]

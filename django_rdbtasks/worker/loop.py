@@ -30,7 +30,8 @@ from ..retrying import retry_database
 from ..states import ClaimMode
 from .connection import worker_alias
 from .execution import Executor, close_task_connections
-from .keeper import EXIT_RECYCLE, LeaseKeeper
+from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
+from .keeper import LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
@@ -245,7 +246,8 @@ class Worker:
             self._signal_at = now
         elif now - self._signal_at >= SECOND_SIGNAL_AFTER:
             os.write(2, b"second signal: exiting now; leases will expire and free the tasks\n")
-            os._exit(1)
+            # The supervisor marks this process's registration stopped.
+            os._exit(EXIT_AT_ONCE)
 
     def _signalled(self) -> bool:
         return self._signal_at is not None

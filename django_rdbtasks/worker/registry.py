@@ -71,7 +71,9 @@ class Registry:
             self._failures.next_delay()
             failures = self._failures.failures
             if failures == 1:
-                logger.warning("could not update the worker registry (%s); %s", exc, REGISTRY_ADVICE)
+                logger.warning(
+                    "could not update the worker registry (%s); %s", exc, REGISTRY_ADVICE
+                )
             else:
                 logger.log(
                     logging.WARNING if self._failures.loud else logging.DEBUG,
@@ -94,6 +96,48 @@ class Registry:
         self._rows().filter(name=self.name).update(
             stopped_at=DbNow(), last_heartbeat_at=DbNow(), running=0, done=done, failed=failed
         )
+
+
+# -- processes that ended without saying goodbye -------------------------------------------
+
+
+def mark_gone(alias: str, pids: list[int]) -> int:
+    """Mark stopped the registrations of this host's processes ``pids``, which have ended.
+
+    For the supervisor, on behalf of children that could not do it themselves
+    (killed, or gone at once on a second signal). Fenced so that it never
+    touches a live registration: a row already stopped is left as it is, and
+    a pid that belongs to a running process now (reused since) is skipped. The
+    supervisor asks before it reaps its children, while their pids are held by
+    zombies that no new process can take.
+    """
+    from ..models import Worker as WorkerRow
+
+    host = socket.gethostname()
+    names = [f"{host}:{pid}" for pid in pids if not _runs(pid)]
+    if not names:
+        return 0
+    return (
+        WorkerRow.objects.using(alias)
+        .filter(name__in=names, stopped_at__isnull=True)
+        .update(stopped_at=DbNow(), running=0)
+    )
+
+
+def _runs(pid: int) -> bool:
+    """Whether a process that has not ended holds ``pid`` (a zombie has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # Field 3, the state, after the command name (which may hold spaces).
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # cannot tell: assume it runs, never overwrite a live row
 
 
 # -- this host's workers, for a liveness probe ---------------------------------------------
