@@ -18,7 +18,8 @@ from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
 from ..observability import tracing
 from ..observability.metrics import MetricsServer
-from ..retrying import Backoff, retry_database
+from ..retrying import Backoff, close_quietly, retry_database
+from ..schema import APP_LABEL, unapplied_migrations, what_to_do
 from .autoscale import AutoscalePolicy, sample_load
 from .connection import close_in_thread, open_in_thread, worker_alias
 from .exits import RECYCLED, exit_reason
@@ -31,6 +32,9 @@ logger = logging.getLogger("django_rdbtasks.worker")
 
 
 SCHEDULER = "scheduler"
+#: While the task tables are missing: how often to look again, and to say so again.
+TABLES_POLL = 1.0
+TABLES_REMINDER_EVERY = 30.0
 
 
 def _child_main(
@@ -116,6 +120,8 @@ class Supervisor:
                 self.metrics.close()
 
     def _supervise(self) -> int:
+        if not self._wait_for_tables():
+            return 0
         if self.scheduler and self.burst:
             # Burst: fire what is due now, once, then drain; no scheduler process.
             database = _database(self.worker_options)
@@ -172,6 +178,43 @@ class Supervisor:
                 len(self._unmarked),
             )
         return 0
+
+    def _wait_for_tables(self) -> bool:
+        """Wait while this app's migrations are not applied, saying so; False if signalled.
+
+        The processes would only retry against missing tables, each on its
+        own and quietly after the first failure: one line here, repeated while
+        it lasts, says what to do. A database that does not answer is left to
+        the processes, which wait for it (and report it) themselves.
+        """
+        database = _database(self.worker_options)
+        said_at: float | None = None
+        while True:
+            try:
+                missing = unapplied_migrations(database, APP_LABEL)
+            except DatabaseError:
+                missing = []
+            finally:
+                close_quietly(database)
+            if not missing:
+                if said_at is not None:
+                    logger.info("the task tables are there now: starting the worker processes")
+                return True
+            now = time.monotonic()
+            if said_at is None or now - said_at >= TABLES_REMINDER_EVERY:
+                said_at = now
+                logger.warning(
+                    "%s; the worker processes start once it has run (database %r)",
+                    what_to_do(missing),
+                    database,
+                )
+            deadline = now + TABLES_POLL
+            while time.monotonic() < deadline:
+                if self._signals:
+                    self._signals.clear()
+                    logger.info("supervisor got a signal while waiting for migrate: exiting")
+                    return False
+                time.sleep(0.05)
 
     def _reap_children(self) -> None:
         """Join the children that exited; restart those that should be running.
