@@ -46,3 +46,40 @@ def what_to_do(missing: list[str]) -> str:
         f"{len(missing)} migrations of the task tables are not applied ({shown}): "
         "run manage.py migrate"
     )
+
+
+#: PostgreSQL's undefined_table, MySQL/MariaDB's ER_NO_SUCH_TABLE.
+UNDEFINED_TABLE_SQLSTATE = "42P01"
+MYSQL_NO_SUCH_TABLE = 1146
+#: How often a process waiting for ``migrate`` says so again.
+REMIND_EVERY = 30.0
+
+
+def tables_missing(exc: BaseException) -> bool:
+    """Whether a database error says that a table does not exist."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        args = getattr(error, "args", ())
+        if args and args[0] == MYSQL_NO_SUCH_TABLE:
+            return True
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if state == UNDEFINED_TABLE_SQLSTATE or "no such table" in str(error):
+            return True
+        error = error.__cause__
+    return False
+
+
+class Reminder:
+    """Say something now, then again at most every ``every`` seconds while it lasts."""
+
+    def __init__(self, every: float = REMIND_EVERY) -> None:
+        self.every = every
+        self.said_at: float | None = None
+
+    def due(self, now: float) -> bool:
+        if self.said_at is None or now - self.said_at >= self.every:
+            self.said_at = now
+            return True
+        return False

@@ -27,6 +27,7 @@ from ..compat import task_backends
 from ..db import dialect_for
 from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
+from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
 from .connection import worker_alias
 from .execution import Executor, close_task_connections
@@ -159,16 +160,25 @@ class Worker:
                 "LISTEN_DATABASE: polling every %.1fs for new tasks instead",
                 self.poll_interval,
             )
-        registered = retry_database(
-            lambda: (
-                registry.register(
+        reminder = Reminder()
+
+        def register() -> bool:
+            try:
+                return registry.register(
                     queues=list(self.queues),
                     mode=str(self.mode),
                     threads=self.threads,
                     batch=self.batch or 0,
                 )
-                or True
-            ),
+            except DatabaseError as exc:
+                # The supervisor waits for migrate before it starts us, but
+                # not while the database did not answer: say it here too.
+                if tables_missing(exc) and reminder.due(time.monotonic()):
+                    logger.warning("the task tables are missing: run manage.py migrate")
+                raise
+
+        registered = retry_database(
+            register,
             "register worker",
             alias=alias,
             stop=self.halt,

@@ -19,7 +19,7 @@ from ..jobs import fire_due_jobs, sync_declared_jobs
 from ..observability import tracing
 from ..observability.metrics import MetricsServer
 from ..retrying import Backoff, close_quietly, retry_database
-from ..schema import APP_LABEL, unapplied_migrations, what_to_do
+from ..schema import APP_LABEL, Reminder, unapplied_migrations, what_to_do
 from .autoscale import AutoscalePolicy, sample_load
 from .connection import close_in_thread, open_in_thread, worker_alias
 from .exits import RECYCLED, exit_reason
@@ -32,9 +32,8 @@ logger = logging.getLogger("django_rdbtasks.worker")
 
 
 SCHEDULER = "scheduler"
-#: While the task tables are missing: how often to look again, and to say so again.
+#: While the task tables are missing: how often to look again.
 TABLES_POLL = 1.0
-TABLES_REMINDER_EVERY = 30.0
 
 
 def _child_main(
@@ -188,7 +187,7 @@ class Supervisor:
         the processes, which wait for it (and report it) themselves.
         """
         database = _database(self.worker_options)
-        said_at: float | None = None
+        reminder = Reminder()
         while True:
             try:
                 missing = unapplied_migrations(database, APP_LABEL)
@@ -197,12 +196,11 @@ class Supervisor:
             finally:
                 close_quietly(database)
             if not missing:
-                if said_at is not None:
+                if reminder.said_at is not None:
                     logger.info("the task tables are there now: starting the worker processes")
                 return True
             now = time.monotonic()
-            if said_at is None or now - said_at >= TABLES_REMINDER_EVERY:
-                said_at = now
+            if reminder.due(now):
                 logger.warning(
                     "%s; the worker processes start once it has run (database %r)",
                     what_to_do(missing),
