@@ -197,12 +197,15 @@ def test_a_process_recycled_for_a_task_past_its_timeout_is_marked_stopped_and_sa
 @pytest.mark.django_db(transaction=True)
 def test_processes_that_exit_on_a_second_signal_are_marked_stopped(run_workers):
     tasks.record_then_sleep.enqueue("long", 60)
-    workers = run_workers("--processes", "2", "--no-scheduler", "--grace", "60", "--lease", "5")
+    workers = run_workers(
+        "--processes", "2", "--no-scheduler", "--grace", "60", "--lease", "5", new_session=True
+    )
     wait_until(lambda: SideEffect.objects.exists(), timeout=60)
     wait_until(lambda: len(registrations()) == 2, timeout=60)
-    workers.signal(signal.SIGINT)
+    # Ctrl+C twice at a terminal: SIGINT to the whole process group.
+    os.killpg(workers.pid, signal.SIGINT)
     time.sleep(0.5)
-    workers.signal(signal.SIGINT)
+    os.killpg(workers.pid, signal.SIGINT)
     workers.wait(timeout=30)
     # The one running the long task left at once (its claim to the lease);
     # both registrations say they are gone, none seems alive for 90 s.

@@ -224,6 +224,9 @@ class LeaseKeeper:
             logger.warning("could not write before leaving (%s); leases will expire", exc)
         if any(self._unwritten.values()):
             logger.warning("some claims were not released; their leases will expire")
+            # The database did not take a write just now: no second one on
+            # the way out. The supervisor marks the registration stopped.
+            return
         with self.counters.lock:
             done, failed = self.counters.processed, self.counters.failed
         try:
