@@ -22,6 +22,14 @@ from .exceptions import InvalidTaskPath
 _loaded: dict[str, Task | InvalidTaskPath] = {}
 
 
+class TaskNotHere(InvalidTaskPath):
+    """A well-formed path under an allowed module that this code does not have.
+
+    The module (or the task in it) is missing, as it is from a worker of an
+    older release while a newer one is rolled out: another worker may run it.
+    """
+
+
 @cache
 def _allowed_prefixes() -> tuple[str, ...]:
     names = [config.name for config in apps.get_app_configs()]
@@ -56,9 +64,14 @@ def _load(path: str) -> Task:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if _is_missing(exc, module_name):
+            raise TaskNotHere(
+                f"{path!r}: this worker's code has no module {module_name!r} ({exc})"
+            ) from exc
         raise InvalidTaskPath(f"{path!r}: cannot import {module_name!r}: {exc}") from exc
     if not hasattr(module, attribute):
-        raise InvalidTaskPath(f"{path!r}: module {module_name!r} has no {attribute!r}.")
+        # Under an allowed module: a later release may have it (TaskNotHere).
+        raise TaskNotHere(f"{path!r}: module {module_name!r} has no {attribute!r}.")
     found = getattr(module, attribute)
     if not isinstance(found, TASK_BASE_CLASSES):
         raise InvalidTaskPath(
@@ -70,6 +83,12 @@ def _load(path: str) -> Task:
     if task.module_path != path:
         raise InvalidTaskPath(f"{path!r} is an alias of the task {task.module_path!r}.")
     return task
+
+
+def _is_missing(exc: ImportError, module_name: str) -> bool:
+    """The module itself (or a package above it) is not there; not: it failed to import."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    return bool(missing) and (module_name == missing or module_name.startswith(f"{missing}."))
 
 
 def load_task(path: str) -> Task:

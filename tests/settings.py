@@ -94,6 +94,11 @@ if DIRECT_URL:
     TASKS["default"]["OPTIONS"]["TRANSACTION_POOLING"] = True
     if not os.environ.get("RDBTASKS_TEST_POLL_ONLY"):
         TASKS["default"]["OPTIONS"]["LISTEN_DATABASE"] = "direct"
+# Workers of an "older release" (tests/test_missing.py) give up sooner on tasks they lack.
+if os.environ.get("RDBTASKS_TEST_MISSING_TASK_GRACE"):
+    TASKS["default"]["OPTIONS"]["MISSING_TASK_GRACE"] = float(
+        os.environ["RDBTASKS_TEST_MISSING_TASK_GRACE"]
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The contract tests declare their tasks in their own module, not in an app:
 # enqueue refuses a task whose module a worker would not import.

@@ -336,3 +336,75 @@ def test_max_tasks_recycles_worker_processes(run_workers):
     # 5 + 5 + 2: the supervisor replaced the process twice.
     assert SideEffect.objects.values("pid").distinct().count() == 3
     assert workers.log().count("recycled after --max-tasks") == 2
+
+
+# -- started before migrate -------------------------------------------------------------
+
+
+class EmptyDatabase:
+    """A database of the test server (or an SQLite file) with no table at all."""
+
+    def __init__(self, vendor):
+        from django.conf import settings
+
+        self.vendor = vendor
+        self.name = f"{os.environ.get('RDBTASKS_TEST_DB', 'test_rdbtasks')}_nomigrate"
+        if vendor == "sqlite":
+            self.path = os.path.join(os.path.dirname(settings.TEST_DB_NAME), f"{self.name}.sqlite3")
+            self.drop()
+        else:
+            self._execute(f"DROP DATABASE IF EXISTS {self.name}")
+            self._execute(f"CREATE DATABASE {self.name}")
+        #: What a process started with it uses (tests/settings.py).
+        self.env = {"RDBTASKS_TEST_DB": self.name, "RDBTASKS_TEST_WORKER": "1"}
+
+    def _execute(self, sql):
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+
+    def run(self, *args, code=None):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        command = [sys.executable, "-m", "django", *args] + (["-c", code] if code else [])
+        done = subprocess.run(
+            command, env={**env, **self.env}, cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+    def drop(self):
+        if self.vendor == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(self.path + suffix):
+                    os.remove(self.path + suffix)
+        elif self.vendor == "postgresql":
+            self._execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+        else:
+            self._execute(f"DROP DATABASE IF EXISTS {self.name}")
+
+
+def test_workers_started_before_migrate_say_so_and_start_once_it_has_run(run_workers, vendor):
+    empty = EmptyDatabase(vendor)
+    workers = run_workers("--processes", "2", "--poll-interval", "0.1", env=empty.env)
+    try:
+        missing = "the task tables are missing: run manage.py migrate"
+        wait_until(lambda: missing in workers.log(), timeout=60)
+        time.sleep(3)  # a poll every second: still said once, not once per poll or process
+        assert workers.log().count(missing) == 1, workers.log()
+        # No process was started to retry against the missing tables.
+        assert "database error" not in workers.log(), workers.log()
+        assert "worker" not in workers.log().replace("worker processes start", ""), workers.log()
+        assert workers.process.poll() is None, workers.log()
+
+        empty.run("migrate", "--verbosity", "0")
+        wait_until(lambda: "starting the worker processes" in workers.log(), timeout=60)
+        # Without a restart: the same supervisor's processes run what is enqueued now.
+        task_id = empty.run(
+            "shell", code="from tests.testapp.tasks import add; print(add.enqueue(2, 3).id)"
+        )
+        status = f"from tests.testapp.tasks import add; print(add.get_result({task_id!r}).status)"
+        wait_until(lambda: empty.run("shell", code=status) == "SUCCESSFUL", timeout=60)
+        workers.signal(signal.SIGTERM)
+        assert workers.wait(timeout=60) == 0, workers.log()
+    finally:
+        workers.stop()
+        empty.drop()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
+import time
 from io import StringIO
 
 import pytest
@@ -122,3 +124,102 @@ def test_a_process_stopped_by_the_autoscaler_finishes_its_running_task(run_worke
     assert SideEffect.objects.count() == 3  # each body once: nothing cut, nothing rerun
     assert SideEffect.objects.get(key="long").pid == int(stopped.group(1))
     assert "autoscale: 1 -> 2" in workers.log() and "autoscale: 2 -> 1" in workers.log()
+
+
+# -- how a process ended: said in the log, marked in the worker registry -------------------
+
+
+def registrations() -> dict[int, bool]:
+    """Each registered worker process's pid, and whether it is marked stopped."""
+    from django_rdbtasks.models import Worker
+
+    return {
+        pid: stopped is not None for pid, stopped in Worker.objects.values_list("pid", "stopped_at")
+    }
+
+
+def registered(pid: int) -> bool:
+    return pid in registrations()
+
+
+def _one_registered_worker(supervisor_pid: int) -> int:
+    def found():
+        alive = [pid for pid, stopped in registrations().items() if not stopped]
+        children = set(worker_children(supervisor_pid))
+        return [pid for pid in alive if pid in children]
+
+    return wait_until(found, timeout=60)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_graceful_stop_marks_every_registration_stopped(run_workers):
+    workers = run_workers("--processes", "2", "--no-scheduler")
+    wait_until(lambda: len(registrations()) == 2, timeout=60)
+    workers.signal(signal.SIGTERM)
+    assert workers.wait(timeout=60) == 0, workers.log()
+    assert list(registrations().values()) == [True, True]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_process_recycled_after_max_tasks_is_marked_stopped_and_said_so(run_workers):
+    for i in range(3):
+        tasks.record.enqueue(f"m{i}")
+    workers = run_workers("--max-tasks", "1", "--no-scheduler", "--poll-interval", "0.1")
+    wait_until(lambda: SideEffect.objects.count() == 3, timeout=60)
+    wait_until(lambda: len(registrations()) >= 4, timeout=60)  # 3 recycled, 1 waiting
+    recycled = set(SideEffect.objects.values_list("pid", flat=True))
+    wait_until(lambda: all(registrations()[pid] for pid in recycled), timeout=30)
+    assert list(registrations().values()).count(False) == 1
+    assert workers.log().count("recycled after --max-tasks") >= 3, workers.log()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_process_recycled_for_a_task_past_its_timeout_is_marked_stopped_and_said_so(
+    run_workers,
+):
+    tasks.ignores_timeout.enqueue("stuck", 30)
+    workers = run_workers("--no-scheduler", "--poll-interval", "0.1")
+    wait_until(lambda: SideEffect.objects.filter(key="stuck").count() == 2, timeout=60)
+    first = SideEffect.objects.filter(key="stuck").order_by("id").first().pid
+    wait_until(lambda: registrations().get(first), timeout=30)
+    log = wait_until(
+        lambda: "recycled: a task ran past its timeout" in workers.log() and workers.log(),
+        timeout=30,
+    )
+    assert "--max-tasks" not in log
+    assert "restarting" not in log  # not taken for a crash either
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_processes_that_exit_on_a_second_signal_are_marked_stopped(run_workers):
+    tasks.record_then_sleep.enqueue("long", 60)
+    workers = run_workers(
+        "--processes", "2", "--no-scheduler", "--grace", "60", "--lease", "5", new_session=True
+    )
+    wait_until(lambda: SideEffect.objects.exists(), timeout=60)
+    wait_until(lambda: len(registrations()) == 2, timeout=60)
+    # Ctrl+C twice at a terminal: SIGINT to the whole process group.
+    os.killpg(workers.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.killpg(workers.pid, signal.SIGINT)
+    workers.wait(timeout=30)
+    # The one running the long task left at once (its claim to the lease);
+    # both registrations say they are gone, none seems alive for 90 s.
+    assert list(registrations().values()) == [True, True], workers.log()
+    assert "exited at once on a second signal" in workers.log()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_process_is_marked_stopped_by_the_supervisor_and_replaced(run_workers):
+    workers = run_workers("--no-scheduler", "--poll-interval", "0.1")
+    victim = _one_registered_worker(workers.pid)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: registrations().get(victim), timeout=30)
+    assert f"worker process {victim} killed by SIGKILL; restarting" in workers.log()
+    successor = _one_registered_worker(workers.pid)
+    assert successor != victim and registrations()[successor] is False

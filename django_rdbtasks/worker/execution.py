@@ -33,9 +33,10 @@ from ..exceptions import (
     WorkerLost,
 )
 from ..idempotency import AlreadyDone, current_task, once
-from ..loading import load_task
+from ..loading import TaskNotHere, load_task
 from ..observability import tracing
 from ..states import AttemptOutcome, OutcomeKind
+from .missing import missing_tasks
 from .store import error_path
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -175,6 +176,14 @@ class Executor:
         try:
             task = load_task(row.task_path)
         except InvalidTaskPath as exc:
+            if isinstance(exc, TaskNotHere):
+                verdict = missing_tasks(self.backend).decide(row, exc)
+                if verdict.error is None:
+                    # Code another worker may have (a rolling deploy): back, attempt unspent.
+                    return self._outcome(
+                        running, OutcomeKind.POSTPONE, started, delay=verdict.delay or 0, error=exc
+                    )
+                exc = verdict.error
             # Permanent: retrying cannot make the path valid.
             return self._failure(running, exc, started, retry=False)
 

@@ -25,6 +25,7 @@ from ..db.rows import Outcome
 from ..observability import tracing
 from ..retrying import Backoff, is_lost_race, race_logger
 from .execution import Executor, Running
+from .exits import EXIT_RECYCLE, EXIT_TIMED_OUT
 from .registry import Registry
 from .reporting import Counters, Reporter
 from .slots import BUSY_RETRY, Slot
@@ -32,7 +33,7 @@ from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
-EXIT_RECYCLE = 3
+__all__ = ["EXIT_RECYCLE", "LeaseKeeper"]
 
 
 class LeaseKeeper:
@@ -213,7 +214,7 @@ class LeaseKeeper:
         self._abandon_everything(lambda r: failure if r is stuck else self.executor.release(r))
         tracing.flush()  # os._exit skips the tracing SDK's own flush
         logging.shutdown()
-        os._exit(EXIT_RECYCLE)
+        os._exit(EXIT_TIMED_OUT)
 
     def give_up(self) -> None:
         """The grace period is over: release every claim and leave at once."""
@@ -234,3 +235,12 @@ class LeaseKeeper:
             logger.warning("could not write before leaving (%s); leases will expire", exc)
         if any(self._unwritten.values()):
             logger.warning("some claims were not released; their leases will expire")
+            # The database did not take a write just now: no second one on
+            # the way out. The supervisor marks the registration stopped.
+            return
+        with self.counters.lock:
+            done, failed = self.counters.processed, self.counters.failed
+        try:
+            self.registry.deregister(done=done, failed=failed)
+        except Exception as exc:  # the supervisor marks it on our behalf
+            logger.debug("could not deregister before leaving (%s)", exc)

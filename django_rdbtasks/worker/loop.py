@@ -27,10 +27,12 @@ from ..compat import task_backends
 from ..db import dialect_for
 from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
+from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
 from .connection import worker_alias
 from .execution import Executor, close_task_connections
-from .keeper import EXIT_RECYCLE, LeaseKeeper
+from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
+from .keeper import LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
@@ -158,16 +160,25 @@ class Worker:
                 "LISTEN_DATABASE: polling every %.1fs for new tasks instead",
                 self.poll_interval,
             )
-        registered = retry_database(
-            lambda: (
-                registry.register(
+        reminder = Reminder()
+
+        def register() -> bool:
+            try:
+                return registry.register(
                     queues=list(self.queues),
                     mode=str(self.mode),
                     threads=self.threads,
                     batch=self.batch or 0,
                 )
-                or True
-            ),
+            except DatabaseError as exc:
+                # The supervisor waits for migrate before it starts us, but
+                # not while the database did not answer: say it here too.
+                if tables_missing(exc) and reminder.due(time.monotonic()):
+                    logger.warning("the task tables are missing: run manage.py migrate")
+                raise
+
+        registered = retry_database(
+            register,
             "register worker",
             alias=alias,
             stop=self.halt,
@@ -254,7 +265,8 @@ class Worker:
             self._signal_at = now
         elif now - self._signal_at >= SECOND_SIGNAL_AFTER:
             os.write(2, b"second signal: exiting now; leases will expire and free the tasks\n")
-            os._exit(1)
+            # The supervisor marks this process's registration stopped.
+            os._exit(EXIT_AT_ONCE)
 
     def _signalled(self) -> bool:
         return self._signal_at is not None

@@ -12,15 +12,26 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 
 from ..db.functions import DbNow
-from ..retrying import close_quietly
+from ..retrying import Backoff, close_quietly
 
 logger = logging.getLogger("django_rdbtasks.worker")
+
+
+#: Said with the first failed heartbeat of an outage, once.
+REGISTRY_ADVICE = (
+    "tasks keep running and the worker reconnects by itself; if the server stays "
+    "down, point this worker at one that is up (another node or the cluster's address)"
+)
 
 
 class Registry:
     def __init__(self, alias: str, name: str) -> None:
         self.alias = alias
         self.name = name
+        #: Failed heartbeats in a row: only its ``loud`` rule is used (the
+        #: keeper paces the heartbeats), so that a server gone for long is
+        #: reported as every other retry loop reports it, not every heartbeat.
+        self._failures = Backoff()
 
     def _rows(self) -> Any:
         from ..models import Worker as WorkerRow
@@ -57,15 +68,76 @@ class Registry:
                 last_heartbeat_at=DbNow(), running=running, done=done, failed=failed
             )
         except DatabaseError as exc:
-            logger.warning("could not update the worker registry (%s)", exc)
+            self._failures.next_delay()
+            failures = self._failures.failures
+            if failures == 1:
+                logger.warning(
+                    "could not update the worker registry (%s); %s", exc, REGISTRY_ADVICE
+                )
+            else:
+                logger.log(
+                    logging.WARNING if self._failures.loud else logging.DEBUG,
+                    "could not update the worker registry (%s) [%d heartbeats in a row]",
+                    exc,
+                    failures,
+                )
             # Reconnect at the next heartbeat: nothing else may (an idle
             # process renews no lease), and a closed connection stays closed.
             close_quietly(self.alias)
+            return
+        if self._failures.failures:
+            logger.info(
+                "worker registry updated again after %d failed heartbeats",
+                self._failures.failures,
+            )
+            self._failures.reset()
 
     def deregister(self, *, done: int, failed: int) -> None:
         self._rows().filter(name=self.name).update(
             stopped_at=DbNow(), last_heartbeat_at=DbNow(), running=0, done=done, failed=failed
         )
+
+
+# -- processes that ended without saying goodbye -------------------------------------------
+
+
+def mark_gone(alias: str, pids: list[int]) -> int:
+    """Mark stopped the registrations of this host's processes ``pids``, which have ended.
+
+    For the supervisor, on behalf of children that could not do it themselves
+    (killed, or gone at once on a second signal). Fenced so that it never
+    touches a live registration: a row already stopped is left as it is, and
+    a pid that belongs to a running process now (reused since) is skipped. The
+    supervisor asks before it reaps its children, while their pids are held by
+    zombies that no new process can take.
+    """
+    from ..models import Worker as WorkerRow
+
+    host = socket.gethostname()
+    names = [f"{host}:{pid}" for pid in pids if not _runs(pid)]
+    if not names:
+        return 0
+    return (
+        WorkerRow.objects.using(alias)
+        .filter(name__in=names, stopped_at__isnull=True)
+        .update(stopped_at=DbNow(), running=0)
+    )
+
+
+def _runs(pid: int) -> bool:
+    """Whether a process that has not ended holds ``pid`` (a zombie has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # Field 3, the state, after the command name (which may hold spaces).
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # cannot tell: assume it runs, never overwrite a live row
 
 
 # -- this host's workers, for a liveness probe ---------------------------------------------

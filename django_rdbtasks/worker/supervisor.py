@@ -18,17 +18,22 @@ from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
 from ..observability import tracing
 from ..observability.metrics import MetricsServer
-from ..retrying import retry_database
+from ..retrying import Backoff, close_quietly, retry_database
+from ..schema import APP_LABEL, Reminder, unapplied_migrations, what_to_do
 from .autoscale import AutoscalePolicy, sample_load
-from .keeper import EXIT_RECYCLE
+from .connection import close_in_thread, open_in_thread, worker_alias
+from .exits import RECYCLED, exit_reason
 from .loop import Worker
 from .processtree import die_with_parent
+from .registry import mark_gone
 from .scheduler import Scheduler
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
 
 SCHEDULER = "scheduler"
+#: While the task tables are missing: how often to look again.
+TABLES_POLL = 1.0
 
 
 def _child_main(
@@ -99,6 +104,10 @@ class Supervisor:
         self._context = multiprocessing.get_context("fork")
         self._next_sample = 0.0
         self._reported_processes = -1
+        #: Worker pids whose registration could not be marked stopped yet (database away).
+        self._unmarked: set[int] = set()
+        self._mark_backoff = Backoff()
+        self._mark_after = 0.0
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -110,6 +119,8 @@ class Supervisor:
                 self.metrics.close()
 
     def _supervise(self) -> int:
+        if not self._wait_for_tables():
+            return 0
         if self.scheduler and self.burst:
             # Burst: fire what is due now, once, then drain; no scheduler process.
             database = _database(self.worker_options)
@@ -155,32 +166,133 @@ class Supervisor:
                     self._next_sample = now + self.autoscale_interval
                     self._scale(self.autoscale, now)
             self._report_processes()
+            if self._unmarked and time.monotonic() >= self._mark_after:
+                self._mark_stopped(set())
+        if self._unmarked:
+            self._mark_stopped(set())
+        if self._unmarked:
+            logger.warning(
+                "the registrations of %d ended worker processes could not be marked stopped "
+                "(the database does not answer); they show as gone until they age out",
+                len(self._unmarked),
+            )
         return 0
 
+    def _wait_for_tables(self) -> bool:
+        """Wait while this app's migrations are not applied, saying so; False if signalled.
+
+        The processes would only retry against missing tables, each on its
+        own and quietly after the first failure: one line here, repeated while
+        it lasts, says what to do. A database that does not answer is left to
+        the processes, which wait for it (and report it) themselves.
+        """
+        database = _database(self.worker_options)
+        reminder = Reminder()
+        while True:
+            try:
+                missing = unapplied_migrations(database, APP_LABEL)
+            except DatabaseError:
+                missing = []
+            finally:
+                close_quietly(database)
+            if not missing:
+                if reminder.said_at is not None:
+                    logger.info("the task tables are there now: starting the worker processes")
+                return True
+            now = time.monotonic()
+            if reminder.due(now):
+                logger.warning(
+                    "%s; the worker processes start once it has run (database %r)",
+                    what_to_do(missing),
+                    database,
+                )
+            deadline = now + TABLES_POLL
+            while time.monotonic() < deadline:
+                if self._signals:
+                    self._signals.clear()
+                    logger.info("supervisor got a signal while waiting for migrate: exiting")
+                    return False
+                time.sleep(0.05)
+
     def _reap_children(self) -> None:
-        """Join the children that exited; restart those that should be running."""
-        for slot, process in list(self.children.items()):
-            if process.is_alive():
-                continue
+        """Join the children that exited; restart those that should be running.
+
+        Every child that ended has its registration marked stopped (a child
+        that could say goodbye itself already did; the mark then changes
+        nothing) before it is reaped: until then its pid is a zombie's, which
+        no new process can take, so the mark cannot reach a live registration.
+        """
+        ended = [(slot, process) for slot, process in self.children.items() if _ended(process)]
+        if not ended:
+            return
+        self._mark_stopped({p.pid for slot, p in ended if slot != SCHEDULER and p.pid is not None})
+        for slot, process in ended:
             process.join()
             code = process.exitcode
             del self.children[slot]
             if self.metrics is not None:
                 self.metrics.process_gone(process.pid)
-            if slot in self.retiring:
-                self.retiring.discard(slot)
-                logger.info("worker process %s stopped (autoscale)", process.pid)
-                continue
-            if self.stopping:
-                continue
-            if code == 0 and self.burst:
-                continue
-            if code == EXIT_RECYCLE:
-                logger.info("worker process %s recycled after --max-tasks", process.pid)
-                self._start(slot)
-                continue
-            logger.error("worker process %s exited with %s; restarting", process.pid, code)
-            self._restart_after_crash(slot)
+            self._after_exit(slot, process.pid, code)
+
+    def _after_exit(self, slot: int | str, pid: int | None, code: int | None) -> None:
+        kind = "scheduler" if slot == SCHEDULER else "worker"
+        reason = exit_reason(code)
+        if slot in self.retiring:
+            self.retiring.discard(slot)
+            logger.info("%s process %s %s (autoscale)", kind, pid, reason)
+            return
+        if self.stopping or (code == 0 and self.burst):
+            logger.log(
+                logging.INFO if code == 0 else logging.WARNING,
+                "%s process %s %s",
+                kind,
+                pid,
+                reason,
+            )
+            return
+        if code in RECYCLED:
+            logger.info("%s process %s %s; starting a new one", kind, pid, reason)
+            self._start(slot)
+            return
+        logger.error("%s process %s %s; restarting", kind, pid, reason)
+        self._restart_after_crash(slot)
+
+    def _mark_stopped(self, pids: set[int]) -> None:
+        """Mark the registrations of ended worker processes stopped, now or later."""
+        pending = self._unmarked | pids
+        if not pending:
+            return
+        alias = worker_alias(
+            _database(self.worker_options),
+            float(self.worker_options.get("lease", 30.0)),
+            pooled=bool(_backend(self.worker_options).options.get("TRANSACTION_POOLING")),
+        )
+        try:
+            open_in_thread(alias)
+            mark_gone(alias, sorted(pending))
+        except DatabaseError as exc:
+            self._unmarked = pending
+            delay = self._mark_backoff.next_delay()
+            self._mark_after = time.monotonic() + delay
+            logger.log(
+                logging.WARNING if self._mark_backoff.loud else logging.DEBUG,
+                "could not mark %d ended worker processes stopped in the registry (%s); "
+                "retrying in %.1fs",
+                len(pending),
+                exc,
+                delay,
+            )
+        else:
+            self._unmarked = set()
+            self._mark_backoff.reset()
+        finally:
+            # A child must never inherit this connection: closed, and the
+            # alias dropped from this thread (close_all does not see it).
+            close_in_thread(alias)
+            try:
+                del connections[alias]
+            except AttributeError:
+                pass
 
     def _start(self, slot: int | str) -> None:
         connections.close_all()  # never share a connection with a child
@@ -294,6 +406,24 @@ class Supervisor:
                         pass
 
 
+def _backend(worker_options: dict[str, Any]) -> Any:
+    return task_backends[worker_options.get("backend", "default")]
+
+
 def _database(worker_options: dict[str, Any]) -> str:
-    backend: Any = task_backends[worker_options.get("backend", "default")]
-    return str(backend.database)
+    return str(_backend(worker_options).database)
+
+
+def _ended(process: Any) -> bool:
+    """Whether a child has exited, without reaping it where the system allows."""
+    if process.pid is None:
+        return False
+    if not hasattr(os, "waitid"):
+        return not process.is_alive()
+    try:
+        found = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        # Reaped already (multiprocessing reaps finished children when it
+        # starts one): ask multiprocessing, which kept the status.
+        return not process.is_alive()
+    return found is not None

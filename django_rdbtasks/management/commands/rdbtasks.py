@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections
 
 from ... import ops
 from ...durations import parse_age
+from ...schema import unapplied_migrations
 from ...states import TaskStatus
 
 EXIT_UNHEALTHY = 1
@@ -286,7 +287,7 @@ class Command(BaseCommand):
 
     def _probe_ready(self, using: str, timeout: float) -> None:
         try:
-            unapplied = _bounded(lambda: _unapplied_migrations(using), timeout)
+            unapplied = _bounded(lambda: unapplied_migrations(using), timeout)
         except (DatabaseError, TimeoutError) as exc:
             self._fail(f"ready: the database is unreachable ({_one_line(exc)})", code=EXIT_DATABASE)
         if unapplied:
@@ -347,21 +348,6 @@ class Command(BaseCommand):
             for row, w in zip(table, workers, strict=True)
         ]
         self.stdout.write(format_table([*headers, "HEARTBEAT"], table_rows, right={4, 5, 6, 7, 8}))
-
-
-def _unapplied_migrations(using: str) -> list[str]:
-    from django.db.migrations.executor import MigrationExecutor
-
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    loader = MigrationExecutor(connection).loader
-    # Every migration the leaves need, not ``migration_plan(leaves)``: that plan
-    # is empty once a leaf is recorded, even with a gap behind it.
-    needed: dict[tuple[str, str], None] = {}
-    for leaf in loader.graph.leaf_nodes():
-        needed.update(dict.fromkeys(loader.graph.forwards_plan(leaf)))
-    return [f"{app}.{name}" for app, name in needed if (app, name) not in loader.applied_migrations]
 
 
 def _bounded(work: Callable[[], Any], timeout: float) -> Any:
