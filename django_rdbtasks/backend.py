@@ -9,6 +9,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.core import checks
@@ -53,6 +54,8 @@ KNOWN_OPTIONS = frozenset(
         "NOTIFY",
         "PROGRESS_INTERVAL",
         "TIMEOUT_GRACE",
+        # How long a task no live worker can import waits for one that can.
+        "MISSING_TASK_GRACE",
         # Behind a transaction pooler (PgBouncer pool_mode=transaction).
         "TRANSACTION_POOLING",
         "LISTEN_DATABASE",
@@ -147,6 +150,9 @@ class RDBTaskBackend(BaseTaskBackend):
         self.max_attempts = self._number_option("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS, 1, int)
         self.backoff = self._number_option("BACKOFF", DEFAULT_BACKOFF, 0, float)
         self.max_backoff = self._number_option("MAX_BACKOFF", DEFAULT_MAX_BACKOFF, 0, float)
+        if not isinstance(options.get("MISSING_TASK_GRACE"), timedelta):
+            # Seconds, or a timedelta (worker/missing.py reads it).
+            self._number_option("MISSING_TASK_GRACE", 600.0, 0, float)
         self.notify = bool(options.get("NOTIFY", True))
         #: Whether the enqueue may keep its statement prepared in the session:
         #: not behind a transaction pooler, whose sessions change hands.

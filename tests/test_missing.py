@@ -151,3 +151,16 @@ def test_with_only_old_workers_it_fails_after_the_grace_saying_why(run_workers):
     assert not SideEffect.objects.exists()
     old.signal(signal.SIGTERM)
     assert old.wait(timeout=60) == 0, old.log()
+
+
+def test_a_bad_grace_is_reported_by_the_backend_check():
+    from django_rdbtasks.backend import RDBTaskBackend
+
+    def messages(grace):
+        backend = RDBTaskBackend("x", {"OPTIONS": {"MISSING_TASK_GRACE": grace}})
+        return [m.id for m in backend.check()]
+
+    assert "django_rdbtasks.E003" in messages("soon")
+    assert "django_rdbtasks.E003" in messages(-1)
+    for fine in (30, "45", dt.timedelta(minutes=5)):
+        assert not {"django_rdbtasks.E003", "django_rdbtasks.W001"} & set(messages(fine))
