@@ -98,7 +98,7 @@ def test_status_of_some_queues_and_another_window() -> None:
     make_task(queue_name="emails")
     make_task(TaskStatus.SUCCESSFUL, at=now() - dt.timedelta(minutes=30))
     _, out = run("rdbtasks", "status", "--queue", "emails", "--window", "15min")
-    assert "OK/15.0m" in out
+    assert "OK/15.0min" in out
     rows = [
         line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("Workers")
     ]

@@ -245,7 +245,13 @@ class Worker:
                 logger.warning("could not deregister (%s)", exc)
             store.close()
             connections.close_all()
-        logger.info("worker %s stopped after %d tasks", self.name, self.counters.processed)
+        processed = self.counters.processed
+        logger.info(
+            "worker %s stopped after %d %s",
+            self.name,
+            processed,
+            "task" if processed == 1 else "tasks",
+        )
         return EXIT_RECYCLE if self.recycle else 0
 
     def stop(self, grace: float | None = None) -> None:

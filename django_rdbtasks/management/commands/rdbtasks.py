@@ -57,7 +57,7 @@ def seconds_text(seconds: float | None) -> str:
     if seconds < 60:
         return f"{seconds:.1f}s"
     if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
+        return f"{seconds / 60:.1f}min"  # the unit --window takes ("m" is refused there)
     return f"{seconds / 3600:.1f}h"
 
 
