@@ -353,3 +353,39 @@ def test_without_the_enqueue_function_an_enqueue_inserts_the_row_and_still_notif
     dialect._has_enqueue_function.clear()
     with connection.cursor() as cursor:
         assert dialect.enqueue_function_exists(cursor)
+
+
+def test_a_row_another_session_holds_locked_is_kept_not_waited_for(vendor):
+    """A key-share lock (a foreign key's check, as once() holds in its transaction)
+    never stops a renewal on PostgreSQL; a row held for update is kept (busy),
+    and nothing waits for it."""
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: one writer holds the whole database")
+    tasks.add.enqueue(1, 1)
+    tasks.add.enqueue(2, 2)
+    rows = claim("w", lease=30)
+    held, other = rows
+    holder = connections.create_connection("default")
+    try:
+        holder.set_autocommit(False)
+        key_share = "FOR KEY SHARE" if vendor == "postgresql" else "LOCK IN SHARE MODE"
+        for lock, renewed in ((key_share, vendor == "postgresql"), ("FOR UPDATE", False)):
+            with holder.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT id FROM {Task._meta.db_table} WHERE id = %s {lock}",
+                    [dialect_for(holder).encode_id(dialect_for(holder).decode_id(held.id))],
+                )
+            before = Task.objects.get(pk=dialect_for(connection).decode_id(held.id))
+            # Had the renewal waited for the lock, it would fail, not hang.
+            with connection.cursor() as cursor:
+                if vendor == "postgresql":
+                    cursor.execute("SET lock_timeout = '5s'")
+                else:
+                    cursor.execute("SET SESSION innodb_lock_wait_timeout = 5")
+            assert renew("w", rows, lease=60) == {held.id, other.id}  # both still ours
+            after = Task.objects.get(pk=before.pk)
+            assert (after.lease_expires_at > before.lease_expires_at) == renewed, lock
+            holder.rollback()
+    finally:
+        holder.rollback()
+        holder.close()

@@ -107,6 +107,9 @@ class Dialect(RowDecoding):
     exchange_is_one_statement = False
     #: Whether sessions lock rows (SQLite locks the whole database instead).
     has_row_locks = True
+    #: How ``lock_rows`` takes the rows a worker is about to write, skipping
+    #: any another session holds.
+    row_lock_sql = "FOR UPDATE SKIP LOCKED"
 
     def __init__(self, connection: Any) -> None:
         from ..models import Task
@@ -253,25 +256,29 @@ class Dialect(RowDecoding):
 
     # -- writing outcomes --------------------------------------------------------------
 
-    def busy_rows(self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str) -> set[Any]:
-        """Lock the rows of these claims that no other session holds; name the others.
+    def lock_rows(
+        self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str
+    ) -> tuple[set[Any], set[Any]]:
+        """Lock the rows of these claims that no other session holds: ``(locked, busy)``.
 
-        Returns the ids (as given) of the claims still ours whose rows another
-        session holds locked: writing them now would wait for that session, and
-        every other write of the transaction with it. The caller writes the
-        rest and keeps these for later. Runs inside the caller's transaction.
+        ``locked``: the ids (as given) this transaction now holds, the only
+        ones to write: writing any other would wait for the session holding
+        it, and every other write of the transaction with it. ``busy``: those
+        of the rest still ours, to write later; the others are lost claims.
+        Runs inside the caller's transaction.
         """
         if not claims or not self.has_row_locks:
-            return set()
+            return {i for i, _ in claims}, set()
         marks = ", ".join(["%s"] * len(claims))
         cursor.execute(
-            f"SELECT id FROM {self.table} WHERE id IN ({marks}) FOR UPDATE SKIP LOCKED",
+            f"SELECT id FROM {self.table} WHERE id IN ({marks}) {self.row_lock_sql}",
             [i for i, _ in claims],
         )
-        locked = {self.decode_id(row[0]) for row in cursor.fetchall()}
-        rest = [(i, v) for i, v in claims if self.decode_id(i) not in locked]
+        got = {self.decode_id(row[0]) for row in cursor.fetchall()}
+        locked = {i for i, _ in claims if self.decode_id(i) in got}
+        rest = [(i, v) for i, v in claims if i not in locked]
         if not rest:
-            return set()
+            return locked, set()
         # A plain read waits for no lock: which of the rest are still ours.
         cursor.execute(
             f"SELECT id, version FROM {self.table} WHERE id IN ({', '.join(['%s'] * len(rest))}) "
@@ -279,7 +286,7 @@ class Dialect(RowDecoding):
             [*(i for i, _ in rest), worker_id],
         )
         current = {self.decode_id(i): v for i, v in cursor.fetchall()}
-        return {i for i, v in rest if current.get(self.decode_id(i)) == v}
+        return locked, {i for i, v in rest if current.get(self.decode_id(i)) == v}
 
     def finish(
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
@@ -429,8 +436,8 @@ class Dialect(RowDecoding):
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
     ) -> Exchange:
         """Write finished outcomes and claim the next rows, in the caller's transaction."""
-        busy = self.busy_rows(cursor, [(o.id, o.version) for o in outcomes], worker_id)
-        writable = [o for o in outcomes if o.id not in busy]
+        locked, busy = self.lock_rows(cursor, [(o.id, o.version) for o in outcomes], worker_id)
+        writable = [o for o in outcomes if o.id in locked]
         written = self.finish(cursor, writable, worker_id) if writable else {}
         if request is None or request.want <= 0:
             return Exchange(written, busy=busy)
@@ -453,8 +460,8 @@ class Dialect(RowDecoding):
             # A row another session holds locked is renewed at a later
             # heartbeat; it is still ours (read below), and the others' leases
             # do not wait for it.
-            busy = self.busy_rows(cursor, chunk, worker_id)
-            free = [(i, v) for i, v in chunk if i not in busy]
+            locked, _ = self.lock_rows(cursor, chunk, worker_id)
+            free = [(i, v) for i, v in chunk if i in locked]
             if free:
                 marks = ", ".join(["%s"] * len(free))
                 matches = " OR ".join(["(id = %s AND version = %s)"] * len(free))

@@ -48,9 +48,12 @@ _OUTCOME_ROWS = (
 )
 #: The rows of a statement's outcomes (or renewals) that no other session holds
 #: locked, locked now: its writes touch only these, so none of them waits.
+#: NO KEY UPDATE is the lock the UPDATE itself takes: it does not conflict with
+#: the KEY SHARE a foreign key's check holds (a JobRecord written by once() in
+#: a transaction still open), so such a row is not taken for busy.
 _MINE = (
     "mine AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%s::uuid[]) "
-    "FOR UPDATE SKIP LOCKED)"
+    "FOR NO KEY UPDATE SKIP LOCKED)"
 )
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
@@ -79,6 +82,7 @@ class PostgreSQLDialect(Dialect):
     now_sql = "STATEMENT_TIMESTAMP()"
     json_param = "%s::jsonb"
     exchange_is_one_statement = True
+    row_lock_sql = "FOR NO KEY UPDATE SKIP LOCKED"  # see _MINE
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
@@ -331,11 +335,12 @@ class PostgreSQLDialect(Dialect):
 
     def _busy_cte(self) -> str:
         """``busy``: the rows of the statement's claims, not in ``mine``, still ours."""
+        # The claims not in ``mine`` first: when none is busy, no row is read.
         return (
-            f"busy AS (SELECT t.id FROM {self.table} AS t "
-            "JOIN unnest(%s::uuid[], %s::bigint[]) AS b(id, version) "
-            f"ON t.id = b.id AND t.version = b.version WHERE {self.holder('t')} = %s "
-            "AND t.id NOT IN (SELECT id FROM mine))"
+            "busy AS (SELECT t.id FROM (SELECT * FROM unnest(%s::uuid[], %s::bigint[]) "
+            "AS u(id, version) WHERE u.id NOT IN (SELECT id FROM mine)) AS b "
+            f"JOIN {self.table} AS t ON t.id = b.id AND t.version = b.version "
+            f"WHERE {self.holder('t')} = %s)"
         )
 
     def _claim_params(self, request: ClaimRequest, finishing: list[Any]) -> list[Any]:

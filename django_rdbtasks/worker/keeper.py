@@ -92,7 +92,9 @@ class LeaseKeeper:
                 )
                 self._keep(slot.worker_id, taken.finished)
                 self._release(slot.worker_id, taken.unstarted)
-        if now >= self._write_after or self.stopping():
+        # Even when stopping, a failed write waits out its backoff (at most
+        # lease / 6): through an outage or a row held locked, not every tick.
+        if now >= self._write_after:
             self._write_kept()
         self._watch_timeouts(now)
         if now >= self.next_renewal:

@@ -323,13 +323,14 @@ class Worker:
                     # What it just finished may have made more runnable (a
                     # dependant released after the claim): look again at once.
                     continue
-                elif exchange.busy:
-                    # Outcomes wait for a row another session holds locked.
+                elif exchange.busy or slot.handing_back():
+                    # Outcomes wait for a row another session holds locked, or
+                    # the keeper is writing back tasks it took from this slot
+                    # (a burst must not end before it can claim them again).
                     self.wake.wait(BUSY_RETRY)
-                elif exchange.contended or slot.handing_back():
+                elif exchange.contended:
                     # Runnable rows were there but others won them, or hold
-                    # them locked; or the keeper is still writing back tasks
-                    # it took from this slot: look again soon, not at once.
+                    # them locked: look again soon, not at once.
                     self.wake.wait(random.uniform(0.005, 0.05))
                 elif self.burst and not self._retries_pending(store):
                     break

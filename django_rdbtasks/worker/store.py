@@ -99,8 +99,8 @@ class ClaimStore:
             return Exchange()
         with worker_transaction(self.alias), self.connection.cursor() as cursor:
             claims = [(o.id, o.version) for o in outcomes]
-            busy = self.dialect.busy_rows(cursor, claims, worker_id)
-            writable = [o for o in outcomes if o.id not in busy]
+            locked, busy = self.dialect.lock_rows(cursor, claims, worker_id)
+            writable = [o for o in outcomes if o.id in locked]
             written = self.dialect.finish(cursor, writable, worker_id) if writable else {}
             self._follow_up(writable, written, worker_id)
             self._wake_others(writable, written)
