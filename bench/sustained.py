@@ -35,6 +35,10 @@ import psycopg
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
+sys.path.insert(0, str(REPO_DIR))
+
+from django_rdbtasks.states import TaskStatus  # noqa: E402
+
 PROJECT_DIR = BENCH_DIR / "rdbtasks_project"
 DATABASE = "bench_sustained"
 TABLE = "django_rdbtasks_task"
@@ -65,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pg-port", default=os.environ.get("PGPORT", "5432"))
     parser.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
     parser.add_argument("--python", default=str(REPO_DIR / ".venv/bin/python"))
+    parser.add_argument(
+        "--allow-autovacuum-off",
+        action="store_true",
+        help="run even where the server has autovacuum off (a CI server, say)",
+    )
     # Internal: the producer process.
     parser.add_argument("--produce", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -121,6 +130,15 @@ def recreate_database(args: argparse.Namespace) -> None:
     with psycopg.connect(
         host=args.pg_host, port=args.pg_port, user=args.pg_user, dbname="postgres", autocommit=True
     ) as conn:
+        autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
+        if autovacuum != "on" and not args.allow_autovacuum_off:
+            # A queue table under sustained load lives by autovacuum: without
+            # it the dead rows only grow, and that is all a run would show.
+            sys.exit(
+                f"{args.pg_host}:{args.pg_port} runs with autovacuum off: run on a server "
+                "with its defaults (e.g. pg_createcluster 15 bench -p 5441 --start, then "
+                "--pg-port 5441), or pass --allow-autovacuum-off"
+            )
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DATABASE}")
     subprocess.run(
@@ -147,7 +165,9 @@ def sample(conn: psycopg.Connection, since: float, until: float) -> dict[str, An
             [since, until],
         ).fetchall()
     ]
-    backlog = conn.execute(f"SELECT count(*) FROM {TABLE} WHERE status = 'READY'").fetchone()[0]
+    backlog = conn.execute(
+        f"SELECT count(*) FROM {TABLE} WHERE status = %s", [TaskStatus.READY.value]
+    ).fetchone()[0]
     size, dead, analyzed = conn.execute(
         f"SELECT pg_total_relation_size('{TABLE}'), n_dead_tup, "
         "greatest(last_analyze, last_autoanalyze) FROM pg_stat_user_tables "
@@ -270,7 +290,12 @@ def run(args: argparse.Namespace) -> int:
         for process in (producer, workers):
             if process.poll() is None:
                 process.terminate()
-        workers.wait(60)
+        for process in (producer, workers):
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
     report = render(rows, args)
     print()
     print(report)

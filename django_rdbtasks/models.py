@@ -251,8 +251,10 @@ class Task(models.Model):
                 condition=Q(status=TaskStatus.READY),
                 name="rdbtasks_task_ready",
             ),
+            # Expired leases queue by queue (the claim reads each queue's own
+            # range): another queue's dead holders are never walked through.
             StatusIndex(
-                fields=["lease_expires_at"],
+                fields=["queue_name", "lease_expires_at"],
                 condition=Q(status=TaskStatus.RUNNING),
                 name="rdbtasks_task_lease",
             ),

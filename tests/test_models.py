@@ -84,8 +84,7 @@ def test_finding_runnable_tasks_uses_the_index_not_a_scan():
     _analyze()
     dialect = dialect_for(connection)
     sql = dialect.candidates_sql(2)
-    # Parameters in candidates()'s order: expired leases of both queues, then each queue.
-    plan = _explain(sql, ["default", "emails", 40, "default", 40, "emails", 40, 40])
+    plan = _explain(sql, dialect.candidates_params(["default", "emails"], 40))
     assert "rdbtasks_task_ready" in plan, plan
     assert "rdbtasks_task_lease" in plan, plan
     if connection.vendor == "postgresql":

@@ -316,11 +316,11 @@ class Dialect(RowDecoding):
         """
         now = self.now_sql
         cols = f"{self._cand_cols}, priority, run_after"
-        marks = ", ".join(["%s"] * queue_count)
         parts = [
             f"SELECT * FROM (SELECT {cols}, 0 AS reclaim FROM {self.table} "
-            f"WHERE status = '{RUNNING}' AND lease_expires_at <= {now} "
-            f"AND queue_name IN ({marks}) ORDER BY lease_expires_at LIMIT %s) qe"
+            f"WHERE status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
+            f"ORDER BY lease_expires_at LIMIT %s) qe{i}"
+            for i in range(queue_count)
         ]
         parts += [
             f"SELECT * FROM (SELECT {cols}, 1 AS reclaim FROM {self.table} "
@@ -334,28 +334,42 @@ class Dialect(RowDecoding):
             "ORDER BY reclaim, priority DESC, run_after LIMIT %s"
         )
 
+    @staticmethod
+    def candidates_params(queues: Sequence[str], limit: int) -> list[Any]:
+        """``candidates_sql``'s parameters: each queue's expired leases, then its READY rows."""
+        per_queue = [value for queue in queues for value in (queue, limit)]
+        return [*per_queue, *per_queue, limit]
+
     def candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
-        params: list[Any] = [*queues, limit]
-        for queue in queues:
-            params += [queue, limit]
-        params.append(limit)
-        cursor.execute(self.candidates_sql(len(queues)), params)
+        cursor.execute(self.candidates_sql(len(queues)), self.candidates_params(queues, limit))
         return [self.decode_candidate(row) for row in cursor.fetchall()]
 
     def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
         """Lock runnable rows, expired leases first, skipping rows others hold locked."""
         now = self.now_sql
-        marks = ", ".join(["%s"] * len(queues))
         found: list[Candidate] = []
-        for where, order in (
-            (f"status = '{RUNNING}' AND lease_expires_at <= {now}", "lease_expires_at"),
-            (f"status = '{READY}' AND run_after <= {now}", "priority DESC, run_after"),
-        ):
+        # Expired leases queue by queue, each a range of its index in order.
+        reads: list[tuple[str, list[Any]]] = [
+            (
+                f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
+                "ORDER BY lease_expires_at",
+                [queue],
+            )
+            for queue in queues
+        ]
+        marks = ", ".join(["%s"] * len(queues))
+        reads.append(
+            (
+                f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) "
+                "ORDER BY priority DESC, run_after",
+                list(queues),
+            )
+        )
+        for where, params in reads:
             cursor.execute(
-                f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} "
-                f"AND queue_name IN ({marks}) ORDER BY {order} LIMIT %s "
+                f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} LIMIT %s "
                 "FOR UPDATE SKIP LOCKED",
-                [*queues, limit - len(found)],
+                [*params, limit - len(found)],
             )
             found += [self.decode_candidate(r) for r in cursor.fetchall()]
             if len(found) >= limit:

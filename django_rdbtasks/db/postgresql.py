@@ -346,16 +346,16 @@ class PostgreSQLDialect(Dialect):
     def _claim_params(self, request: ClaimRequest, finishing: list[Any]) -> list[Any]:
         queues = list(request.queues)
         if request.mode == ClaimMode.SKIP_LOCKED:
-            params: list[Any] = [queues, finishing, request.want]
+            params: list[Any] = []
+            for queue in queues:
+                params += [queue, finishing, request.want]
             for queue in queues:
                 params += [queue, request.want]
             params.append(request.want)
         else:
             pool = request.want * CANDIDATE_SPREAD
-            params = [queues, pool]
-            for queue in queues:
-                params += [queue, pool]
-            params += [pool, finishing, request.want]
+            per_queue = [value for queue in queues for value in (queue, pool)]
+            params = [*per_queue, *per_queue, pool, finishing, request.want]
         return [*params, request.worker_id, request.lease]
 
     def _build_exchange(
@@ -411,11 +411,17 @@ class PostgreSQLDialect(Dialect):
         t = self.table
         now = self.now_sql
         cols = "id, version, status, worker_id, last_attempted_at"
-        expired = (
+        # One read per queue and kind, each a range of its index in the
+        # index's order with a LIMIT: its cost is the limit's, never a backlog's
+        # (another queue's expired leases included).
+        # Skip-locked: an expired lease of a row this round is finishing is ours.
+        not_finishing = " AND id <> ALL(%s::uuid[])" if mode == ClaimMode.SKIP_LOCKED else ""
+        expired = [
             f"SELECT {cols}, 0 AS reclaim, priority, run_after FROM {t} "
-            f"WHERE status = '{RUNNING}' AND lease_expires_at <= {now} "
-            "AND queue_name = ANY(%s::text[])"
-        )
+            f"WHERE status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now}"
+            f"{not_finishing} ORDER BY lease_expires_at LIMIT %s"
+            for _ in range(queues)
+        ]
         ready = [
             f"SELECT {cols}, 1 AS reclaim, priority, run_after FROM {t} "
             f"WHERE status = '{READY}' AND queue_name = %s AND run_after <= {now} "
@@ -425,14 +431,11 @@ class PostgreSQLDialect(Dialect):
         if mode == ClaimMode.SKIP_LOCKED:
             # Lock while reading: each part skips what others hold, and the
             # rows read but not picked are let go when the statement ends.
-            ctes = [
-                f"ce AS ({expired} AND id <> ALL(%s::uuid[]) ORDER BY lease_expires_at "
-                "LIMIT %s FOR UPDATE SKIP LOCKED)",
-                *(f"c{i} AS ({sql} FOR UPDATE SKIP LOCKED)" for i, sql in enumerate(ready)),
-            ]
-            union = " UNION ALL ".join(
-                ["SELECT * FROM ce", *(f"SELECT * FROM c{i}" for i in range(queues))]
-            )
+            parts = [f"{sql} FOR UPDATE SKIP LOCKED" for sql in expired + ready]
+            ctes = [f"c{i} AS ({sql})" for i, sql in enumerate(parts)]
+            union = " UNION ALL ".join(f"SELECT * FROM c{i}" for i in range(len(parts)))
+            expired_union = " UNION ALL ".join(f"SELECT * FROM c{i}" for i in range(queues))
+            ctes.append(f"ce AS ({expired_union})")
             ctes.append(
                 f"pick AS (SELECT * FROM ({union}) u "
                 "ORDER BY reclaim, priority DESC, run_after LIMIT %s)"
@@ -441,8 +444,7 @@ class PostgreSQLDialect(Dialect):
         # Optimistic: read without locks, then take the rows still unchanged
         # (the version compare-and-set), skipping any that someone holds locked.
         union = " UNION ALL ".join(
-            [f"(SELECT * FROM ({expired} ORDER BY lease_expires_at LIMIT %s) e)"]
-            + [f"(SELECT * FROM ({sql}) r{i})" for i, sql in enumerate(ready)]
+            f"(SELECT * FROM ({sql}) r{i})" for i, sql in enumerate(expired + ready)
         )
         return [
             f"pool AS MATERIALIZED (SELECT * FROM ({union}) u "
