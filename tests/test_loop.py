@@ -291,13 +291,14 @@ def test_a_row_held_locked_holds_back_no_other_outcome_and_no_claim(mode, caplog
         time.sleep(3.0)  # more rounds and renewals with the row still locked
         row = Task.objects.get(pk=held.id)
         assert (row.status, row.worker_id != "") == ("RUNNING", True)
+        holder.rollback()
+        # Free again: its outcome goes through in a later round, once.
+        wait_until(lambda: Task.objects.get(pk=held.id).status == "SUCCESSFUL", timeout=10)
     finally:
         holder.rollback()
         holder.close()
-    # Free again: its outcome goes through in a later round, once.
-    wait_until(lambda: Task.objects.get(pk=held.id).status == "SUCCESSFUL", timeout=10)
-    worker.stop()
-    thread.join(30)
+        worker.stop()
+        thread.join(30)
     assert not thread.is_alive()
     row = Task.objects.get(pk=held.id)
     assert (row.attempts, row.return_value) == (1, "seen")
