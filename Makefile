@@ -9,7 +9,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 PYTEST_ARGS ?=
 
-.PHONY: venvs test test-clusters test-quick lint worker bench clean
+.PHONY: venvs test test-clusters test-quick test-stress lint worker bench clean
 
 # mysqlclient (in the test extra, and for the example on MySQL) compiles from
 # source: it needs these Debian packages, plus Python's headers.
@@ -103,6 +103,22 @@ test-clusters: .venv/.installed
 	  else echo "The cluster tests need:$$missing (sudo apt-get install -y$$missing)" >&2; exit 1; fi; fi
 	DATABASE_URL="$(PG_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_pgbouncer.py tests/test_failover.py
 	DATABASE_URL="$(MYSQL_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_galera.py
+
+# Hunting flakes: the slow multi-process tests of each database STRESS_RUNS
+# times over, with one CPU burner per core beside them (a loaded CI machine).
+# Stops at the first failure; the burners die with it.
+STRESS_RUNS ?= 3
+test-stress: venvs
+	@set -e; burners=""; \
+	for _ in $$(seq $$(nproc)); do nice -n 5 $(PY_DJ52) -c 'while True: pass' & burners="$$burners $$!"; done; \
+	trap 'kill $$burners 2>/dev/null' EXIT; \
+	for run in $$(seq $(STRESS_RUNS)); do \
+	  for url in sqlite "$(PG_URL)" "$(MYSQL_URL)"; do \
+	    echo "=== stress run $$run, $$url"; \
+	    if [ "$$url" = sqlite ]; then u=; else u=$$url; fi; \
+	    DATABASE_URL=$$u .venv/bin/pytest -m slow -p no:randomly $(PYTEST_ARGS); \
+	  done; \
+	done
 
 # SQLite on Django 5.2 only: the fast loop while developing.
 test-quick: .venv/.installed
