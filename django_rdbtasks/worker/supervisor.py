@@ -168,7 +168,9 @@ class Supervisor:
             self._report_processes()
             if self._unmarked and time.monotonic() >= self._mark_after:
                 self._mark_stopped(set())
-        if self._unmarked:
+        if self._unmarked and time.monotonic() >= self._mark_after:
+            # Not again at once after a failure: a server cut off silently
+            # would hold the exit for another connection timeout.
             self._mark_stopped(set())
         if self._unmarked:
             logger.warning(
