@@ -109,7 +109,17 @@ class Namespace:
         self._delete()  # left over by a run that was killed
         try:
             _run("ip", "netns", "add", self.name)
-            _run("ip", "link", "add", self.outside_link, "type", "veth", "peer", "name", self.inside_link)
+            _run(
+                "ip",
+                "link",
+                "add",
+                self.outside_link,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.inside_link,
+            )
             _run("ip", "link", "set", self.inside_link, "netns", self.name)
             _run("ip", "addr", "add", f"{self.outside}/30", "dev", self.outside_link)
             _run("ip", "link", "set", self.outside_link, "up")

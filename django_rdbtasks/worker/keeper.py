@@ -39,7 +39,7 @@ from .execution import Executor, Running
 from .exits import EXIT_RECYCLE, EXIT_TIMED_OUT
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import BUSY_RETRY, Slot
+from .slots import BUSY_RETRY, HandBack, Slot
 from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -156,24 +156,30 @@ class LeaseKeeper:
         return self._writer is None or self._writer_done.wait(max(0.0, within))
 
     def tick(self, now: float) -> None:
+        taken: list[tuple[str, HandBack]] = []
         with self._lock:
             if self._leaving.is_set():
                 return
             for slot in self.slots:
                 if self.stopping():
                     # Claimed but not started: back to READY at once, for others.
-                    self._release(slot.worker_id, slot.take_unstarted())
-                    self._keep(slot.worker_id, slot.take_finished())
+                    taken.append(
+                        (slot.worker_id, HandBack(slot.take_unstarted(), slot.take_finished()))
+                    )
                     continue
-                taken = slot.hand_back_if_stuck(now)
-                if taken is not None:
+                back = slot.hand_back_if_stuck(now)
+                if back is not None:
                     logger.debug(
                         "slot %s: handing back %d tasks waiting behind a long one",
                         slot.worker_id,
-                        len(taken.unstarted),
+                        len(back.unstarted),
                     )
-                    self._keep(slot.worker_id, taken.finished)
-                    self._release(slot.worker_id, taken.unstarted)
+                    taken.append((slot.worker_id, back))
+        for worker_id, back in taken:
+            # Outside the lock: releasing a takeover writes its lost attempt.
+            released = [(self.executor.release(r), r) for r in back.unstarted]
+            with self._lock:
+                self._keep(worker_id, back.finished + released)
         if now >= self._write_after or self.stopping():
             self._write_kept()
         if now >= self.next_renewal:
@@ -209,9 +215,6 @@ class LeaseKeeper:
         # Called with ``_lock`` held.
         if pairs:
             self._unwritten.setdefault(worker_id, []).extend(pairs)
-
-    def _release(self, worker_id: str, unstarted: list[Running]) -> None:
-        self._keep(worker_id, [(self.executor.release(r), r) for r in unstarted])
 
     def _write_kept(self) -> None:
         assert self.store is not None
@@ -346,15 +349,18 @@ class LeaseKeeper:
         """Write what is left on a thread of its own, for at most ``LEAVE_WITHIN``; exit."""
         with self._lock:
             self._leaving.set()
-            for slot in self.slots:
-                taken = slot.take_everything()
-                self._keep(slot.worker_id, taken.finished)
-                self._keep(slot.worker_id, [(outcome_for(r), r) for r in taken.unstarted])
             # Possibly being written by the writer right now as well: every
             # write is fenced, so the second one changes nothing.
-            left = {worker_id: list(pairs) for worker_id, pairs in self._unwritten.items()}
+            left = [
+                (worker_id, HandBack([], list(pairs)))
+                for worker_id, pairs in self._unwritten.items()
+            ]
+            left += [(slot.worker_id, slot.take_everything()) for slot in self.slots]
         last = threading.Thread(
-            target=self._write_before_leaving, args=(left,), name="rdbtasks-leaving", daemon=True
+            target=self._write_before_leaving,
+            args=(left, outcome_for),
+            name="rdbtasks-leaving",
+            daemon=True,
         )
         last.start()
         last.join(LEAVE_WITHIN)
@@ -368,11 +374,15 @@ class LeaseKeeper:
         logging.shutdown()
         os._exit(code)
 
-    def _write_before_leaving(self, left: dict[str, list[tuple[Outcome, Running]]]) -> None:
+    def _write_before_leaving(
+        self, left: list[tuple[str, HandBack]], outcome_for: Callable[[Running], Outcome]
+    ) -> None:
         unwritten = False
         try:
             store = ClaimStore(self.alias, self.database)
-            for worker_id, pairs in left.items():
+            for worker_id, back in left:
+                # Computed here: releasing a takeover writes its lost attempt.
+                pairs = back.finished + [(outcome_for(r), r) for r in back.unstarted]
                 if not pairs:
                     continue
                 result = store.finish([outcome for outcome, _ in pairs], worker_id)
