@@ -88,10 +88,13 @@ class Relay(threading.Thread):
         self.closing.set()
         self.listener.close()
         for sock in self.sockets:
-            try:
-                sock.close()
-            except OSError:
-                pass
+            # A shutdown first: closing alone would not wake a pump blocked in
+            # recv, and the connection (and its server session) would stay.
+            for end in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
+                try:
+                    end()
+                except OSError:
+                    pass
 
 
 class Namespace:
