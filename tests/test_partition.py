@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def _unavailable() -> str | None:
     if connection.vendor != "postgresql":
-        return "the partition tests cut a worker off from PostgreSQL (the suite's CI cell for them)"
+        return "PostgreSQL only: the partition tests cut a worker off from a PostgreSQL server"
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "network namespaces and iptables need root (CI runs as root)"
     for tool in ("ip", "iptables"):
@@ -90,11 +90,11 @@ class Relay(threading.Thread):
         for sock in self.sockets:
             # A shutdown first: closing alone would not wake a pump blocked in
             # recv, and the connection (and its server session) would stay.
-            for end in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
-                try:
-                    end()
-                except OSError:
-                    pass
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
 
 
 class Namespace:
