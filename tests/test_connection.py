@@ -136,3 +136,21 @@ def test_task_connections_get_the_worker_bounds_except_those_the_settings_set(ve
     finally:
         options.clear()
         options.update(saved)
+
+
+@pytest.mark.slow
+def test_a_task_body_in_a_worker_process_gets_bounded_connections(vendor, run_workers):
+    from tests.testapp import tasks
+
+    result = tasks.connection_options.enqueue()
+    workers = run_workers("--burst", "--lease", "6")
+    assert workers.wait(timeout=60) == 0, workers.log()
+    result.refresh()
+    options = result.return_value
+    if vendor == "postgresql":
+        assert options["tcp_user_timeout"] == "5000" and options["keepalives"] == "1"
+        assert options["connect_timeout"] == "2"
+    elif vendor == "mysql":
+        assert options["write_timeout"] == "2" and "read_timeout" not in options
+    else:
+        assert not {"connect_timeout", "tcp_user_timeout"} & set(options)
