@@ -50,7 +50,7 @@ __all__ = ["EXIT_RECYCLE", "LEAVE_WITHIN", "LeaseKeeper"]
 TICK = 0.01
 #: Longest the last writes of a process that leaves (release the claims,
 #: deregister) may take before it exits anyway: the leases free the rest.
-LEAVE_WITHIN = 1.5
+LEAVE_WITHIN = 1.0
 
 
 def renewal_patience(lease: float) -> float:
