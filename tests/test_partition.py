@@ -290,6 +290,26 @@ def test_a_worker_cut_off_recovers_after_the_heal_and_writes_nothing_stale(
     assert not _ended(cut_off_child)
 
 
+def test_a_worker_started_while_cut_off_stops_at_once_when_told(
+    namespace: Namespace, run_workers: Callable[..., WorkerProcess]
+) -> None:
+    namespace.cut()
+    # The default lease: a connection attempt gives up after 10 s only.
+    worker = run_workers(
+        "--processes", "1", "--threads", "1", "--no-scheduler", "--lease", "30",
+        prefix=namespace.prefix,
+        env={"DATABASE_URL": namespace.database_url()},
+    )  # fmt: skip
+    # The supervisor's own wait for the tables gives up first (one connection timeout).
+    child = wait_until(lambda: worker_children(worker.pid), timeout=30)[0]
+    time.sleep(1.0)  # registering, blocked
+    assert not _ended(child)
+    worker.signal(signal.SIGTERM)
+    signalled_at = time.monotonic()
+    wait_until(lambda: _ended(child), timeout=15)
+    assert time.monotonic() - signalled_at <= 2.0, worker.log()
+
+
 def test_the_namespace_is_gone_after_a_test(namespace: Namespace) -> None:
     name = namespace.name
     namespace.__exit__()

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -31,7 +31,7 @@ from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
-from .connection import bound_user_connections, worker_alias
+from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
 from .execution import Executor, close_task_connections
 from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
 from .keeper import LEAVE_WITHIN, LeaseKeeper
@@ -180,13 +180,16 @@ class Worker:
                     logger.warning("the task tables are missing: run manage.py migrate")
                 raise
 
-        registered = retry_database(
-            register,
-            "register worker",
-            alias=alias,
-            stop=self.halt,
-            give_up=self._signalled,
-            log=logger,
+        registered = self._off_the_main_thread(
+            alias,
+            lambda: retry_database(
+                register,
+                "register worker",
+                alias=alias,
+                stop=self.halt,
+                give_up=self._signalled,
+                log=logger,
+            ),
         )
         if registered is None:  # signalled before the database ever answered
             return 0
@@ -255,6 +258,33 @@ class Worker:
             connections.close_all()
         logger.info("worker %s stopped after %d tasks", self.name, self.counters.processed)
         return EXIT_RECYCLE if self.recycle else 0
+
+    def _off_the_main_thread(self, alias: str, call: Callable[[], bool | None]) -> bool | None:
+        """``call`` on a thread of its own (with the worker connection ``alias``), watched.
+
+        None as soon as a signal comes or the supervisor is gone: a call
+        blocked on a server cut off silently is left to end on its own.
+        """
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            open_in_thread(alias)
+            try:
+                outcome["value"] = call()
+            except BaseException as exc:  # raised again on the main thread
+                outcome["error"] = exc
+            finally:
+                close_in_thread(alias)
+                done.set()
+
+        threading.Thread(target=target, name="rdbtasks-register", daemon=True).start()
+        while not done.wait(TICK):
+            if self._signalled() or self.parent.orphaned():
+                return None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
 
     def _totals(self) -> tuple[int, int]:
         with self.counters.lock:
