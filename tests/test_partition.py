@@ -167,6 +167,10 @@ class Namespace:
         self.inside_run("iptables", "-I", "OUTPUT", "-d", self.outside, "-j", "DROP")
         self.inside_run("iptables", "-I", "INPUT", "-s", self.outside, "-j", "DROP")
 
+    def link_down(self) -> None:
+        """Take the namespace's link down: its route is gone, nothing is sent or reset."""
+        self.inside_run("ip", "link", "set", self.inside_link, "down")
+
     def heal(self) -> None:
         self.inside_run("iptables", "-D", "OUTPUT", "-d", self.outside, "-j", "DROP")
         self.inside_run("iptables", "-D", "INPUT", "-s", self.outside, "-j", "DROP")
@@ -205,8 +209,9 @@ def _log_has(worker: WorkerProcess, text: str) -> bool:
     return text in worker.log()
 
 
+@pytest.mark.parametrize("cut", ["silent drop", "link down"])
 def test_a_worker_cut_off_notices_in_time_and_stops_within_its_grace(
-    namespace: Namespace, run_workers: Callable[..., WorkerProcess]
+    namespace: Namespace, run_workers: Callable[..., WorkerProcess], cut: str
 ) -> None:
     lease, grace = 6.0, 6.0
     worker, child = _start_cut_off_worker(
@@ -215,7 +220,10 @@ def test_a_worker_cut_off_notices_in_time_and_stops_within_its_grace(
     # A task that ignores the stop: only the end of the grace ends it.
     result = tasks.record_then_sleep.enqueue("cut-off", 60)
     wait_until(lambda: SideEffect.objects.filter(key="cut-off").exists(), timeout=30)
-    namespace.cut()
+    if cut == "silent drop":
+        namespace.cut()
+    else:
+        namespace.link_down()
     cut_at = time.monotonic()
     noticed_at = signalled_at = None
     while noticed_at is None or signalled_at is None:
