@@ -302,9 +302,9 @@ def test_a_worker_started_while_cut_off_stops_at_once_when_told(
     namespace: Namespace, run_workers: Callable[..., WorkerProcess]
 ) -> None:
     namespace.cut()
-    # The default lease: a connection attempt gives up after 10 s only.
+    # A connection attempt gives up after 4 s only (lease / 3).
     worker = run_workers(
-        "--processes", "1", "--threads", "1", "--no-scheduler", "--lease", "30",
+        "--processes", "1", "--threads", "1", "--no-scheduler", "--lease", "12",
         prefix=namespace.prefix,
         env={"DATABASE_URL": namespace.database_url()},
     )  # fmt: skip
