@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,6 +36,13 @@ MAX_DELAY = 5.0
 #: its write set, still being applied on this node) is visible by then.
 RACE_FIRST_DELAY = 0.005
 RACE_MAX_DELAY = 0.2
+#: How often a wait between two tries asks ``give_up`` (a signal handler's
+#: flag, which cannot set an Event): a signal ends the wait within this.
+GIVE_UP_POLL = 0.1
+#: Longest ``LeaseRenewer.stop`` waits for a renewal in flight (one blocked
+#: on a server cut off silently would otherwise hold the caller for the
+#: connection's TCP bounds); the thread ends on its own after it.
+RENEWER_STOP_WITHIN = 1.0
 #: Consecutive lost races after which one warning says something is wrong
 #: (a hot row everybody writes), in case they never stop.
 RACE_WARN_EVERY = 100
@@ -150,7 +158,7 @@ def retry_database(
             if is_lost_race(exc) and _can_retry_race(alias):
                 delay = races.next_delay()
                 _note_race(what, exc, delay, races.failures)
-                if give_up() or stop.wait(delay):
+                if _wait(stop, delay, give_up):
                     return None
                 continue
             races.reset()
@@ -168,8 +176,20 @@ def retry_database(
                 close_quietly(alias)
             if on_error is not None:
                 on_error()
-        if give_up() or stop.wait(delay):
+        if _wait(stop, delay, give_up):
             return None
+
+
+def _wait(stop: threading.Event, delay: float, give_up: Callable[[], bool]) -> bool:
+    """Wait ``delay`` seconds between tries; True as soon as stopped or given up."""
+    deadline = time.monotonic() + delay
+    while not give_up():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if stop.wait(min(GIVE_UP_POLL, left)):
+            return True
+    return True
 
 
 def _can_retry_race(alias: str | None) -> bool:
@@ -211,7 +231,9 @@ class LeaseRenewer:
     waiting a whole interval after each failure would let two failures in a
     row lose it. A lost race (the renewal met a conflicting write: on Galera,
     one committed on another node) is retried within milliseconds, logged at
-    debug, on the same connection.
+    debug, on the same connection. ``stop`` waits for a renewal in flight for
+    at most ``RENEWER_STOP_WITHIN``: one blocked on a server cut off silently
+    ends on its own thread.
     """
 
     def __init__(
@@ -235,10 +257,12 @@ class LeaseRenewer:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, within: float = RENEWER_STOP_WITHIN) -> bool:
+        """Stop renewing; wait at most ``within`` for a renewal in flight. True if it ended."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(within)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         backoff = Backoff(cap=self.interval)
@@ -266,6 +290,10 @@ class LeaseRenewer:
                     if self.alias is not None:
                         close_quietly(self.alias)
                     continue
+                if self._stop.is_set():
+                    # Stopped while it renewed: the caller moved on (and may have
+                    # released the lease itself), a late answer is no loss.
+                    return
                 if not renewed:
                     self.lost.set()
                     if self.on_lost is not None:

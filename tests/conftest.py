@@ -67,7 +67,10 @@ class WorkerProcess:
         *,
         new_session: bool = False,
         env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
+        # ``prefix`` runs the command through another, e.g. ``ip netns exec NS``
+        # (which execs it: the process is still ``pid``).
         # ``env`` overrides, e.g. another DATABASE_URL or DJANGO_SETTINGS_MODULE
         # for workers that connect through a pooler or to a cluster.
         env = {
@@ -80,7 +83,7 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", "runworkers", *args],
+            [*(prefix or []), sys.executable, "-m", "django", "runworkers", *args],
             env=env,
             cwd=ROOT,
             stdout=self._log,
@@ -138,10 +141,17 @@ def run_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     counter = iter(range(1000))
 
     def start(
-        *args: str, new_session: bool = False, env: dict[str, str] | None = None
+        *args: str,
+        new_session: bool = False,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> WorkerProcess:
         worker = WorkerProcess(
-            list(args), tmp_path / f"worker-{next(counter)}.log", new_session=new_session, env=env
+            list(args),
+            tmp_path / f"worker-{next(counter)}.log",
+            new_session=new_session,
+            env=env,
+            prefix=prefix,
         )
         started.append(worker)
         return worker

@@ -102,3 +102,55 @@ def test_worker_sessions_never_wait_long_on_a_lock_and_task_sessions_are_untouch
         if "idle_transaction_timeout" in found:
             assert int(found["idle_transaction_timeout"]) == 15
         assert int(setting(connection, vendor, "innodb_lock_wait_timeout")) != 7
+
+
+def test_task_connections_get_the_worker_bounds_except_those_the_settings_set(vendor):
+    from django.db import connections
+
+    from django_rdbtasks.db import dialect_for
+    from django_rdbtasks.worker.connection import bound_user_connections
+
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    saved = dict(options)
+    own = {"postgresql": "keepalives_idle", "mysql": "connect_timeout"}.get(vendor)
+    try:
+        # As the settings say, without what an earlier worker in this process added.
+        options.clear()
+        added = set(dialect_for(connections["default"]).connection_options(6.0))
+        options.update({k: v for k, v in saved.items() if k not in added})
+        before = dict(options)
+        if own is not None:
+            options[own] = 77
+        changed = bound_user_connections(6.0)
+        if vendor == "sqlite":
+            assert changed == [] and options == before
+            return
+        assert "default" in changed
+        assert options[own] == 77  # the settings' own value is kept
+        if vendor == "postgresql":
+            assert options["tcp_user_timeout"] == 5000 and options["keepalives"] == 1
+            assert options["connect_timeout"] == 2
+        else:
+            # A task's query may run long: no read timeout of the worker's.
+            assert options["write_timeout"] == 2 and "read_timeout" not in options
+    finally:
+        options.clear()
+        options.update(saved)
+
+
+@pytest.mark.slow
+def test_a_task_body_in_a_worker_process_gets_bounded_connections(vendor, run_workers):
+    from tests.testapp import tasks
+
+    result = tasks.connection_options.enqueue()
+    workers = run_workers("--burst", "--lease", "6")
+    assert workers.wait(timeout=60) == 0, workers.log()
+    result.refresh()
+    options = result.return_value
+    if vendor == "postgresql":
+        assert options["tcp_user_timeout"] == "5000" and options["keepalives"] == "1"
+        assert options["connect_timeout"] == "2"
+    elif vendor == "mysql":
+        assert options["write_timeout"] == "2" and "read_timeout" not in options
+    else:
+        assert not {"connect_timeout", "tcp_user_timeout"} & set(options)

@@ -161,3 +161,44 @@ def test_a_lease_renewal_that_lost_a_race_is_retried_without_a_warning(rows, cap
     assert calls[2] - calls[0] < 1.0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len([r for r in caplog.records if r.name == "django_rdbtasks.races"]) == 2
+
+
+def test_a_signal_ends_the_wait_between_two_tries_at_once():
+    """A signal handler cannot set an Event: its flag is read during the backoff too."""
+    calls: list[float] = []
+    flagged: list[float] = []
+
+    def operation() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 5:  # the next wait is 0.8 to 2.4 s
+            threading.Timer(0.05, lambda: flagged.append(time.monotonic())).start()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT * FROM rdbtasks_no_such_table")
+
+    got = retry_database(
+        operation, "test", alias="default", stop=threading.Event(), give_up=lambda: bool(flagged)
+    )
+    assert got is None and len(calls) == 5
+    assert time.monotonic() - flagged[0] < 0.3
+
+
+def test_stopping_a_renewer_waits_for_a_renewal_in_flight_only_so_long():
+    entered, answer = threading.Event(), threading.Event()
+    lost: list[bool] = []
+
+    def renew() -> bool:
+        entered.set()
+        answer.wait(10)  # a renewal blocked on a server that does not answer
+        return False
+
+    renewer = LeaseRenewer(
+        renew, interval=0.05, name="stuck-renewer", on_lost=lambda: lost.append(True)
+    ).start()
+    assert entered.wait(5)
+    started = time.monotonic()
+    assert renewer.stop(within=0.3) is False
+    assert time.monotonic() - started < 1.0
+    answer.set()
+    assert renewer.stop(within=5) is True
+    # Its late answer came after the stop: no loss reported to a caller that moved on.
+    assert not renewer.lost.is_set() and not lost

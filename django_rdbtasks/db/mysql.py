@@ -65,6 +65,14 @@ class MySQLDialect(Dialect):
             statements.append(f"SET SESSION idle_transaction_timeout = {max(1, int(lease / 2))}")
         return statements
 
+    def connection_options(self, lease: float) -> dict[str, Any]:
+        # The client's own bounds (mysqlclient): a server cut off silently
+        # fails a connection attempt, a write and a wait for an answer in
+        # seconds. The client tries a timed-out read three times, and a
+        # worker's statement may wait ``innodb_lock_wait_timeout`` (lease / 4).
+        seconds = max(2, min(10, round(lease / 3)))
+        return {"connect_timeout": seconds, "read_timeout": seconds, "write_timeout": seconds}
+
     def claim_chosen(
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:

@@ -268,13 +268,16 @@ class PostgreSQLDialect(Dialect):
 
     def connection_options(self, lease: float) -> dict[str, Any]:
         # And the worker notices a vanished server, instead of waiting on a
-        # socket that will never answer.
+        # socket that will never answer; a connection attempt to a server cut
+        # off silently (its SYNs dropped) ends too, instead of the kernel's
+        # two minutes of retries (libpq's least is 2 s).
         return {
             "keepalives": 1,
             "keepalives_idle": 5,
             "keepalives_interval": 2,
             "keepalives_count": 5,
             "tcp_user_timeout": max(5000, int(lease * 500)),
+            "connect_timeout": max(2, min(10, round(lease / 3))),
         }
 
     # -- one round: finish and claim -----------------------------------------------------

@@ -94,6 +94,43 @@ def open_in_thread(alias: str) -> Any:
     return wrapper
 
 
+#: Bounds of the worker's own connections that would cut a task's long
+#: statement short: a task's connections get the others only.
+_WORKER_ONLY = frozenset({"read_timeout"})
+
+
+def bound_user_connections(lease: float) -> list[str]:
+    """Give this process's connections to ``DATABASES`` the worker's TCP bounds, where
+    their settings have none: the connections task bodies (and the scheduler) use.
+
+    Called once in a worker process, before its threads connect. A task body
+    that talks to a server cut off silently would otherwise wait for the
+    kernel's retransmissions (about 15 minutes) before its query fails, past
+    its lease and past any grace. An option set in ``DATABASES[...]["OPTIONS"]``
+    is left as it is. Returns the aliases that got a default.
+    """
+    changed = []
+    for alias in connections:
+        if alias.endswith(SUFFIX):
+            continue
+        try:
+            defaults = dialect_for(connections[alias]).connection_options(lease)
+        except NotImplementedError:
+            continue  # a database this app does not run on: its driver's options are unknown
+        options = connections[alias].settings_dict.setdefault("OPTIONS", {})
+        added = {
+            key: value
+            for key, value in defaults.items()
+            if key not in _WORKER_ONLY and key not in options
+        }
+        if added:
+            # The settings dict is shared by every thread's connection to this
+            # alias: set once here, every later connection has them.
+            options.update(added)
+            changed.append(alias)
+    return changed
+
+
 def close_in_thread(alias: str) -> None:
     try:
         wrapper = connections[alias]

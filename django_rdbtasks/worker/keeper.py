@@ -1,21 +1,32 @@
 """The lease keeper: what a worker process does besides running tasks.
 
-It runs on the process's main thread, a tick every few milliseconds, while
-slot threads run tasks: it renews the leases of every claim the process holds
-(and learns of cancel requests and lost claims), hands back tasks waiting
-behind a long one, asks tasks past their timeout to stop and recycles the
-process if they do not, acts on signals (whose handlers only set a flag) and
-on the death of the supervisor, and ends the grace period of a shutdown.
+It has two halves, on two threads, so that nothing that watches the clock
+ever waits on the network:
 
-Its writes are tried once per tick; what could not be written is kept, still
-renewed, and tried again on the next tick, so a database outage never stops
-the keeper from noticing a signal or a deadline.
+- The writer (``run_writer``, a thread of its own with its own connection), a
+  tick every few milliseconds: renews the leases of every claim the process
+  holds (and learns of cancel requests and lost claims), hands back tasks
+  waiting behind a long one and writes them, writes the registry heartbeat.
+  Its writes are tried once per tick; what could not be written is kept,
+  still renewed, and tried again later. A call can block for as long as the
+  connection's TCP bounds allow when the server is cut off silently.
+- The watch (``watch``, on the process's main thread, with the signals and
+  the supervisor watch): tells running tasks to stop when the worker stops,
+  asks tasks past their timeout to stop, says when a renewal does not answer,
+  and ends the process (``give_up``, a timed-out task) with its last writes
+  bounded by ``LEAVE_WITHIN``: on a thread of their own, waited for at most
+  that long, then the process exits whatever they did.
+
+Only the writer takes from the slots while the process runs (the slots'
+hand-back bookkeeping relies on it); on the way out the watch takes what is
+left, under the same lock, after telling the writer to take nothing more.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,12 +39,23 @@ from .execution import Executor, Running
 from .exits import EXIT_RECYCLE, EXIT_TIMED_OUT
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import BUSY_RETRY, Slot
+from .slots import BUSY_RETRY, HandBack, Slot
 from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
-__all__ = ["EXIT_RECYCLE", "LeaseKeeper"]
+__all__ = ["EXIT_RECYCLE", "LEAVE_WITHIN", "LeaseKeeper"]
+
+#: How often the writer looks at the slots.
+TICK = 0.01
+#: Longest the last writes of a process that leaves (release the claims,
+#: deregister) may take before it exits anyway: the leases free the rest.
+LEAVE_WITHIN = 1.0
+
+
+def renewal_patience(lease: float) -> float:
+    """How long a renewal may go unanswered before the watch says so."""
+    return max(1.0, min(2.0, lease / 6))
 
 
 class LeaseKeeper:
@@ -41,7 +63,8 @@ class LeaseKeeper:
         self,
         *,
         slots: Sequence[Slot],
-        store: ClaimStore,
+        alias: str,
+        database: str,
         executor: Executor,
         reporter: Reporter,
         counters: Counters,
@@ -52,7 +75,10 @@ class LeaseKeeper:
     ) -> None:
         self.slots = slots
         self._slots_by_id = {slot.worker_id: slot for slot in slots}
-        self.store = store
+        #: The writer's connection, made in its thread (``run_writer``).
+        self.alias = alias
+        self.database = database
+        self.store: ClaimStore | None = None
         self.executor = executor
         self.reporter = reporter
         self.counters = counters
@@ -72,46 +98,131 @@ class LeaseKeeper:
         #: reconnect and log a hundred times a second through an outage.
         self._write_backoff = Backoff(cap=max(0.05, lease / 6))
         self._write_after = 0.0
+        #: Guards ``_unwritten`` and taking from the slots between the writer
+        #: and a leaving watch; never held across a database call.
+        self._lock = threading.Lock()
+        #: Set by the watch when the process leaves: the writer takes nothing more.
+        self._leaving = threading.Event()
+        #: Ticks the writer completed, so the watch can wait for one that
+        #: began after the slots ended.
+        self.ticks = 0
+        #: When the renewal in flight began (None: none is), and whether the
+        #: watch already said it is late.
+        self._renewing_since: float | None = None
+        self._renewal_late_said = False
+        self.renewal_patience = renewal_patience(lease)
+        self._writer: threading.Thread | None = None
+        self._writer_done = threading.Event()
+        #: What ended the writer, if anything did before it was told to.
+        self.crashed: BaseException | None = None
+
+    # -- the writer's thread -----------------------------------------------------------
+
+    def start(self, halt: threading.Event, *, goodbye: Callable[[], tuple[int, int]]) -> None:
+        """Start the writer; once ``halt`` is set it writes what is left, deregisters, ends."""
+        self._writer = threading.Thread(
+            target=self.run_writer, args=(halt, goodbye), name="rdbtasks-keeper", daemon=True
+        )
+        self._writer.start()
+
+    def run_writer(self, halt: threading.Event, goodbye: Callable[[], tuple[int, int]]) -> None:
+        from django.db import connections
+
+        try:
+            self.store = ClaimStore(self.alias, self.database)
+            while not halt.is_set() and not self._leaving.is_set():
+                self.tick(time.monotonic())
+                self.ticks += 1
+                halt.wait(TICK)
+            if not self._leaving.is_set():
+                done, failed = goodbye()
+                try:
+                    self.registry.deregister(done=done, failed=failed)
+                except Exception as exc:  # the supervisor marks it on our behalf
+                    logger.warning("could not deregister (%s)", exc)
+        except BaseException as exc:
+            # A defect, not an outage (those are retried): the main thread
+            # ends the process rather than run tasks whose leases nobody renews.
+            self.crashed = exc
+            raise
+        finally:
+            if self.store is not None:
+                self.store.close()
+            connections.close_all()
+            self._writer_done.set()
+
+    def join(self, within: float) -> bool:
+        """Wait at most ``within`` seconds for the writer to end; True if it did."""
+        return self._writer is None or self._writer_done.wait(max(0.0, within))
 
     def tick(self, now: float) -> None:
-        for slot in self.slots:
-            if self.stopping():
-                current = slot.current()
-                if current is not None:
-                    current.stop_requested = True  # context.should_stop() says True from now on
-                # Claimed but not started: back to READY at once, for others.
-                self._release(slot.worker_id, slot.take_unstarted())
-                self._keep(slot.worker_id, slot.take_finished())
-                continue
-            taken = slot.hand_back_if_stuck(now)
-            if taken is not None:
-                logger.debug(
-                    "slot %s: handing back %d tasks waiting behind a long one",
-                    slot.worker_id,
-                    len(taken.unstarted),
-                )
-                self._keep(slot.worker_id, taken.finished)
-                self._release(slot.worker_id, taken.unstarted)
+        taken: list[tuple[str, HandBack]] = []
+        with self._lock:
+            if self._leaving.is_set():
+                return
+            for slot in self.slots:
+                if self.stopping():
+                    # Claimed but not started: back to READY at once, for others.
+                    taken.append(
+                        (slot.worker_id, HandBack(slot.take_unstarted(), slot.take_finished()))
+                    )
+                    continue
+                back = slot.hand_back_if_stuck(now)
+                if back is not None:
+                    logger.debug(
+                        "slot %s: handing back %d tasks waiting behind a long one",
+                        slot.worker_id,
+                        len(back.unstarted),
+                    )
+                    taken.append((slot.worker_id, back))
+        for worker_id, back in taken:
+            # Outside the lock: releasing a takeover writes its lost attempt.
+            released = [(self.executor.release(r), r) for r in back.unstarted]
+            with self._lock:
+                self._keep(worker_id, back.finished + released)
         # Even when stopping, a failed write waits out its backoff (at most
         # lease / 6): through an outage or a row held locked, not every tick.
         if now >= self._write_after:
             self._write_kept()
-        self._watch_timeouts(now)
         if now >= self.next_renewal:
             self.next_renewal = now + self.heartbeat_interval
             self.renew()
 
+    # -- the watch (main thread: never waits on the network) -------------------------------
+
+    def watch(self, now: float) -> None:
+        if self.stopping():
+            for slot in self.slots:
+                current = slot.current()
+                if current is not None:
+                    current.stop_requested = True  # context.should_stop() says True from now on
+        self._watch_timeouts(now)
+        since = self._renewing_since
+        if (
+            since is not None
+            and not self._renewal_late_said
+            and now - since > self.renewal_patience
+        ):
+            self._renewal_late_said = True
+            logger.warning(
+                "lease renewal failed: no answer from the database for %.1fs "
+                "(server or network down?); still trying, the leases run out in %.0fs",
+                now - since,
+                self.lease,
+            )
+
     # -- writing on a slot's behalf ------------------------------------------------------
 
     def _keep(self, worker_id: str, pairs: list[tuple[Outcome, Running]]) -> None:
+        # Called with ``_lock`` held.
         if pairs:
             self._unwritten.setdefault(worker_id, []).extend(pairs)
 
-    def _release(self, worker_id: str, unstarted: list[Running]) -> None:
-        self._keep(worker_id, [(self.executor.release(r), r) for r in unstarted])
-
     def _write_kept(self) -> None:
-        for worker_id, pairs in list(self._unwritten.items()):
+        assert self.store is not None
+        with self._lock:
+            kept = [(worker_id, list(pairs)) for worker_id, pairs in self._unwritten.items()]
+        for worker_id, pairs in kept:
             if not pairs:
                 continue
             try:
@@ -125,33 +236,48 @@ class LeaseKeeper:
             # Rows another session holds locked: tried again alone, a little
             # later; their leases are still renewed meanwhile (see renew).
             busy = [(o, r) for o, r in pairs if o.id in result.busy]
-            self._unwritten[worker_id] = busy
+            with self._lock:
+                if self._leaving.is_set():
+                    return  # the watch took over what is left
+                # What was taken from the slots while this was written stays.
+                later = self._unwritten.get(worker_id, [])[len(pairs) :]
+                self._unwritten[worker_id] = busy + later
+                if not busy and not later:
+                    # Only this thread takes from the slots: all it took is written now.
+                    self._slots_by_id[worker_id].hand_back_written()
             if busy:
                 self._write_after = time.monotonic() + BUSY_RETRY
-            else:
-                # Only this thread takes from the slots: all it took is written now.
-                self._slots_by_id[worker_id].hand_back_written()
             done = [(o, r) for o, r in pairs if o.id not in result.busy]
             self.reporter.report(done, result.written)
 
     def writing(self) -> bool:
         """Outcomes taken from the slots are still to be written."""
-        return any(self._unwritten.values())
+        with self._lock:
+            return any(self._unwritten.values())
 
     # -- leases ------------------------------------------------------------------------
 
     def renew(self) -> None:
+        assert self.store is not None
         for slot in self.slots:
-            held = slot.held() + [r for _, r in self._unwritten.get(slot.worker_id, [])]
+            with self._lock:
+                unwritten = [r for _, r in self._unwritten.get(slot.worker_id, [])]
+            held = slot.held() + unwritten
             claims = [(r.row.id, r.row.version) for r in held if not r.lost]
             if not claims:
                 continue
+            self._renewing_since = time.monotonic()
             try:
                 still, cancel = self.store.renew(claims, slot.worker_id, self.lease)
             except DatabaseError as exc:
                 delay = self._retry_delay("lease renewal", exc, self.renewal_backoff)
                 self.next_renewal = time.monotonic() + min(delay, self.heartbeat_interval)
                 return
+            finally:
+                self._renewing_since = None
+            if self._renewal_late_said:
+                self._renewal_late_said = False
+                logger.info("lease renewal answered again")
             for running in held:
                 task_id = running.row.id
                 if task_id in cancel and not running.cancel:
@@ -182,7 +308,8 @@ class LeaseKeeper:
         delay = backoff.next_delay()
         level = logging.WARNING if backoff.loud else logging.DEBUG
         logger.log(level, "%s failed (%s); retrying in %.2fs", what, exc, delay)
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
         return delay
 
     # -- timeouts and the end of a shutdown ----------------------------------------------
@@ -213,32 +340,64 @@ class LeaseKeeper:
         """
         failure = self.executor.timed_out(stuck, self.timeout_grace)
         logger.error("task %s %s", stuck.row.id, failure.error)
-        self._abandon_everything(lambda r: failure if r is stuck else self.executor.release(r))
-        tracing.flush()  # os._exit skips the tracing SDK's own flush
-        logging.shutdown()
-        os._exit(EXIT_TIMED_OUT)
+        self._leave(lambda r: failure if r is stuck else self.executor.release(r), EXIT_TIMED_OUT)
 
     def give_up(self) -> None:
         """The grace period is over: release every claim and leave at once."""
         logger.warning("grace period over; releasing unfinished tasks and exiting")
-        self._abandon_everything(self.executor.release)
+        self._leave(self.executor.release, 0)
+
+    def _leave(self, outcome_for: Callable[[Running], Outcome], code: int) -> None:
+        """Write what is left on a thread of its own, for at most ``LEAVE_WITHIN``; exit."""
+        with self._lock:
+            self._leaving.set()
+            # Possibly being written by the writer right now as well: every
+            # write is fenced, so the second one changes nothing.
+            left = [
+                (worker_id, HandBack([], list(pairs)))
+                for worker_id, pairs in self._unwritten.items()
+            ]
+            left += [(slot.worker_id, slot.take_everything()) for slot in self.slots]
+        last = threading.Thread(
+            target=self._write_before_leaving,
+            args=(left, outcome_for),
+            name="rdbtasks-leaving",
+            daemon=True,
+        )
+        last.start()
+        last.join(LEAVE_WITHIN)
+        if last.is_alive():
+            logger.warning(
+                "the database did not take the last writes within %.1fs; leaving anyway, "
+                "the leases free the tasks",
+                LEAVE_WITHIN,
+            )
         tracing.flush()  # os._exit skips the tracing SDK's own flush
         logging.shutdown()
-        os._exit(0)
+        os._exit(code)
 
-    def _abandon_everything(self, outcome_for: Callable[[Running], Outcome]) -> None:
-        for slot in self.slots:
-            taken = slot.take_everything()
-            self._keep(slot.worker_id, taken.finished)
-            self._keep(slot.worker_id, [(outcome_for(r), r) for r in taken.unstarted])
+    def _write_before_leaving(
+        self, left: list[tuple[str, HandBack]], outcome_for: Callable[[Running], Outcome]
+    ) -> None:
+        unwritten = False
         try:
-            self._write_kept()
+            store = ClaimStore(self.alias, self.database)
+            for worker_id, back in left:
+                # Computed here: releasing a takeover writes its lost attempt.
+                pairs = back.finished + [(outcome_for(r), r) for r in back.unstarted]
+                if not pairs:
+                    continue
+                result = store.finish([outcome for outcome, _ in pairs], worker_id)
+                unwritten = unwritten or bool(result.busy)
+                self.reporter.report(
+                    [(o, r) for o, r in pairs if o.id not in result.busy], result.written
+                )
         except Exception as exc:  # leaving now whatever happens; the leases free the rest
             logger.warning("could not write before leaving (%s); leases will expire", exc)
-        if any(self._unwritten.values()):
+            return
+        if unwritten:
             logger.warning("some claims were not released; their leases will expire")
-            # The database did not take a write just now: no second one on
-            # the way out. The supervisor marks the registration stopped.
+            # The supervisor marks the registration stopped.
             return
         with self.counters.lock:
             done, failed = self.counters.processed, self.counters.failed

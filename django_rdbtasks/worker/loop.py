@@ -3,8 +3,10 @@
 Each slot is a thread with a worker id of its own. It repeats one round: write
 the outcomes of the tasks it finished and claim the next ones, in one
 statement on PostgreSQL (one transaction elsewhere), then run what it claimed.
-The main thread is the lease keeper (``keeper.py``). Signal handlers only
-record the signal; the keeper acts on it.
+The lease keeper (``keeper.py``) writes from a thread of its own. The main
+thread never waits on the network: signal handlers only record the signal, and
+the main thread acts on it, on the supervisor's death and on the end of the
+grace period within a tick, whatever the database does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -29,10 +31,10 @@ from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
-from .connection import worker_alias
+from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
 from .execution import Executor, close_task_connections
 from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
-from .keeper import LeaseKeeper
+from .keeper import LEAVE_WITHIN, LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
@@ -43,7 +45,7 @@ logger = logging.getLogger("django_rdbtasks.worker")
 
 __all__ = ["EXIT_RECYCLE", "Worker"]
 
-#: How often the keeper looks at the slots, signals and deadlines.
+#: How often the main thread looks at signals, deadlines and the keeper.
 TICK = 0.01
 #: A signal this long after the first is a second one (exit at once); sooner,
 #: it is the same request arriving twice (a process group and its supervisor).
@@ -141,6 +143,7 @@ class Worker:
         if install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        bound_user_connections(self.lease)
         alias = worker_alias(self.database, self.lease, pooled=self.pooled)
         store = ClaimStore(alias, self.database)
         registry = Registry(alias, self.name)
@@ -177,13 +180,16 @@ class Worker:
                     logger.warning("the task tables are missing: run manage.py migrate")
                 raise
 
-        registered = retry_database(
-            register,
-            "register worker",
-            alias=alias,
-            stop=self.halt,
-            give_up=self._signalled,
-            log=logger,
+        registered = self._off_the_main_thread(
+            alias,
+            lambda: retry_database(
+                register,
+                "register worker",
+                alias=alias,
+                stop=self.halt,
+                give_up=self._signalled,
+                log=logger,
+            ),
         )
         if registered is None:  # signalled before the database ever answered
             return 0
@@ -197,7 +203,8 @@ class Worker:
         background = self._background_threads()
         keeper = LeaseKeeper(
             slots=slots,
-            store=store,
+            alias=alias,
+            database=self.database,
             executor=self._executor(store),
             reporter=reporter,
             counters=self.counters,
@@ -214,24 +221,27 @@ class Worker:
         ]
         for thread in background + threads:
             thread.start()
+        keeper.start(self.halt, goodbye=self._totals)
+        slots_ended_at_tick: int | None = None
         try:
-            while any(thread.is_alive() for thread in threads):
+            while True:
                 now = time.monotonic()
                 self._watch_signals_and_parent(now)
                 if now > self.stop_deadline:
                     keeper.give_up()
-                keeper.tick(now)
+                keeper.watch(now)
+                if keeper.crashed is not None:
+                    raise RuntimeError("the lease keeper failed") from keeper.crashed
+                if slots_ended_at_tick is None:
+                    if not any(thread.is_alive() for thread in threads):
+                        slots_ended_at_tick = keeper.ticks
+                # Done once a tick that began after the slots ended took what
+                # they left, and the keeper wrote it all: a row another session
+                # holds locked is waited for, within the grace once a stop is
+                # asked for.
+                elif keeper.ticks > slots_ended_at_tick + 1 and not keeper.writing():
+                    break
                 time.sleep(TICK)
-            keeper.tick(time.monotonic())  # what the slots left to write
-            while keeper.writing():
-                # A row another session holds locked: waited for, within the
-                # grace once a stop is asked for.
-                now = time.monotonic()
-                self._watch_signals_and_parent(now)
-                if now > self.stop_deadline:
-                    keeper.give_up()
-                time.sleep(TICK)
-                keeper.tick(time.monotonic())
         finally:
             self.stop()
             for thread in background:
@@ -239,10 +249,11 @@ class Worker:
                     thread.join(max(0.0, self.stop_deadline - time.monotonic()))
             self.halt.set()
             self.wake.set()
-            try:
-                registry.deregister(done=self.counters.processed, failed=self.counters.failed)
-            except Exception as exc:
-                logger.warning("could not deregister (%s)", exc)
+            # The keeper deregisters; a database that does not answer is
+            # waited for no longer than what is left of the grace (the
+            # supervisor marks the registration stopped instead).
+            if not keeper.join(max(LEAVE_WITHIN, self.stop_deadline - time.monotonic())):
+                logger.warning("could not deregister (the database does not answer)")
             store.close()
             connections.close_all()
         processed = self.counters.processed
@@ -253,6 +264,37 @@ class Worker:
             "task" if processed == 1 else "tasks",
         )
         return EXIT_RECYCLE if self.recycle else 0
+
+    def _off_the_main_thread(self, alias: str, call: Callable[[], bool | None]) -> bool | None:
+        """``call`` on a thread of its own (with the worker connection ``alias``), watched.
+
+        None as soon as a signal comes or the supervisor is gone: a call
+        blocked on a server cut off silently is left to end on its own.
+        """
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            open_in_thread(alias)
+            try:
+                outcome["value"] = call()
+            except BaseException as exc:  # raised again on the main thread
+                outcome["error"] = exc
+            finally:
+                close_in_thread(alias)
+                done.set()
+
+        threading.Thread(target=target, name="rdbtasks-register", daemon=True).start()
+        while not done.wait(TICK):
+            if self._signalled() or self.parent.orphaned():
+                return None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    def _totals(self) -> tuple[int, int]:
+        with self.counters.lock:
+            return self.counters.processed, self.counters.failed
 
     def stop(self, grace: float | None = None) -> None:
         """Stop claiming; running tasks get ``grace`` seconds before their claims are released."""

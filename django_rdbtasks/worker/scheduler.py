@@ -28,12 +28,16 @@ from ..jobs import (
     sync_declared_jobs,
 )
 from ..retrying import retry_database
+from .connection import bound_user_connections
 from .processtree import ParentWatch
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
 
 #: How often a scheduler applies RDBTASKS_RETENTION (a lock lets one host do it).
 RETENTION_EVERY = 300.0
+#: What the scheduler's connections' TCP bounds derive from (a worker's
+#: default lease): a server cut off silently fails a call in seconds.
+CONNECTION_BOUNDS_LEASE = 30.0
 
 
 class Scheduler:
@@ -67,6 +71,7 @@ class Scheduler:
         if install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        bound_user_connections(CONNECTION_BOUNDS_LEASE)
         logger.info("scheduler started")
         try:
             while not self._should_stop():

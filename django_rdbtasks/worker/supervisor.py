@@ -21,7 +21,7 @@ from ..observability.metrics import MetricsServer
 from ..retrying import Backoff, close_quietly, retry_database
 from ..schema import APP_LABEL, Reminder, unapplied_migrations, what_to_do
 from .autoscale import AutoscalePolicy, sample_load
-from .connection import close_in_thread, open_in_thread, worker_alias
+from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
 from .exits import RECYCLED, exit_reason
 from .loop import Worker
 from .processtree import die_with_parent
@@ -112,6 +112,9 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # Its own calls (waiting for migrate, autoscale samples) end in seconds
+        # when the server is cut off silently, so it acts on its signals.
+        bound_user_connections(float(self.worker_options.get("lease", 30.0)))
         try:
             return self._supervise()
         finally:
@@ -168,7 +171,9 @@ class Supervisor:
             self._report_processes()
             if self._unmarked and time.monotonic() >= self._mark_after:
                 self._mark_stopped(set())
-        if self._unmarked:
+        if self._unmarked and time.monotonic() >= self._mark_after:
+            # Not again at once after a failure: a server cut off silently
+            # would hold the exit for another connection timeout.
             self._mark_stopped(set())
         if self._unmarked:
             logger.warning(

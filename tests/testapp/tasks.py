@@ -236,3 +236,11 @@ def locks_row(task_id):
             [Task._meta.pk.get_db_prep_value(uuid.UUID(task_id), holder)],
         )
     held_row_locks.append(holder)
+
+
+@task()
+def connection_options():
+    """The driver options of the connection this task body uses."""
+    from django.db import connection
+
+    return {key: str(value) for key, value in connection.settings_dict.get("OPTIONS", {}).items()}

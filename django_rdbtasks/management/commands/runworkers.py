@@ -15,6 +15,7 @@ from ...observability.metrics import MetricsServer
 from ...states import ClaimMode
 from ...worker import Supervisor, Worker
 from ...worker.autoscale import AutoscalePolicy, parse_range
+from ...worker.connection import bound_user_connections
 
 
 class Command(BaseCommand):
@@ -147,6 +148,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._setup_logging(options["log_level"])
+        # Django 6.1's checks connect (the server version): bounded like the rest.
+        bound_user_connections(options["lease"])
         self._check()
         batch = options["batch"]
         autoscale = self._autoscale(options)
