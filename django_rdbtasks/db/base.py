@@ -349,22 +349,11 @@ class Dialect(RowDecoding):
         now = self.now_sql
         found: list[Candidate] = []
         # Expired leases queue by queue, each a range of its index in order.
-        reads: list[tuple[str, list[Any]]] = [
-            (
-                f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-                "ORDER BY lease_expires_at",
-                [queue],
-            )
-            for queue in queues
-        ]
+        expired = f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
+        reads = [(f"{expired} ORDER BY lease_expires_at", [queue]) for queue in queues]
         marks = ", ".join(["%s"] * len(queues))
-        reads.append(
-            (
-                f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) "
-                "ORDER BY priority DESC, run_after",
-                list(queues),
-            )
-        )
+        ready = f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) "
+        reads.append((f"{ready} ORDER BY priority DESC, run_after", list(queues)))
         for where, params in reads:
             cursor.execute(
                 f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} LIMIT %s "
