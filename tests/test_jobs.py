@@ -323,8 +323,9 @@ def test_a_job_whose_task_is_gone_records_which_path():
     assert fire_due_jobs() == 1
     record = JobRecord.objects.get()
     assert record.status == "FAILED"
+    # TaskNotHere: an InvalidTaskPath a later release may mend (see worker/missing.py).
     assert record.error == (
-        "InvalidTaskPath: 'tests.testapp.tasks.renamed_since': module 'tests.testapp.tasks' "
+        "TaskNotHere: 'tests.testapp.tasks.renamed_since': module 'tests.testapp.tasks' "
         "has no 'renamed_since'."
     )
 

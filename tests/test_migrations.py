@@ -1,4 +1,5 @@
-"""Migrations that do more than Django's own operations: 0006, the task path's index."""
+"""Migrations that do more than Django's own operations: 0006, the task path's index;
+and 0007, the lease index per queue, both ways."""
 
 import pytest
 from django.db import connection
@@ -11,9 +12,13 @@ BEFORE = (APP, "0005_enqueue_function")
 AFTER = (APP, "0006_task_path_btree")
 
 
-def migrate(target: tuple[str, str]) -> None:
+def migrate(target: tuple[str, str] | None = None) -> None:
+    """To ``target``; None: to the app's latest migration (what every other test expects,
+    worker processes included: they wait while a migration is unapplied)."""
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
+    if target is None:
+        [target] = executor.loader.graph.leaf_nodes(APP)
     executor.migrate([target])
 
 
@@ -34,7 +39,24 @@ def at_0005():
     try:
         yield
     finally:
+        migrate()
+
+
+def lease_index_columns() -> list[str]:
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, "django_rdbtasks_task")
+    return constraints["rdbtasks_task_lease"]["columns"]
+
+
+def test_0007_puts_the_queue_first_in_the_lease_index_and_back(vendor):
+    prefix = ["status"] if vendor == "mysql" else []
+    try:
+        assert lease_index_columns() == [*prefix, "queue_name", "lease_expires_at"]
         migrate(AFTER)
+        assert lease_index_columns() == [*prefix, "lease_expires_at"]
+    finally:
+        migrate()
+    assert lease_index_columns() == [*prefix, "queue_name", "lease_expires_at"]
 
 
 def test_0006_replaces_the_trigram_index_by_a_btree_and_back(at_0005, vendor):
