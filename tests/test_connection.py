@@ -71,6 +71,32 @@ def test_a_frozen_worker_session_is_ended_by_the_server_within_half_its_lease(ve
     assert in_new_thread(frozen_in_a_transaction).startswith("ended")
 
 
+def test_a_worker_statement_on_a_slow_server_ends_within_half_its_lease(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no server session to bound")
+    alias = worker_alias("default", lease=2.0, pooled=POOLED)
+
+    def slow_statement():
+        wrapper = open_in_thread(alias)
+        if vendor == "mysql" and not wrapper.mysql_is_mariadb:
+            pytest.skip("MySQL bounds only SELECTs; its client read timeout bounds the rest")
+        sleep = "SELECT pg_sleep(3)" if vendor == "postgresql" else "SELECT SLEEP(3)"
+        try:
+            with worker_transaction(alias), wrapper.cursor() as cursor:
+                cursor.execute(sleep)
+                return f"returned {cursor.fetchone()}"
+        except DatabaseError as exc:
+            return f"ended: {exc}"
+        finally:
+            close_in_thread(alias)
+
+    ended = in_new_thread(slow_statement)
+    assert ended.strip() in {  # the server cut it short
+        "ended: canceling statement due to statement timeout",
+        "ended: (1969, 'Query execution was interrupted (max_statement_time exceeded)')",
+    }, ended
+
+
 def test_worker_sessions_never_wait_long_on_a_lock_and_task_sessions_are_untouched(vendor):
     if vendor == "sqlite":
         pytest.skip("SQLite has no server session to bound")
@@ -84,23 +110,34 @@ def test_worker_sessions_never_wait_long_on_a_lock_and_task_sessions_are_untouch
                 if vendor == "postgresql":
                     return {
                         name: setting(wrapper, vendor, name)
-                        for name in ("idle_in_transaction_session_timeout", "lock_timeout")
+                        for name in (
+                            "idle_in_transaction_session_timeout",
+                            "lock_timeout",
+                            "statement_timeout",
+                        )
                     }
                 names = ["innodb_lock_wait_timeout"]
                 if wrapper.mysql_is_mariadb:
-                    names.append("idle_transaction_timeout")
+                    names += ["idle_transaction_timeout", "max_statement_time"]
                 return {name: setting(wrapper, vendor, name) for name in names}
         finally:
             close_in_thread(alias)
 
     found = in_new_thread(bounds)
     if vendor == "postgresql":
-        assert found == {"idle_in_transaction_session_timeout": "15s", "lock_timeout": "5s"}
+        assert found == {
+            "idle_in_transaction_session_timeout": "15s",
+            "lock_timeout": "5s",
+            "statement_timeout": "15s",
+        }
         assert setting(connection, vendor, "idle_in_transaction_session_timeout") == "0"
+        assert setting(connection, vendor, "statement_timeout") == "0"
     else:
         assert int(found["innodb_lock_wait_timeout"]) == 7
         if "idle_transaction_timeout" in found:
             assert int(found["idle_transaction_timeout"]) == 15
+            assert float(found["max_statement_time"]) == 15
+            assert float(setting(connection, vendor, "max_statement_time")) == 0
         assert int(setting(connection, vendor, "innodb_lock_wait_timeout")) != 7
 
 

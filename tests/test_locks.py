@@ -35,10 +35,13 @@ def test_one_holder_at_a_time_and_tokens_grow():
 
 
 def test_context_manager_renews_while_held():
-    with LeasedLock("long", lease=0.3) as lock:
-        time.sleep(1.0)  # three leases long: renewal keeps it
+    # A lease long enough that a loaded machine (a renewal's commit waiting
+    # behind other fsyncs, a thread not scheduled for a while) cannot let it
+    # lapse between renewals: with 0.3 s this failed under load.
+    with LeasedLock("long", lease=1.5) as lock:
+        time.sleep(3.5)  # more than two leases long: only renewal keeps it
         lock.check()
-        with pytest.raises(LockNotAcquired), LeasedLock("long", lease=0.3):
+        with pytest.raises(LockNotAcquired), LeasedLock("long", lease=1.5):
             pass
     assert Lock.objects.get(name="long").holder == ""
 

@@ -63,6 +63,10 @@ class MySQLDialect(Dialect):
             # its row locks with it. MySQL has no such setting: there only
             # wait_timeout (idle connections) and TCP keepalive end it.
             statements.append(f"SET SESSION idle_transaction_timeout = {max(1, int(lease / 2))}")
+            # And no statement of a worker runs past half its lease on a server
+            # that answers but slowly. (MySQL's max_execution_time bounds only
+            # SELECTs; there the client's read timeout is the bound.)
+            statements.append(f"SET SESSION max_statement_time = {max(1, int(lease / 2))}")
         return statements
 
     def connection_options(self, lease: float) -> dict[str, Any]:

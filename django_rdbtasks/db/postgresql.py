@@ -240,8 +240,11 @@ class PostgreSQLDialect(Dialect):
     @staticmethod
     def _bounds(lease: float) -> tuple[int, int]:
         # A frozen or partitioned worker must not keep a transaction (and its
-        # row locks) open for longer than a fraction of its lease, and none of
-        # its own writes may wait on a lock without a bound. Milliseconds.
+        # row locks) open for longer than a fraction of its lease, none of
+        # its own writes may wait on a lock without a bound, and none of its
+        # statements may run (on a server that answers, but slowly) past
+        # half its lease: its heartbeat would otherwise be late unnoticed.
+        # Milliseconds; the first bounds idle time and statements alike.
         return max(1000, int(lease * 500)), max(500, min(5000, int(lease * 250)))
 
     def session_sql(self, lease: float) -> list[str]:
@@ -249,6 +252,7 @@ class PostgreSQLDialect(Dialect):
         return [
             f"SET idle_in_transaction_session_timeout = {idle}",
             f"SET lock_timeout = {lock}",
+            f"SET statement_timeout = {idle}",
             # The server notices a vanished client within ~15 s.
             "SET tcp_keepalives_idle = 5",
             "SET tcp_keepalives_interval = 2",
@@ -263,7 +267,8 @@ class PostgreSQLDialect(Dialect):
         idle, lock = self._bounds(lease)
         return [
             f"SELECT set_config('idle_in_transaction_session_timeout', '{idle}', true), "
-            f"set_config('lock_timeout', '{lock}', true)"
+            f"set_config('lock_timeout', '{lock}', true), "
+            f"set_config('statement_timeout', '{idle}', true)"
         ]
 
     def connection_options(self, lease: float) -> dict[str, Any]:
