@@ -58,7 +58,12 @@ def parse_age(value: object) -> dt.timedelta:
         if unit not in UNITS:
             raise ValueError(f"{value!r}: {unit!r} is not a unit; write an age like {FORMS}.")
         seconds += float(number) * UNITS[unit]
-    return dt.timedelta(seconds=seconds)
+    try:
+        return dt.timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(
+            f"{value!r} is too long an age: at most {dt.timedelta.max.days} days."
+        ) from None
 
 
 def format_age(age: dt.timedelta) -> str:

@@ -117,11 +117,15 @@ def check_loadable(path: str) -> None:
     ``RDBTASKS_TASK_MODULES``, and its ``__main__`` is ``manage.py``, not the
     script that defined the task. Cached per path: one import at most.
     """
-    if path not in _reachable:
+    try:
+        refused = _reachable[path]
+    except KeyError:
+        # Read into a local: another thread may clear the cache between the
+        # store and a second look-up.
+        refused = _unreachable(path)
         if len(_reachable) >= 1024:
             _reachable.clear()
-        _reachable[path] = _unreachable(path)
-    refused = _reachable[path]
+        _reachable[path] = refused
     if refused is not None:
         raise refused
 

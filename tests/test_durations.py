@@ -82,3 +82,9 @@ def test_other_types_are_refused(value) -> None:
 def test_format_age_reads_back(age, text) -> None:
     assert format_age(age) == text
     assert parse_age(text) == age
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 30 + "d", "99999999999d"])
+def test_an_age_too_long_for_a_timedelta_is_refused_clearly(value) -> None:
+    with pytest.raises(ValueError, match="too long an age"):
+        parse_age(value)
