@@ -9,7 +9,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 PYTEST_ARGS ?=
 
-.PHONY: venvs test test-clusters test-quick test-stress lint worker bench clean
+.PHONY: venvs test test-line test-clusters test-quick test-stress lint worker bench clean
 
 # mysqlclient (in the test extra, and for the example on MySQL) compiles from
 # source: it needs these Debian packages, plus Python's headers.
@@ -73,22 +73,38 @@ lint: .venv/.installed
 # unreachable fails the run; nothing is skipped for lack of one. The slow
 # multi-process tests (races, crashes, restarts: the worker engine, which does
 # not depend on the Django line) run once per database, on Django 5.2; every
-# other test runs on both lines. Then the cluster tests, once.
+# other test runs on both lines. Two streams side by side, each in databases of
+# its own: Django 5.2 over the three databases, and Django 6.1 over them
+# followed by the cluster tests (servers of their own, on their own ports).
+# The tests that restart the shared servers run last, alone.
 test: venvs lint
 	@command -v chromium >/dev/null || [ -n "$$RDBTASKS_CHROMIUM" ] \
 	  || if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "No chromium: the browser tests will be skipped (sudo apt-get install -y chromium)"; fi
 	.venv/bin/python scripts/check_databases.py "$(PG_URL)" "$(MYSQL_URL)"
-	for venv in .venv .venv-dj61; do \
-	  for url in sqlite "$(PG_URL)" "$(MYSQL_URL)"; do \
-	    echo "=== $$venv $$url"; \
-	    if [ "$$url" = sqlite ]; then u=; else u=$$url; fi; \
-	    if [ $$venv = .venv ]; then m=; else m="not slow"; fi; \
-	    DATABASE_URL=$$u $$venv/bin/pytest -m "$$m" $(PYTEST_ARGS) || exit 1; \
-	  done; \
+	@bash -c 'set -o pipefail; \
+	  { RDBTASKS_TEST_DB=test_rdbtasks $(MAKE) --no-print-directory test-line VENV=.venv \
+	      MARKS="not server_restart" 2>&1 | sed -u "s/^/[django 5.2] /"; } & five=$$!; \
+	  { { RDBTASKS_TEST_DB=test_rdbtasks_dj61 $(MAKE) --no-print-directory test-line \
+	      VENV=.venv-dj61 MARKS="not slow" \
+	    && RDBTASKS_TEST_DB=test_rdbtasks_clusters $(MAKE) --no-print-directory test-clusters; } \
+	    2>&1 | sed -u "s/^/[django 6.1] /"; } & six=$$!; \
+	  wait $$five; a=$$?; wait $$six; b=$$?; \
+	  echo "Django 5.2 stream: exit $$a; Django 6.1 stream and clusters: exit $$b"; \
+	  [ $$a = 0 ] && [ $$b = 0 ]'
+	for url in "$(PG_URL)" "$(MYSQL_URL)"; do \
+	  DATABASE_URL=$$url .venv/bin/pytest -m server_restart $(PYTEST_ARGS) || exit 1; \
 	done
-	$(MAKE) test-clusters
+
+# One Django line (VENV) over the three databases, the tests MARKS selects;
+# stops at the first database that fails.
+test-line:
+	@for url in sqlite "$(PG_URL)" "$(MYSQL_URL)"; do \
+	  echo "=== $(VENV) $$url"; \
+	  if [ "$$url" = sqlite ]; then u=; else u=$$url; fi; \
+	  DATABASE_URL=$$u $(VENV)/bin/pytest -m "$(MARKS)" $(PYTEST_ARGS) || exit 1; \
+	done
 
 # Servers the cluster tests start themselves, from Debian's packages.
 CLUSTER_PACKAGES = pgbouncer postgresql-15 galera-4 mariadb-server rsync

@@ -310,6 +310,7 @@ def _restart_database_server(vendor):
     wait_until(reachable, timeout=120, interval=0.5)
 
 
+@pytest.mark.server_restart
 def test_database_restart_is_survived(run_workers, vendor):
     if vendor == "sqlite":
         pytest.skip("SQLite has no server to restart")
