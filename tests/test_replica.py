@@ -31,7 +31,7 @@ import pytest
 from scripts.clusters import pg_pair
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 DB_NAME = "rdbtasks_replica"
 SETTINGS = "tests.settings_replica"
