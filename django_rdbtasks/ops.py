@@ -29,7 +29,7 @@ from .compat import task_backends
 from .db import dialect_for
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
-from .reads import read_database
+from .reads import read_database, replica_lag
 
 FINISHED = TaskStatus.finished()
 #: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
@@ -245,13 +245,6 @@ def snapshot(
         read_from=source,
         replica_lag=replica_lag(source) if source != using else None,
     )
-
-
-def replica_lag(using: str) -> float | None:
-    """Seconds the server behind ``using`` is behind its primary: 0 on a primary, None unknown."""
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        return dialect_for(connection).replica_lag(cursor)
 
 
 def _count_ready(tasks: QuerySet, now: dt.datetime, stats_for: Callable) -> None:

@@ -21,6 +21,7 @@ from django.core import checks
 from django.db import connections
 
 from .compat import task_backends
+from .db import dialect_for
 
 OPTION = "READ_DATABASE"
 
@@ -38,6 +39,13 @@ def read_database(using: str) -> str:
             if read:
                 return str(read)
     return using
+
+
+def replica_lag(using: str) -> float | None:
+    """Seconds the server behind ``using`` is behind its primary: 0 on a primary, None unknown."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        return dialect_for(connection).replica_lag(cursor)
 
 
 def read_database_checks(backend: Any) -> list[checks.CheckMessage]:
