@@ -9,6 +9,7 @@ streaming standby (``make test-clusters``).
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,6 +159,9 @@ def test_rdbtasks_status_and_workers_read_the_replica(capsys: pytest.CaptureFixt
         call_command("rdbtasks", "status")
     reads_only_the_replica(queries)
     assert "Read from replica, a replica; replication lag:" in capsys.readouterr().out
+    call_command("rdbtasks", "status", "--json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["database"] == "default" and data["read_database"] == "replica"
     with Queries() as queries:
         call_command("rdbtasks", "workers")
     reads_only_the_replica(queries)
