@@ -75,12 +75,9 @@ class StatusFilter(admin.SimpleListFilter):
 
 def visible_queues(request: HttpRequest) -> list[str]:
     """The queues of ``TASKS`` and of the jobs that this user may see."""
-    using = ops.default_database()
-    names = set(ops.configured_queues(using))
-    using = admin_database(request, Job)
-    names.update(
-        Job.objects.using(using).exclude(queue_name="").values_list("queue_name", flat=True)
-    )
+    names = set(ops.configured_queues(ops.default_database()))
+    jobs = Job.objects.using(admin_database(request, Job))
+    names.update(jobs.exclude(queue_name="").values_list("queue_name", flat=True))
     return sorted(access_for(request.user).narrow(names))
 
 
