@@ -11,6 +11,10 @@ sample. Each server's own ``pg_stat_statements`` says what ran there: the
 standby ran the project's read queries and the primary none of them. Then an
 admin action (retry) runs, and its reads and writes are the primary's alone.
 
+And what lag means: with the standby's replay paused, a change on the primary
+is not in ``rdbtasks status`` (read off the standby), which reports the lag,
+while ``--primary`` sees it; once replay resumes, both agree and the lag is 0.
+
 Run with ``make test-clusters``.
 """
 
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -233,3 +238,33 @@ def test_the_read_only_views_run_on_the_standby_and_actions_on_the_primary(pair)
         STANDBY_PORT, f"SELECT status FROM {PROJECT}task WHERE id = '{failed}'", dbname=DB_NAME
     )
     assert status == "READY"
+
+
+def test_a_standby_behind_shows_its_lag_and_the_old_rows(pair) -> None:
+    django("-m", "django", "migrate", "-v0", "--database", "default")
+    failed = call("seed")["failed"]
+    assert status_json()["replica_lag_seconds"] == 0  # caught up (remote_apply)
+    # The standby stops replaying (it still receives); the primary goes on
+    # without waiting for it, a second after the last commit the standby applied.
+    pg_pair.psql(STANDBY_PORT, "SELECT pg_wal_replay_pause()")
+    time.sleep(1.0)
+    pg_pair.psql(
+        PRIMARY_PORT,
+        "SET synchronous_commit = local; "
+        f"UPDATE {PROJECT}task SET status = 'READY' WHERE id = '{failed}'",
+        dbname=DB_NAME,
+    )
+    behind = status_json()
+    assert behind["replica_lag_seconds"] >= 1.0
+    assert behind["total"]["ready"] == 1  # the requeued task is not there yet
+    assert status_json("--primary")["total"]["ready"] == 2
+    pg_pair.psql(STANDBY_PORT, "SELECT pg_wal_replay_resume()")
+    deadline = time.monotonic() + 30
+    while (caught_up := status_json())["replica_lag_seconds"] != 0:
+        assert time.monotonic() < deadline, caught_up
+        time.sleep(0.1)
+    assert caught_up["total"]["ready"] == 2
+
+
+def status_json(*args: str) -> dict[str, Any]:
+    return json.loads(django("-m", "django", "rdbtasks", "status", "--json", *args))

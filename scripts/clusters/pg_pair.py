@@ -9,6 +9,11 @@ hand::
     python scripts/clusters/pg_pair.py promote /tmp/pair    # the standby becomes the primary
     python scripts/clusters/pg_pair.py stop /tmp/pair       # stops both, removes the directory
 
+From Python, ``start(root, primary_port=..., standby_port=..., extra_conf=...)``
+starts a pair on other ports with more settings (``tests/test_replica.py``:
+27432/27433 with ``pg_stat_statements``); the command line's pair is the
+default one.
+
 Plain streaming replication: ``initdb`` for the primary, ``pg_basebackup -R``
 for the standby, ``synchronous_standby_names`` naming the standby on the
 primary only (so a commit is acknowledged once the standby has flushed it, and
