@@ -39,6 +39,7 @@ from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
 from .observability import tracing
 from .pooling import pooling_checks
+from .reads import read_database_checks
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
@@ -59,6 +60,8 @@ KNOWN_OPTIONS = frozenset(
         # Behind a transaction pooler (PgBouncer pool_mode=transaction).
         "TRANSACTION_POOLING",
         "LISTEN_DATABASE",
+        # A replica the read-only views read from (reads.py).
+        "READ_DATABASE",
     }
 )
 
@@ -221,6 +224,7 @@ class RDBTaskBackend(BaseTaskBackend):
             for message in self.option_errors
         ]
         errors += pooling_checks(self)
+        errors += read_database_checks(self)
         unknown = sorted(set(self.options) - KNOWN_OPTIONS)
         if unknown:
             errors.append(

@@ -394,7 +394,9 @@ class Worker(models.Model):
 
     def tasks(self) -> TaskQuerySet:
         """The tasks this process holds now."""
-        return Task.objects.filter(status=TaskStatus.RUNNING, worker_id__startswith=f"{self.name}:")
+        # From the database this row was read from (a replica, on the admin's pages).
+        tasks = Task.objects.db_manager(self._state.db)
+        return tasks.filter(status=TaskStatus.RUNNING, worker_id__startswith=f"{self.name}:")
 
 
 class MisfirePolicy(models.TextChoices):

@@ -29,6 +29,7 @@ from .compat import task_backends
 from .db import dialect_for
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
+from .reads import read_database, replica_lag
 
 FINISHED = TaskStatus.finished()
 #: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
@@ -140,6 +141,14 @@ class Snapshot:
     throughput: Throughput
     workers: list[Worker] = field(default_factory=list)
     gone_workers: int = 0
+    #: The alias the counts were read from: ``using``, or its READ_DATABASE.
+    read_from: str = ""
+    #: Seconds that copy was behind the primary (None: unknown, or read from the primary).
+    replica_lag: float | None = None
+
+    @property
+    def off_primary(self) -> bool:
+        return bool(self.read_from) and self.read_from != self.using
 
     @property
     def lag(self) -> float | None:
@@ -157,6 +166,8 @@ class Snapshot:
 
         return {
             "database": self.using,
+            "read_database": self.read_from or self.using,
+            "replica_lag_seconds": _round(self.replica_lag),
             "vendor": self.vendor,
             "now": _iso(self.now),
             "window_seconds": int(self.window.total_seconds()),
@@ -190,11 +201,18 @@ def snapshot(
     *,
     window: dt.timedelta = dt.timedelta(hours=1),
     queues: Sequence[str] | None = None,
+    replica: bool = False,
 ) -> Snapshot:
-    """Counts per queue and status, lag, throughput and live workers, at one instant."""
+    """Counts per queue and status, lag, throughput and live workers, at one instant.
+
+    ``replica``: read them from the backend's READ_DATABASE, if it has one
+    (reads.py); the times are then the replica's clock, and what it shows is
+    as old as its replication lag, which the snapshot carries.
+    """
     using = using or default_database()
-    now = database_now(using)
-    tasks = Task.objects.using(using).order_by()
+    source = read_database(using) if replica else using
+    now = database_now(source)
+    tasks = Task.objects.using(source).order_by()
     if queues is not None:  # an empty list is no queue at all, not every queue
         tasks = tasks.filter(queue_name__in=list(queues))
     by_queue: dict[str, QueueStats] = {
@@ -212,18 +230,20 @@ def snapshot(
     total = QueueStats("total")
     for stats in by_queue.values():
         total.add(stats)
-    workers = list(Worker.objects.using(using).alive(ALIVE_WITHIN).order_by("name"))
+    workers = list(Worker.objects.using(source).alive(ALIVE_WITHIN).order_by("name"))
     return Snapshot(
         using=using,
-        vendor=connections[using].vendor,
+        vendor=connections[source].vendor,
         now=now,
         window=window,
         queues=dict(sorted(by_queue.items())),
         total=total,
-        rows=estimated_task_rows(using),
+        rows=estimated_task_rows(source),
         throughput=throughput,
         workers=workers,
-        gone_workers=gone_workers(using).count(),
+        gone_workers=gone_workers(source).count(),
+        read_from=source,
+        replica_lag=replica_lag(source) if source != using else None,
     )
 
 

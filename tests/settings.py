@@ -42,6 +42,10 @@ if DIRECT_URL:
     if os.environ.get("RDBTASKS_TEST_WORKER"):
         DATABASES["direct"]["NAME"] = TEST_DB_NAME
 
+# A second alias on the same database, for the READ_DATABASE tests (tests/test_reads.py):
+# its own connection, so the queries each alias ran can be told apart.
+DATABASES["replica"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+
 SECRET_KEY = "tests"
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -16,6 +16,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from .live import live_settings, pop_refresh
+from .reading import ReadsOffPrimaryMixin
 from .utils import APP_CRUMB, admin_url
 
 #: What a list's live update swaps: the rows and the paging under them (see
@@ -101,8 +102,8 @@ else:
     _ModelAdminBase = object
 
 
-class AppPagesMixin(_ModelAdminBase):
-    """What every ModelAdmin of the app shares: its stylesheet and its breadcrumbs."""
+class AppPagesMixin(ReadsOffPrimaryMixin, _ModelAdminBase):
+    """What every ModelAdmin of the app shares: its stylesheet, its breadcrumbs, where it reads."""
 
     empty_value_display = "—"
 

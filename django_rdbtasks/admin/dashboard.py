@@ -227,6 +227,18 @@ def worker_row(worker: Worker) -> dict[str, Any]:
     }
 
 
+def replica_lag_text(snap: ops.Snapshot) -> Any:
+    """What the dashboard says of the replica it read, or nothing when it read the primary."""
+    if not snap.off_primary:
+        return ""
+    lag = snap.replica_lag
+    behind = _("unknown") if lag is None else "0 s" if lag == 0 else duration_text(lag)
+    return _("Read from the replica %(alias)s, behind the primary by %(lag)s.") % {
+        "alias": snap.read_from,
+        "lag": behind,
+    }
+
+
 def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
@@ -237,7 +249,8 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
     access = access_for(request.user)
     using = ops.default_database()
     queues = None if access.unrestricted else visible_queues(request)
-    snap = ops.snapshot(using, window=window, queues=queues)
+    # Off the primary when the backend has a READ_DATABASE: the page only reads.
+    snap = ops.snapshot(using, window=window, queues=queues, replica=True)
     crumbs = [("", _("Dashboard"))]
     context = {
         **page_context(model_admin, request, _("Task queue"), crumbs),
@@ -250,7 +263,8 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         "range_key": range_key,
         "window_label": window_label,
         "workers": [worker_row(w) for w in snap.workers],
-        "jobs": upcoming_jobs(request, snap.using),
+        "jobs": upcoming_jobs(request, snap.read_from),
+        "replica_lag_text": replica_lag_text(snap),
         "links": card_links(range_key),
         "live": live_settings(request, "#rdbtasks-live-region"),
         "can_retry": model_admin.has_retry_permission(request),

@@ -19,6 +19,7 @@ from .. import ops
 from ..db.functions import DbNow
 from ..models import Job, JobRecord, TaskQuerySet, TaskStatus, Worker
 from .permissions import access_for, filter_jobs
+from .reading import admin_database
 from .utils import request_now
 
 #: How many of the newest rows the "task" and "job" filters look at for their choices.
@@ -74,11 +75,9 @@ class StatusFilter(admin.SimpleListFilter):
 
 def visible_queues(request: HttpRequest) -> list[str]:
     """The queues of ``TASKS`` and of the jobs that this user may see."""
-    using = ops.default_database()
-    names = set(ops.configured_queues(using))
-    names.update(
-        Job.objects.using(using).exclude(queue_name="").values_list("queue_name", flat=True)
-    )
+    names = set(ops.configured_queues(ops.default_database()))
+    jobs = Job.objects.using(admin_database(request, Job))
+    names.update(jobs.exclude(queue_name="").values_list("queue_name", flat=True))
     return sorted(access_for(request.user).narrow(names))
 
 
@@ -106,7 +105,9 @@ class TaskPathFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         newest = model_admin.get_queryset(request).order_by("-pk")
         paths = set(newest.values_list("task_path", flat=True)[:SAMPLE])
-        jobs = filter_jobs(Job.objects.all(), access_for(request.user))
+        jobs = filter_jobs(
+            Job.objects.using(admin_database(request, Job)), access_for(request.user)
+        )
         paths.update(jobs.values_list("task_path", flat=True))
         value = self.value()
         if value:
@@ -187,7 +188,9 @@ class JobNameFilter(admin.SimpleListFilter):
     parameter_name = "job"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        jobs = filter_jobs(Job.objects.all(), access_for(request.user))
+        jobs = filter_jobs(
+            Job.objects.using(admin_database(request, Job)), access_for(request.user)
+        )
         names = set(jobs.values_list("name", flat=True))
         recent = model_admin.get_queryset(request).order_by("-pk")
         names.update(recent.values_list("job_name", flat=True)[:SAMPLE])

@@ -74,7 +74,8 @@ class JobForm(forms.ModelForm):
 
 def recent_runs(job: Job, limit: int = 15) -> SafeString:
     """A job's latest records as a table (JobRecord names its job, so no inline can)."""
-    records = JobRecord.objects.filter(job_name=job.name).order_by("-created_at")[:limit]
+    records = JobRecord.objects.using(job._state.db).filter(job_name=job.name)
+    records = records.order_by("-created_at")[:limit]
     rows = [
         {
             "record": record,

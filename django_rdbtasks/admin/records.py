@@ -73,7 +73,7 @@ class JobRecordAdmin(FastListMixin, admin.ModelAdmin):
         if access.unrestricted:
             return queryset
         # A job's records go with the job; a once() key's with its task's queue.
-        jobs = Job.objects.all()
+        jobs = Job.objects.using(queryset.db)
         visible = filter_jobs(jobs, access).values_list("name", flat=True)
         of_no_job = ~Q(job_name__in=jobs.values_list("name", flat=True))
         return queryset.filter(

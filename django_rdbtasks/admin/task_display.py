@@ -191,7 +191,7 @@ class TaskFields(TaskColumns):
     def job_display(self, obj: Task) -> SafeString | str:
         if not obj.job_name:
             return EMPTY
-        job = Job.objects.filter(name=obj.job_name).only("pk").first()
+        job = Job.objects.using(obj._state.db).filter(name=obj.job_name).only("pk").first()
         records = list(obj.job_records.all()[:5])
         parts = [
             format_html('<a href="{}">{}</a>', admin_url(Job, "change", job.pk), obj.job_name)

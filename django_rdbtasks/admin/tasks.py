@@ -26,6 +26,7 @@ from .changelist import FastListMixin, NoCountChangeList
 from .display import count_text, last_error
 from .filters import EnqueuedFilter, FinishedFilter, QueueFilter, StatusFilter, TaskPathFilter
 from .permissions import access_for
+from .reading import admin_database
 from .retry_failed import retry_failed_view
 from .task_display import TaskFields
 
@@ -317,7 +318,7 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
     # -- views --
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> Any:
-        rows = ops.estimated_task_rows(ops.default_database())
+        rows = ops.estimated_task_rows(admin_database(request, Task))
         extra = {
             "rows": rows,
             "rows_text": count_text(

@@ -508,6 +508,10 @@ class Dialect(RowDecoding):
         cursor.execute(f"SELECT {self.now_sql}", [])
         return cursor.fetchone()[0]
 
+    def replica_lag(self, cursor: Any) -> float | None:
+        """Seconds this server's copy is behind its primary: 0 on a primary, None if unknown."""
+        return None  # SQLite has no replicas
+
     def insert_values(self, task: NewTask, now: Any) -> tuple:
         requested = (
             None

@@ -54,6 +54,25 @@ class MySQLDialect(Dialect):
             row = cursor.fetchone()
         return row is not None and str(row[1]).upper() in {"ON", "1"}
 
+    def replica_lag(self, cursor: Any) -> float | None:
+        """``Seconds_Behind_Master`` (``_Source`` on MySQL); unknown without the privilege."""
+        from django.db import DatabaseError
+
+        for statement in ("SHOW REPLICA STATUS", "SHOW SLAVE STATUS"):
+            try:
+                cursor.execute(statement)
+            except DatabaseError:
+                continue  # the older spelling, or no REPLICATION CLIENT privilege
+            names = [column[0] for column in cursor.description or ()]
+            rows = cursor.fetchall()
+            if not rows:
+                return 0.0  # not a replica: the alias names a primary
+            # The first channel's: several sources are beyond what this reports.
+            row = dict(zip(names, rows[0], strict=True))
+            value = row.get("Seconds_Behind_Source", row.get("Seconds_Behind_Master"))
+            return None if value is None else float(value)  # NULL: replication stopped
+        return None
+
     def session_sql(self, lease: float) -> list[str]:
         # No write of a worker waits on a lock for long (claims skip locked
         # rows and never wait at all); 1 s is InnoDB's least.

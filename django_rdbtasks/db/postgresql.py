@@ -193,6 +193,19 @@ class PostgreSQLDialect(Dialect):
         register_tzloader(connection.timezone, cursor)
         return cursor
 
+    def replica_lag(self, cursor: Any) -> float | None:
+        # A standby that replayed all it received is current, however long
+        # ago the primary last committed (the replay timestamp alone would
+        # make an idle primary's standby look ever further behind). NULL: it
+        # has replayed nothing yet.
+        cursor.execute(
+            "SELECT CASE WHEN NOT pg_is_in_recovery() THEN 0 "
+            "WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+            "ELSE GREATEST(0, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())) END"
+        )
+        value = cursor.fetchone()[0]
+        return None if value is None else float(value)
+
     def enqueue_function_exists(self, cursor: Any) -> bool:
         settings = self.connection.settings_dict
         key = (settings["NAME"], settings["HOST"], settings["PORT"])

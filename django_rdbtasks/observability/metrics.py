@@ -432,7 +432,8 @@ class DatabaseCollector:
         from .. import ops
 
         # A short window: the finished counts are not exported, only computed.
-        snap = ops.snapshot(self.using, window=dt.timedelta(minutes=1))
+        # Off the primary when the backend has a READ_DATABASE (reads.py).
+        snap = ops.snapshot(self.using, window=dt.timedelta(minutes=1), replica=True)
         depth = GaugeMetricFamily(
             "rdbtasks_queue_tasks",
             "Tasks per queue and state: ready (due), scheduled (run_after ahead), "
@@ -465,3 +466,9 @@ class DatabaseCollector:
             "Rows in the task table (the planner's estimate on PostgreSQL and MySQL).",
             value=snap.rows.value,
         )
+        if snap.off_primary and snap.replica_lag is not None:
+            yield GaugeMetricFamily(
+                "rdbtasks_replica_lag_seconds",
+                "How far behind its primary the replica these gauges are read from is.",
+                value=snap.replica_lag,
+            )

@@ -18,6 +18,7 @@ from ..compat import task_backends
 from ..jobs import fire_due_jobs, sync_declared_jobs
 from ..observability import tracing
 from ..observability.metrics import MetricsServer
+from ..reads import read_database
 from ..retrying import Backoff, close_quietly, retry_database
 from ..schema import APP_LABEL, Reminder, unapplied_migrations, what_to_do
 from .autoscale import AutoscalePolicy, sample_load
@@ -331,7 +332,8 @@ class Supervisor:
         )
 
     def _scale(self, policy: AutoscalePolicy, now: float) -> None:
-        database = _database(self.worker_options)
+        # Only a reading of the backlog: a replica's, if the backend has one.
+        database = read_database(_database(self.worker_options))
         try:
             load = sample_load(database, self._queues())
         except DatabaseError as exc:  # django.db.Error: InterfaceError too

@@ -9,6 +9,11 @@ hand::
     python scripts/clusters/pg_pair.py promote /tmp/pair    # the standby becomes the primary
     python scripts/clusters/pg_pair.py stop /tmp/pair       # stops both, removes the directory
 
+From Python, ``start(root, primary_port=..., standby_port=..., extra_conf=...)``
+starts a pair on other ports with more settings (``tests/test_replica.py``:
+27432/27433 with ``pg_stat_statements``); the command line's pair is the
+default one.
+
 Plain streaming replication: ``initdb`` for the primary, ``pg_basebackup -R``
 for the standby, ``synchronous_standby_names`` naming the standby on the
 primary only (so a commit is acknowledged once the standby has flushed it, and
@@ -126,7 +131,7 @@ def _wait(predicate, what: str, timeout: float) -> None:  # type: ignore[no-unty
         time.sleep(0.1)
 
 
-def _server_conf(pair: Pair, port: int) -> str:
+def _server_conf(pair: Pair, port: int, extra: str = "") -> str:
     return f"""
 # scripts/clusters/pg_pair.py
 port = {port}
@@ -141,6 +146,7 @@ synchronous_commit = on
 fsync = off
 full_page_writes = off
 shared_buffers = '64MB'
+{extra}
 """
 
 
@@ -162,9 +168,19 @@ def _pg_ctl_start(pair: Pair, port: int) -> None:
     )
 
 
-def start(root: Path | str) -> Pair:
-    """Create and start the pair under ``root``; returns once the standby is synchronous."""
-    pair = Pair(Path(root))
+def start(
+    root: Path | str,
+    *,
+    primary_port: int = PRIMARY_PORT,
+    standby_port: int = STANDBY_PORT,
+    extra_conf: str = "",
+) -> Pair:
+    """Create and start the pair under ``root``; returns once the standby is synchronous.
+
+    ``extra_conf``: more ``postgresql.conf`` lines for both servers (a later
+    line wins, so it may override the settings above).
+    """
+    pair = Pair(Path(root), primary_port, standby_port)
     for port in (pair.primary_port, pair.standby_port):
         if port_in_use(port):
             raise PairError(
@@ -195,7 +211,7 @@ def start(root: Path | str) -> Pair:
         ],
         "initdb",
     )
-    _append(pair.primary / "postgresql.conf", _server_conf(pair, pair.primary_port))
+    _append(pair.primary / "postgresql.conf", _server_conf(pair, pair.primary_port, extra_conf))
     _pg_ctl_start(pair, pair.primary_port)
 
     _run(
@@ -222,7 +238,7 @@ def start(root: Path | str) -> Pair:
     # The standby names itself so the primary can wait for it, and waits for
     # no standby of its own once promoted (the primary's setting is made
     # below, after the copy, so it is not inherited).
-    _append(pair.standby / "postgresql.conf", _server_conf(pair, pair.standby_port))
+    _append(pair.standby / "postgresql.conf", _server_conf(pair, pair.standby_port, extra_conf))
     _append(
         pair.standby / "postgresql.auto.conf",
         f"primary_conninfo = 'host=127.0.0.1 port={pair.primary_port} user={SERVER_USER} "

@@ -7,9 +7,10 @@ server starts, so the admin's CSS and JavaScript are served here as well.
 
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("rdbtasks/", include("django_rdbtasks.urls")),
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
 ]

@@ -80,6 +80,7 @@ class Command(BaseCommand):
             "2 when the database cannot be reached.",
         )
         self._common(status)
+        self._read_from(status)
         status.add_argument(
             "--queue",
             action="append",
@@ -143,6 +144,7 @@ class Command(BaseCommand):
 
         workers = subcommands.add_parser("workers", help="The worker registry.")
         self._common(workers)
+        self._read_from(workers)
         workers.add_argument("--all", action="store_true", help="Also stopped and gone workers.")
         workers.add_argument("--json", action="store_true", help="Print JSON, for scripts.")
 
@@ -151,6 +153,14 @@ class Command(BaseCommand):
             "--database",
             default=None,
             help="The database alias holding the tasks (default: routed).",
+        )
+
+    def _read_from(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--primary",
+            action="store_true",
+            help="Read from the primary even when the backend has a READ_DATABASE (a replica, "
+            "which may lag).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -181,7 +191,12 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        snap = ops.snapshot(options["database"], window=window, queues=options["queues"])
+        snap = ops.snapshot(
+            options["database"],
+            window=window,
+            queues=options["queues"],
+            replica=not options["primary"],
+        )
         checks = ops.check_health(snap, limits)
         healthy = all(check.ok for check in checks)
         if options["json"]:
@@ -226,6 +241,9 @@ class Command(BaseCommand):
             "",
             self._workers_line(snap),
         ]
+        if snap.off_primary:
+            behind = "unknown" if snap.replica_lag is None else seconds_text(snap.replica_lag)
+            lines.insert(1, f"Read from {snap.read_from}, a replica; replication lag: {behind}.")
         if checks:
             lines += ["", "Health: " + ("OK" if all(c.ok for c in checks) else "UNHEALTHY")]
             lines += [f"  {check.describe()}" for check in checks]
@@ -306,6 +324,10 @@ class Command(BaseCommand):
         using = options["database"] or ops.default_database()
         from ...jobs import database_now
         from ...models import Worker
+        from ...reads import read_database
+
+        if not options["primary"]:
+            using = read_database(using)
 
         now = database_now(using)
         rows = Worker.objects.using(using).order_by("-last_heartbeat_at")
