@@ -25,7 +25,7 @@ import logging
 import random
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -95,6 +95,14 @@ class CheckoutQuerySet(models.QuerySet[M]):
         versions = dict(won)
         records = list(self.filter(pk__in=versions, checked_out_by=holder))
         return [r for r in records if versions.get(r.pk) == r.checkout_version]
+
+    def renew_checkouts(self, holder: str, pks: Iterable[Any], lease: float) -> int:
+        """Extend the leases of those of ``pks`` that ``holder`` still has checked out."""
+        return (
+            self.checked_out_by(holder)
+            .filter(pk__in=list(pks))
+            .update(checkout_expires_at=DbNow() + timedelta(seconds=lease))
+        )
 
 
 class CheckoutManager(models.Manager.from_queryset(CheckoutQuerySet)):  # type: ignore[misc]
@@ -214,14 +222,61 @@ def run_processor(
             if not records:
                 stopping.wait(poll_interval)
                 continue
-            for record in records:
-                if stopping.is_set():
-                    # Give the rest back, due at once, for another process.
-                    _give_back(processor, record)
-                    continue
-                _process_one(processor, record, alias)
+            _process_batch(processor, records, holder, alias, stopping)
     finally:
         connections.close_all()
+
+
+class _Waiting:
+    """The records of a batch not yet checked in, whose leases one thread renews.
+
+    A batch is checked out at once but processed one record after another: a
+    record waiting behind slow ones would otherwise lapse, be checked out by
+    another process, lapse again in that one's batch, and so on, never
+    processed while a loaded machine keeps every batch slower than the lease.
+    """
+
+    def __init__(self, records: Sequence[Any]) -> None:
+        self._lock = threading.Lock()
+        self._pks = {record.pk for record in records}
+
+    def done(self, record: Any) -> None:
+        with self._lock:
+            self._pks.discard(record.pk)
+
+    def renew(self, manager: Any, holder: str, lease: float) -> bool:
+        with self._lock:
+            pks = list(self._pks)
+        if pks:
+            manager.renew_checkouts(holder, pks, lease)
+        return True  # a record lost to another holder is found out before its turn
+
+
+def _process_batch(
+    processor: RecordProcessor,
+    records: Sequence[Any],
+    holder: str,
+    alias: str,
+    stopping: threading.Event,
+) -> None:
+    manager = processor.model._default_manager
+    waiting = _Waiting(records)
+    renewer = LeaseRenewer(
+        lambda: waiting.renew(manager, holder, processor.lease),
+        interval=processor.lease / 3,
+        name=f"rdbtasks-checkout-{holder}",
+        alias=alias,
+    ).start()
+    try:
+        for record in records:
+            if stopping.is_set():
+                # Give the rest back, due at once, for another process.
+                _give_back(processor, record)
+            else:
+                _process_one(processor, record)
+            waiting.done(record)
+    finally:
+        renewer.stop()
 
 
 def _give_back(processor: RecordProcessor, record: Any) -> None:
@@ -233,9 +288,10 @@ def _give_back(processor: RecordProcessor, record: Any) -> None:
         )
 
 
-def _process_one(processor: RecordProcessor, record: Any, alias: str) -> None:
-    # A record may have waited in its batch past its lease and been reclaimed:
-    # confirm it is still ours (and extend the lease) before touching it.
+def _process_one(processor: RecordProcessor, record: Any) -> None:
+    # Its batch's renewals may have failed for longer than the lease (the
+    # database away) and another holder taken it: confirm it is still ours
+    # (and extend the lease) before touching it.
     try:
         if not record.renew_checkout(processor.lease):
             logger.info("%s: record %s was reclaimed before its turn", processor.name, record.pk)
@@ -243,20 +299,12 @@ def _process_one(processor: RecordProcessor, record: Any, alias: str) -> None:
     except DatabaseError as exc:
         logger.warning("%s: could not renew %s (%s); skipping it", processor.name, record.pk, exc)
         return
-    renewer = LeaseRenewer(
-        lambda: record.renew_checkout(processor.lease),
-        interval=processor.lease / 3,
-        name=f"rdbtasks-checkout-{record.pk}",
-        alias=alias,
-    ).start()
     error = ""
     try:
         processor.function(record)
     except Exception:
         error = traceback.format_exc()
         logger.warning("%s: record %s failed:\n%s", processor.name, record.pk, error)
-    finally:
-        renewer.stop()
     next_due = processor.every if not error else (processor.retry_after or processor.every)
     try:
         if not record.check_in(next_due_in=next_due, error=error):
