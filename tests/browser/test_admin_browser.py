@@ -485,3 +485,21 @@ def test_the_dashboard_updates_in_place(live_server, page):
     make_worker("host-z:909")
     expect(workers.get_by_text("host-z:909")).to_be_visible(timeout=5_000)
     _not_reloaded(page, seen)
+
+
+def test_updates_stop_once_the_operator_is_logged_out(live_server, page):
+    from django.contrib.sessions.models import Session
+    from playwright.sync_api import expect
+
+    staff("operator", ["django_rdbtasks.view_task"])
+    log_in(page, live_server.url, "operator", f"{TASKS}?refresh=1")
+    toggle = page.locator("#rdbtasks-live")
+    expect(toggle).to_have_text("Pause updates")
+    fetches = []
+    page.on("request", lambda request: fetches.append(request.url) if TASKS in request.url else None)
+    Session.objects.all().delete()  # logged out elsewhere, or the session expired
+    expect(toggle).to_have_text("Resume updates", timeout=5_000)
+    assert "logged out" in (toggle.get_attribute("title") or "")
+    seen = len(fetches)
+    page.wait_for_timeout(3_000)  # three intervals: nothing more is asked
+    assert len(fetches) == seen, fetches

@@ -10,6 +10,7 @@
 'use strict';
 {
     const STORAGE_KEY = 'django_rdbtasks.live';
+    const FETCH_TIMEOUT = 30000;
     const CHECKBOXES = 'tr input.action-select';
     const FIELDS = 'select, textarea, [contenteditable], '
         + 'input:not([type=checkbox]):not([type=radio]):not([type=button]):not([type=submit])';
@@ -126,17 +127,32 @@
                 schedule(interval);
                 return;
             }
-            inFlight = new AbortController();
+            const controller = new AbortController();
+            inFlight = controller;
+            // A server that never answers must not stop the updates for good
+            // unnoticed: give up on this fetch, count it as a failure.
+            let timedOut = false;
+            const deadline = window.setTimeout(function() {
+                timedOut = true;
+                controller.abort();
+            }, Math.max(FETCH_TIMEOUT, interval * 3));
             try {
                 const response = await fetch(window.location.href, {
                     credentials: 'same-origin',
                     cache: 'no-store',
                     headers: {'X-Requested-With': 'XMLHttpRequest'},
-                    signal: inFlight.signal,
+                    signal: controller.signal,
                 });
                 const url = new URL(response.url);
-                if (!response.ok || url.pathname !== window.location.pathname) {
-                    // Logged out (the login page), gone, or refused: stop, say so.
+                if (url.pathname !== window.location.pathname || response.status === 401
+                        || response.status === 403) {
+                    // Logged out (sent to the login page) or no longer allowed:
+                    // asking again cannot help. Stop until the operator says so.
+                    paused = true;
+                    show(toggle.dataset.titleStopped);
+                    return;
+                }
+                if (!response.ok) {
                     throw new Error(String(response.status));
                 }
                 const html = await response.text();
@@ -147,12 +163,13 @@
                 failures = 0;
                 show();
             } catch (error) {
-                if (error.name === 'AbortError') {
-                    return;
+                if (error.name === 'AbortError' && !timedOut) {
+                    return;  // paused by the operator
                 }
                 failures += 1;
                 show(toggle.dataset.titleFailed);
             } finally {
+                window.clearTimeout(deadline);
                 inFlight = null;
             }
             // Back off while the server fails: at most a minute between tries.
