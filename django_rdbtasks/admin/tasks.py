@@ -28,6 +28,7 @@ from .filters import EnqueuedFilter, FinishedFilter, QueueFilter, StatusFilter, 
 from .permissions import access_for
 from .retry_failed import retry_failed_view
 from .task_display import TaskFields
+from .workflows import WorkflowField
 
 #: Big JSON columns a list does not show.
 HEAVY_COLUMNS = ("args", "kwargs", "return_value", "history", "checkpoint")
@@ -165,7 +166,7 @@ DISCARD = Operation(
 )
 
 
-class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
+class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin.ModelAdmin):
     list_display = (
         "status_display",
         "task_name",
@@ -220,7 +221,15 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
         ),
         (
             _("Related"),
-            {"fields": ("parents_display", "children_display", "job_display", "dedup_key")},
+            {
+                "fields": (
+                    "parents_display",
+                    "children_display",
+                    "workflow_display",
+                    "job_display",
+                    "dedup_key",
+                )
+            },
         ),
     )
     # Every field is shown read-only: nobody edits raw rows.

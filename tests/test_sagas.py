@@ -1,0 +1,305 @@
+"""Sagas: a workflow's compensations, run once each, in reverse order, visibly."""
+
+import copy
+import os
+import signal
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from django_rdbtasks.compat import InvalidTask
+from django_rdbtasks.dependencies import Workflow
+from django_rdbtasks.models import Task, TaskDependency, WorkflowStep
+from django_rdbtasks.models import Workflow as WorkflowRow
+from django_rdbtasks.states import StepRole, WorkflowState
+from django_rdbtasks.worker import Worker
+from tests import not_an_app
+from tests.conftest import wait_until
+from tests.testapp import saga_tasks as saga
+from tests.testapp import tasks
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def order(order_id, *, refund=saga.refund_card, pause_refund=False, then=None):
+    """reserve stock -> charge card -> ship, each undone by its compensation."""
+    flow = Workflow(name=f"order {order_id}")
+    flow.add("reserve", saga.reserve_stock, order_id, "sku-1", compensate_with=saga.release_stock)
+    flow.add(
+        "charge",
+        saga.charge_card,
+        order_id,
+        42,
+        pause_refund=pause_refund,
+        depends_on=["reserve"],
+        compensate_with=refund,
+    )
+    flow.add("ship", then or saga.ship, order_id, depends_on=["charge"])
+    flow.add("notify", tasks.record, f"notify:{order_id}", depends_on=["ship"])
+    return flow.enqueue()
+
+
+def workflow_of(result):
+    return WorkflowStep.objects.get(task_id=result.id).workflow
+
+
+def effects(prefix):
+    """Keys of the SideEffect rows starting with ``prefix``, in the order they were written."""
+    rows = SideEffect.objects.filter(key__startswith=prefix).order_by("id")
+    return list(rows.values_list("key", flat=True))
+
+
+def drain():
+    Worker(burst=True, poll_interval=0.05).run(install_signals=False)
+
+
+# -- what enqueue refuses ----------------------------------------------------------------
+
+
+def test_compensate_with_must_be_a_task():
+    flow = Workflow()
+    with pytest.raises(InvalidTask, match="must be a task"):
+        flow.add("a", saga.reserve_stock, 1, "x", compensate_with=lambda: None)
+
+
+def test_compensate_with_must_use_the_steps_backend():
+    elsewhere = copy.copy(saga.release_stock)
+    object.__setattr__(elsewhere, "backend", "elsewhere")  # no such backend is configured
+    with pytest.raises(InvalidTask, match="same"):
+        Workflow().add("a", saga.reserve_stock, 1, "x", compensate_with=elsewhere)
+
+
+def test_compensate_with_cannot_have_a_dedup_key():
+    with pytest.raises(InvalidTask, match="dedup_key"):
+        Workflow().add("a", saga.reserve_stock, 1, "x", compensate_with=tasks.sync_account)
+
+
+def test_a_step_cannot_take_the_step_result_keyword():
+    with pytest.raises(InvalidTask, match="step_result"):
+        Workflow().add("a", tasks.add, 1, step_result=2, compensate_with=saga.release_stock)
+
+
+def test_compensate_with_must_be_loadable_by_workers():
+    flow = Workflow()
+    flow.add("a", saga.reserve_stock, 1, "x", compensate_with=not_an_app.report)
+    with pytest.raises(InvalidTask, match="not part of an installed app"):
+        flow.enqueue()
+    assert not Task.objects.exists() and not WorkflowRow.objects.exists()
+
+
+def test_steps_of_a_saga_depend_only_on_each_other():
+    outside = tasks.noop.enqueue()
+    flow = Workflow()
+    flow.add(
+        "a", saga.reserve_stock, 1, "x", depends_on=[outside.id], compensate_with=saga.release_stock
+    )
+    with pytest.raises(ValueError, match="not steps of the workflow"):
+        flow.enqueue()
+    assert Task.objects.count() == 1 and not WorkflowRow.objects.exists()
+
+
+def test_a_workflow_without_compensations_has_no_row():
+    flow = Workflow()
+    flow.add("a", tasks.noop)
+    flow.enqueue()
+    assert not WorkflowRow.objects.exists()
+
+
+# -- state transitions, in process -------------------------------------------------------
+
+
+def test_every_step_succeeds():
+    results = order(1, then=tasks.record)
+    workflow = workflow_of(results["reserve"])
+    assert workflow.state == WorkflowState.RUNNING and workflow.name == "order 1"
+    assert sorted(workflow.steps.values_list("name", flat=True)) == [
+        "charge",
+        "notify",
+        "reserve",
+        "ship",
+    ]
+    drain()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.SUCCEEDED and workflow.finished_at is not None
+    assert not workflow.steps.filter(role=StepRole.COMPENSATION).exists()
+    assert effects("release") == effects("refund") == []
+
+
+def test_ship_fails_and_both_compensations_run_once_in_reverse_order():
+    results = order(2)
+    drain()
+    workflow = workflow_of(results["ship"])
+    assert workflow.state == WorkflowState.COMPENSATED, workflow.reason
+    assert "'ship'" in workflow.reason
+    assert effects("ship-run") == ["ship-run:2"] * 2  # its own retries, then for good
+    assert effects("refund:") + effects("release:") == ["refund:2", "release:2"]
+    # Refund (undoing the later step) before release, one after the other.
+    assert [key.split(":")[0] for key in effects("re")][-4:] == [
+        "refund-run",
+        "refund",
+        "release-run",
+        "release",
+    ]
+    assert Task.objects.get(pk=results["notify"].id).status == "CANCELLED"
+    undos = {
+        step.name: step
+        for step in workflow.steps.filter(role=StepRole.COMPENSATION).select_related("task")
+    }
+    assert set(undos) == {"undo reserve", "undo charge"}
+    assert str(undos["undo charge"].undoes_id) == results["charge"].id
+    refund = undos["undo charge"].task
+    assert refund.status == "SUCCESSFUL"
+    assert refund.args == [2, 42] and refund.kwargs == {
+        "pause_refund": False,
+        "step_result": {"charge": "C-2-42"},
+    }
+    # The chain: release waits for the refund.
+    release = undos["undo reserve"].task
+    assert TaskDependency.objects.filter(parent=refund, child=release).exists()
+
+
+def test_a_compensation_that_fails_for_good_leaves_the_workflow_failed_to_compensate():
+    results = order(3, refund=saga.refund_fails)
+    drain()
+    workflow = workflow_of(results["reserve"])
+    assert workflow.state == WorkflowState.FAILED_TO_COMPENSATE
+    assert "undo charge" in workflow.reason and workflow.finished_at is not None
+    assert effects("refund-run") == ["refund-run:3"] * 2  # it had its own retries
+    release = workflow.steps.get(name="undo reserve").task
+    assert release.status == "CANCELLED"  # after a failed one: left, and said so
+    assert effects("release") == []
+
+
+def test_a_step_still_running_when_another_fails_is_compensated_after_it_succeeds():
+    flow = Workflow()
+    flow.add("slow", saga.reserve_stock, 4, "slow", 1.5, compensate_with=saga.release_stock)
+    flow.add("fails", saga.ship, 4)
+    results = flow.enqueue()
+    # Two threads: the slow step runs while the other fails twice.
+    Worker(burst=True, threads=2, poll_interval=0.05).run(install_signals=False)
+    workflow = workflow_of(results["slow"])
+    assert workflow.state == WorkflowState.COMPENSATED
+    slow = Task.objects.get(pk=results["slow"].id)
+    failed = Task.objects.get(pk=results["fails"].id)
+    assert slow.status == "SUCCESSFUL" and failed.status == "FAILED"
+    assert failed.finished_at < slow.finished_at  # it was in flight when the other failed
+    undo = workflow.steps.get(role=StepRole.COMPENSATION).task
+    assert undo.enqueued_at >= slow.finished_at
+    assert effects("release:") == ["release:4"]
+
+
+def test_an_operator_cancelling_a_step_compensates_the_steps_done():
+    from django_rdbtasks.compat import task_backends
+
+    flow = Workflow()
+    flow.add("reserve", saga.reserve_stock, 6, "sku", compensate_with=saga.release_stock)
+    flow.add(
+        "charge", saga.charge_card, 6, 9, depends_on=["reserve"], compensate_with=saga.refund_card
+    )
+    flow.add("other", tasks.record, "other:6")
+    results = flow.enqueue()
+    Worker(burst=True, max_tasks=1).run(install_signals=False)  # reserve only
+    assert Task.objects.get(pk=results["reserve"].id).status == "SUCCESSFUL"
+    assert task_backends["default"].cancel(results["other"].id) == "CANCELLED"
+    workflow = workflow_of(results["reserve"])
+    assert workflow.state == WorkflowState.COMPENSATING
+    assert Task.objects.get(pk=results["charge"].id).status == "CANCELLED"  # never started
+    drain()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.COMPENSATED
+    assert effects("release:") == ["release:6"] and effects("refund") == []
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_client(client):
+    user = User.objects.create_superuser("admin", "admin@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+def test_admin_shows_a_workflow_that_failed_to_compensate(admin_client):
+    failing = order(7, refund=saga.refund_fails)
+    fine = order(8, then=tasks.record)
+    drain()
+    url = reverse("admin:django_rdbtasks_workflow_changelist")
+    page = admin_client.get(url).content.decode()
+    assert "order 7" in page and "order 8" in page and "Failed to compensate" in page
+    page = admin_client.get(url, {"state": "FAILED_TO_COMPENSATE"}).content.decode()
+    assert "order 7" in page and "order 8" not in page
+    workflow = workflow_of(failing["ship"])
+    page = admin_client.get(
+        reverse("admin:django_rdbtasks_workflow_change", args=[workflow.pk])
+    ).content.decode()
+    assert "Failed to compensate" in page and "undo charge" in page and "undo reserve" in page
+    # Beside the dependency graph, on the page of each of its tasks.
+    page = admin_client.get(
+        reverse("admin:django_rdbtasks_task_change", args=[failing["charge"].id])
+    ).content.decode()
+    assert "Failed to compensate" in page and "order 7" in page
+    page = admin_client.get(
+        reverse("admin:django_rdbtasks_task_change", args=[fine["charge"].id])
+    ).content.decode()
+    assert "Succeeded" in page
+
+
+# -- real worker processes -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["optimistic", "skip-locked"])
+def test_compensations_run_once_in_reverse_order_under_worker_processes(run_workers, vendor, mode):
+    if vendor == "sqlite" and mode == "skip-locked":
+        pytest.skip("SQLite has no SKIP LOCKED")
+    count = 5
+    flows = [order(100 + i) for i in range(count)]
+    workers = run_workers(
+        "--processes", "3", "--mode", mode, "--burst", "--no-scheduler", "--poll-interval", "0.1"
+    )
+    assert workers.wait(timeout=300) == 0, workers.log()
+    for i, results in enumerate(flows):
+        workflow = workflow_of(results["ship"])
+        assert workflow.state == WorkflowState.COMPENSATED, workflow.reason
+        n = 100 + i
+        assert SideEffect.objects.filter(key=f"refund:{n}").count() == 1
+        assert SideEffect.objects.filter(key=f"release:{n}").count() == 1
+        refund = SideEffect.objects.get(key=f"refund:{n}")
+        release = SideEffect.objects.get(key=f"release:{n}")
+        assert refund.id < release.id
+    assert (
+        len(set(SideEffect.objects.filter(key__startswith="re").values_list("pid", flat=True))) >= 1
+    )
+
+
+@pytest.mark.slow
+def test_a_compensation_whose_worker_is_sigkilled_still_runs_once(run_workers):
+    results = order(200, pause_refund=True)
+    workers = run_workers("--lease", "1", "--poll-interval", "0.1", "--no-scheduler")
+    paused = wait_until(
+        lambda: SideEffect.objects.filter(key="refund-paused:200").first(), timeout=120
+    )
+    os.kill(paused.pid, signal.SIGKILL)  # mid-compensation: it waits for "resume"
+    workflow = workflow_of(results["ship"])
+    wait_until(
+        lambda: WorkflowRow.objects.get(pk=workflow.pk).state in WorkflowState.finished(),
+        timeout=120,
+    )
+    workers.stop()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.COMPENSATED, workflow.reason
+    # Ran twice (killed, then reclaimed), refunded once; released once, after.
+    assert effects("refund-run") == ["refund-run:200"] * 2
+    assert effects("refund:") == ["refund:200"] and effects("release:") == ["release:200"]
+    assert (
+        SideEffect.objects.get(key="refund:200").id < SideEffect.objects.get(key="release:200").id
+    )
+    refund = workflow.steps.get(name="undo charge").task
+    assert refund.attempts == 2 and [e["outcome"] for e in refund.history] == [
+        "LOST",
+        "SUCCESSFUL",
+    ]
+    assert workflow.steps.filter(role=StepRole.COMPENSATION).count() == 2

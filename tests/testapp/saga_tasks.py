@@ -1,0 +1,78 @@
+"""An order as a saga: reserve stock, charge the card, ship; and what undoes each.
+
+Every body leaves SideEffect rows: ``<name>-run:<order>`` per run (what a
+kill repeats) and ``<name>:<order>`` per effect (what must happen once).
+"""
+
+import os
+import time
+
+from django_rdbtasks.compat import HAS_DJANGO_TASKS
+from django_rdbtasks.idempotency import once
+
+from .models import SideEffect
+
+if HAS_DJANGO_TASKS:
+    from django.tasks import task
+else:
+    from django_tasks import task
+
+
+def _ran(name, order_id):
+    SideEffect.objects.create(key=f"{name}-run:{order_id}", pid=os.getpid())
+
+
+def _effect(name, order_id):
+    """The effect, at most once per order: recorded in the idempotency ledger with it."""
+    _ran(name, order_id)
+    with once(name, key=order_id):
+        SideEffect.objects.create(key=f"{name}:{order_id}", pid=os.getpid())
+
+
+def _wait_for(key, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not SideEffect.objects.filter(key=key).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{key} never came")
+        time.sleep(0.05)
+
+
+@task(max_attempts=3, backoff=0)
+def reserve_stock(order_id, sku, seconds=0.0):
+    _effect("reserve", order_id)
+    time.sleep(seconds)
+    return {"reservation": f"R-{order_id}-{sku}"}
+
+
+@task(max_attempts=3, backoff=0)
+def charge_card(order_id, amount, pause_refund=False):
+    _effect("charge", order_id)
+    return {"charge": f"C-{order_id}-{amount}"}
+
+
+@task(max_attempts=2, backoff=0)
+def ship(order_id):
+    _ran("ship", order_id)
+    raise RuntimeError("no courier will take it")
+
+
+@task(max_attempts=3, backoff=0)
+def release_stock(order_id, sku, seconds=0.0, *, step_result):
+    assert step_result == {"reservation": f"R-{order_id}-{sku}"}, step_result
+    _effect("release", order_id)
+
+
+@task(max_attempts=3, backoff=0)
+def refund_card(order_id, amount, pause_refund=False, *, step_result):
+    """With ``pause_refund``: refunds, then waits for ``resume:<order>`` (a test kills it there)."""
+    assert step_result == {"charge": f"C-{order_id}-{amount}"}, step_result
+    _effect("refund", order_id)
+    if pause_refund:
+        SideEffect.objects.create(key=f"refund-paused:{order_id}", pid=os.getpid())
+        _wait_for(f"resume:{order_id}")
+
+
+@task(max_attempts=2, backoff=0)
+def refund_fails(order_id, amount, pause_refund=False, *, step_result):
+    _ran("refund", order_id)
+    raise RuntimeError("the card network refuses the refund")
