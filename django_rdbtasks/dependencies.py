@@ -17,7 +17,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, transaction
 from django.db.models import F
@@ -198,6 +198,7 @@ def check_compensation(step: Task, undo: Any, kwargs: dict[str, Any]) -> None:
         raise InvalidTask(
             f"compensate_with must be a task (made with @task), not {type(undo).__name__}."
         )
+    undo = cast(Task, undo)  # the framework's Task or the backport's: one interface
     if undo.backend != step.backend:
         raise InvalidTask(
             f"compensate_with {undo.module_path!r} uses the task backend {undo.backend!r}; "
