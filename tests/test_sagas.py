@@ -247,6 +247,24 @@ def test_admin_shows_a_workflow_that_failed_to_compensate(admin_client):
     assert "Succeeded" in page
 
 
+def test_workflows_are_shown_to_those_who_see_their_tasks_queues(settings):
+    from django.test import Client
+
+    from tests.browser.support import VIEW, in_groups, staff
+
+    settings.RDBTASKS_QUEUE_PERMISSIONS = {"emails": ["mailing"], "*": ["ops"]}
+    order(9)  # on the default queue
+    url = reverse("admin:django_rdbtasks_workflow_changelist")
+    seen = {}
+    for name in ("mailing", "ops"):
+        client = Client()
+        client.force_login(in_groups(staff(name, VIEW), name))
+        response = client.get(url)
+        assert response.status_code == 200
+        seen[name] = "order 9" in response.content.decode()
+    assert seen == {"mailing": False, "ops": True}
+
+
 # -- real worker processes -------------------------------------------------------------------
 
 
