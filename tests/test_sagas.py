@@ -23,22 +23,7 @@ from tests.testapp.models import SideEffect
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def order(order_id, *, refund=saga.refund_card, pause_refund=False, then=None):
-    """reserve stock -> charge card -> ship, each undone by its compensation."""
-    flow = Workflow(name=f"order {order_id}")
-    flow.add("reserve", saga.reserve_stock, order_id, "sku-1", compensate_with=saga.release_stock)
-    flow.add(
-        "charge",
-        saga.charge_card,
-        order_id,
-        42,
-        pause_refund=pause_refund,
-        depends_on=["reserve"],
-        compensate_with=refund,
-    )
-    flow.add("ship", then or saga.ship, order_id, depends_on=["charge"])
-    flow.add("notify", tasks.record, f"notify:{order_id}", depends_on=["ship"])
-    return flow.enqueue()
+order = saga.enqueue_order
 
 
 def workflow_of(result):

@@ -8,6 +8,7 @@ import os
 import time
 
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
+from django_rdbtasks.dependencies import Workflow
 from django_rdbtasks.idempotency import once
 
 from .models import SideEffect
@@ -76,3 +77,23 @@ def refund_card(order_id, amount, pause_refund=False, *, step_result):
 def refund_fails(order_id, amount, pause_refund=False, *, step_result):
     _ran("refund", order_id)
     raise RuntimeError("the card network refuses the refund")
+
+
+def enqueue_order(order_id, *, refund=None, pause_refund=False, then=None):
+    """reserve stock -> charge card -> ship -> notify; the first two can be undone."""
+    from .tasks import record
+
+    flow = Workflow(name=f"order {order_id}")
+    flow.add("reserve", reserve_stock, order_id, "sku-1", compensate_with=release_stock)
+    flow.add(
+        "charge",
+        charge_card,
+        order_id,
+        42,
+        pause_refund=pause_refund,
+        depends_on=["reserve"],
+        compensate_with=refund or refund_card,
+    )
+    flow.add("ship", then or ship, order_id, depends_on=["charge"])
+    flow.add("notify", record, f"notify:{order_id}", depends_on=["ship"])
+    return flow.enqueue()
