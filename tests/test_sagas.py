@@ -1,6 +1,7 @@
 """Sagas: a workflow's compensations, run once each, in reverse order, visibly."""
 
 import copy
+import itertools
 import os
 import signal
 
@@ -312,3 +313,48 @@ def test_a_compensation_whose_worker_is_sigkilled_still_runs_once(run_workers, v
         "ALREADY_DONE",
     ]
     assert workflow.steps.filter(role=StepRole.COMPENSATION).count() == 2
+
+
+def assert_undone_in_reverse(workflow):
+    """One compensation per step that succeeded, the last to finish undone first; one at a time."""
+    undos = list(workflow.steps.filter(role=StepRole.COMPENSATION).select_related("task", "undoes"))
+    undos.sort(key=lambda step: step.task.started_at)
+    succeeded = Task.objects.filter(
+        pk__in=workflow.steps.filter(role=StepRole.STEP).values("task_id"), status="SUCCESSFUL"
+    )
+    newest_first = sorted(succeeded, key=lambda t: (t.finished_at, t.pk), reverse=True)
+    assert [step.undoes for step in undos] == newest_first
+    for before, after in itertools.pairwise(undos):
+        assert before.task.finished_at <= after.task.started_at
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["optimistic", "skip-locked"])
+def test_fan_out_sagas_settle_under_racing_worker_processes(run_workers, vendor, mode):
+    """Seats held in parallel, settled by several processes at once on one workflow row."""
+    if vendor == "sqlite" and mode == "skip-locked":
+        pytest.skip("SQLite has no SKIP LOCKED")
+    flights, seats = 8, 6
+    for flight in range(flights):
+        saga.enqueue_flight(flight, seats, seconds=0.05)
+    workers = run_workers(
+        "--processes",
+        "3",
+        "--threads",
+        "2",
+        "--mode",
+        mode,
+        "--burst",
+        "--no-scheduler",
+        "--poll-interval",
+        "0.1",
+    )
+    assert workers.wait(timeout=300) == 0, workers.log()
+    for workflow in WorkflowRow.objects.all():
+        assert workflow.state == WorkflowState.COMPENSATED, workflow.reason
+        assert_undone_in_reverse(workflow)
+    held = SideEffect.objects.filter(key__startswith="hold:").values_list("key", flat=True)
+    freed = SideEffect.objects.filter(key__startswith="free:").values_list("key", flat=True)
+    # Every seat held was freed, once; none freed that was not held.
+    assert sorted(k.split(":", 1)[1] for k in freed) == sorted(k.split(":", 1)[1] for k in held)
+    assert len(set(freed)) == len(freed)

@@ -97,3 +97,25 @@ def enqueue_order(order_id, *, refund=None, pause_refund=False, then=None):
     flow.add("ship", then or ship, order_id, depends_on=["charge"])
     flow.add("notify", record, f"notify:{order_id}", depends_on=["ship"])
     return flow.enqueue()
+
+
+@task(max_attempts=3, backoff=0)
+def hold_seat(flight, seat, seconds=0.0):
+    _effect("hold", f"{flight}/{seat}")
+    time.sleep(seconds)
+    return {"hold": f"{flight}/{seat}"}
+
+
+@task(max_attempts=3, backoff=0)
+def free_seat(flight, seat, seconds=0.0, *, step_result):
+    assert step_result == {"hold": f"{flight}/{seat}"}, step_result
+    _effect("free", f"{flight}/{seat}")
+
+
+def enqueue_flight(flight, seats, *, seconds=0.0):
+    """Seats held in parallel beside a step that fails: a fan-out saga."""
+    flow = Workflow(name=f"flight {flight}")
+    for seat in range(seats):
+        flow.add(f"seat {seat}", hold_seat, flight, seat, seconds, compensate_with=free_seat)
+    flow.add("ship", ship, flight)
+    return flow.enqueue()
