@@ -20,6 +20,10 @@ CANCELLED by an operator), in the transaction that writes that outcome:
   CANCELLED (they are its dependants): what they would undo is left as it is,
   for an operator, and said so.
 
+A failed step an operator requeues, and which then succeeds, is undone too:
+its compensation is added at the end of the chain (a Compensated workflow is
+Compensating again until it has run).
+
 Every move is made under the workflow row's lock (an UPDATE of it), taken
 before any other row of the settlement is touched, in the same transaction as
 the outcome that causes it; that outcome is fenced by its claim. So a worker
@@ -34,7 +38,7 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 from django.db.models import F
@@ -56,6 +60,16 @@ logger = logging.getLogger("django_rdbtasks.sagas")
 
 #: Steps in these states may still succeed, and would then need undoing.
 IN_FLIGHT = (TaskStatus.READY, TaskStatus.RUNNING)
+
+
+class Member(NamedTuple):
+    """A task of a workflow, as its ``WorkflowStep`` row says."""
+
+    task_id: Any
+    role: str
+    name: str
+    compensate_with: str
+    undoes_id: Any
 
 
 def settle_finished(using: str, succeeded: Sequence[str], failed: Sequence[str]) -> None:
@@ -111,33 +125,47 @@ def _advance(
                 f"{reason} Its compensation {name!r} ({task_id}) did not succeed: "
                 "it and the compensations after it are not done."
             ).strip()
-    members = list(
-        WorkflowStep.objects.using(using)
+    members = [
+        Member(*row)
+        for row in WorkflowStep.objects.using(using)
         .filter(workflow_id=workflow_id)
-        .values_list("task_id", "role", "name", "compensate_with")
-    )
-    steps = [task_id for task_id, role, _, _ in members if role == StepRole.STEP]
-    undos = [task_id for task_id, role, _, _ in members if role == StepRole.COMPENSATION]
+        .values_list("task_id", "role", "name", "compensate_with", "undoes_id")
+    ]
+    steps = [m.task_id for m in members if m.role == StepRole.STEP]
+    undos = [m.task_id for m in members if m.role == StepRole.COMPENSATION]
     if state == WorkflowState.COMPENSATING:
         _cancel_unstarted(using, steps)
     statuses = dict(
         TaskRow.objects.using(using).filter(pk__in=steps + undos).values_list("pk", "status")
     )
+    undone = {m.undoes_id for m in members if m.role == StepRole.COMPENSATION}
+    # Steps that succeeded, name a compensation, and have none yet: the
+    # compensating workflow's own, or one an operator requeued since.
+    to_undo = [
+        m.task_id
+        for m in members
+        if m.role == StepRole.STEP
+        and m.compensate_with
+        and m.task_id not in undone
+        and statuses.get(m.task_id) == TaskStatus.SUCCESSFUL
+    ]
+    all_undone = not to_undo and all(statuses.get(pk) == TaskStatus.SUCCESSFUL for pk in undos)
     if state == WorkflowState.RUNNING:
         if all(statuses.get(pk) == TaskStatus.SUCCESSFUL for pk in steps):
             state = WorkflowState.SUCCEEDED
-    elif state == WorkflowState.COMPENSATING:
+    elif state in (WorkflowState.COMPENSATING, WorkflowState.COMPENSATED):
         if any(statuses.get(pk) in IN_FLIGHT for pk in steps):
             pass  # its success would need undoing too: the chain waits for it
-        elif not undos:
-            if not _enqueue_compensations(using, workflow_id, members):
-                state = WorkflowState.COMPENSATED
-        elif all(statuses.get(pk) == TaskStatus.SUCCESSFUL for pk in undos):
+        elif to_undo:
+            # Compensated, then a step an operator requeued succeeded: undone too.
+            state = WorkflowState.COMPENSATING
+            tail = _tail(using, undos)
+            _enqueue_compensations(using, workflow_id, members, to_undo, tail, statuses)
+        elif all_undone:
             state = WorkflowState.COMPENSATED
-    elif state == WorkflowState.FAILED_TO_COMPENSATE and undos:
+    elif state == WorkflowState.FAILED_TO_COMPENSATE and undos and all_undone:
         # An operator retried the failed compensation and the ones after it.
-        if all(statuses.get(pk) == TaskStatus.SUCCESSFUL for pk in undos):
-            state = WorkflowState.COMPENSATED
+        state = WorkflowState.COMPENSATED
     if state != workflow.state or reason != workflow.reason:
         done = state in WorkflowState.finished()
         WorkflowRow.objects.using(using).filter(pk=workflow_id).update(
@@ -159,34 +187,52 @@ def _cancel_unstarted(using: str, steps: list[Any]) -> None:
     end_dependants(using, unstarted)
 
 
-def _enqueue_compensations(using: str, workflow_id: Any, members: list[tuple]) -> int:
-    """Enqueue the chain of compensations of the steps that succeeded; how many."""
-    undoable = {
-        str(task_id): (name, path)
-        for task_id, role, name, path in members
-        if role == StepRole.STEP and path
-    }
+def _tail(using: str, undos: list[Any]) -> Any:
+    """The last compensation of the chain so far (None: no chain yet)."""
+    if not undos:
+        return None
+    parents = set(
+        TaskDependency.objects.using(using)
+        .filter(parent_id__in=undos, child_id__in=undos)
+        .values_list("parent_id", flat=True)
+    )
+    return next(pk for pk in undos if pk not in parents)
+
+
+def _enqueue_compensations(
+    using: str,
+    workflow_id: Any,
+    members: list[Member],
+    to_undo: list[Any],
+    tail: Any,
+    statuses: dict[Any, str],
+) -> None:
+    """Enqueue the compensations of these steps as a chain, after ``tail`` if there is one."""
+    compensate_with = {m.task_id: (m.name, m.compensate_with) for m in members}
     done = (
         TaskRow.objects.using(using)
-        .among(list(undoable), TaskStatus.SUCCESSFUL)
+        .filter(pk__in=to_undo)
         .order_by("-finished_at", "-pk")
         .values_list("pk", "args", "kwargs", "return_value", "queue_name", "backend_name")
     )
     chain: list[tuple[Any, str, NewTask]] = []
     for pk, args, kwargs, result, queue_name, backend_name in done:
-        name, path = undoable[str(pk)]
+        name, path = compensate_with[pk]
         new = _compensation(path, args, {**kwargs, STEP_RESULT: result}, queue_name, backend_name)
-        if chain:
-            new.status, new.waiting_on = TaskStatus.WAITING.value, 1
         chain.append((pk, name, new))
-    if not chain:
-        return 0
+    # The tail's success, if it is not committed yet, is settled after this
+    # transaction (under the same workflow lock), and then sees the new link.
+    after = tail if tail is not None and statuses.get(tail) != TaskStatus.SUCCESSFUL else None
+    for position, (_, _, new) in enumerate(chain):
+        if position or after is not None:
+            new.status, new.waiting_on = TaskStatus.WAITING.value, 1
     connection = connections[using]
     with connection.cursor() as cursor:
         dialect_for(connection).insert_tasks(cursor, [new for _, _, new in chain], True)
+    ids = [new.id for _, _, new in chain]
     TaskDependency.objects.using(using).bulk_create(
-        TaskDependency(parent_id=before.id, child_id=after.id)
-        for (_, _, before), (_, _, after) in itertools.pairwise(chain)
+        TaskDependency(parent_id=before, child_id=child)
+        for before, child in itertools.pairwise([after, *ids] if after is not None else ids)
     )
     WorkflowStep.objects.using(using).bulk_create(
         WorkflowStep(
@@ -199,9 +245,7 @@ def _enqueue_compensations(using: str, workflow_id: Any, members: list[tuple]) -
         for pk, name, new in chain
     )
     # Each one's outcome settles in a transaction of its own (see dependencies).
-    ids = [new.id for _, _, new in chain]
     TaskRow.objects.using(using).filter(pk__in=ids).update(has_children=True)
-    return len(chain)
 
 
 def _compensation(

@@ -198,6 +198,69 @@ def test_an_operator_cancelling_a_step_compensates_the_steps_done():
     assert effects("release:") == ["release:6"] and effects("refund") == []
 
 
+def test_a_step_requeued_after_the_compensation_is_undone_too_when_it_succeeds():
+    from django_rdbtasks.compat import task_backends
+
+    flow = Workflow(name="order 10")
+    flow.add("reserve", saga.reserve_stock, 10, "sku", compensate_with=saga.release_stock)
+    flow.add(
+        "ship",
+        saga.ship_when_courier,
+        10,
+        depends_on=["reserve"],
+        compensate_with=saga.recall_shipment,
+    )
+    results = flow.enqueue()
+    drain()
+    workflow = workflow_of(results["ship"])
+    assert workflow.state == WorkflowState.COMPENSATED
+    assert effects("release:") == ["release:10"] and effects("recall") == []
+    # An operator requeues the failed step, and this time it succeeds.
+    SideEffect.objects.create(key="courier:10")
+    assert task_backends["default"].requeue(results["ship"].id)
+    drain()
+    workflow.refresh_from_db()
+    assert Task.objects.get(pk=results["ship"].id).status == "SUCCESSFUL"
+    assert workflow.state == WorkflowState.COMPENSATED, workflow.reason
+    assert effects("recall:") == ["recall:10"] and effects("release:") == ["release:10"]
+    recall = workflow.steps.get(name="undo ship")
+    assert str(recall.undoes_id) == results["ship"].id and recall.task.status == "SUCCESSFUL"
+
+
+def test_a_step_requeued_while_compensations_run_is_undone_after_them():
+    from django_rdbtasks.compat import task_backends
+
+    flow = Workflow(name="order 11")
+    flow.add("reserve", saga.reserve_stock, 11, "sku-1", compensate_with=saga.release_stock)
+    flow.add(
+        "charge", saga.charge_card, 11, 42, depends_on=["reserve"], compensate_with=saga.refund_card
+    )
+    flow.add(
+        "ship",
+        saga.ship_when_courier,
+        11,
+        depends_on=["charge"],
+        compensate_with=saga.recall_shipment,
+    )
+    results = flow.enqueue()
+    Worker(burst=True, max_tasks=3).run(install_signals=False)  # reserve, charge, ship fails
+    workflow = workflow_of(results["ship"])
+    assert workflow.state == WorkflowState.COMPENSATING
+    SideEffect.objects.create(key="courier:11")
+    assert task_backends["default"].requeue(results["ship"].id)
+    Worker(burst=True, max_tasks=1).run(install_signals=False)  # the refund
+    assert effects("refund:") == ["refund:11"] and effects("release:") == []
+    drain()  # ship (requeued before release was due) succeeds while release waits
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.COMPENSATED, workflow.reason
+    undone = ["refund:11", "release:11", "recall:11"]
+    rows = SideEffect.objects.filter(key__in=undone).order_by("id")
+    assert list(rows.values_list("key", flat=True)) == undone
+    recall = workflow.steps.get(name="undo ship").task
+    release = workflow.steps.get(name="undo reserve").task
+    assert TaskDependency.objects.filter(parent=release, child=recall).exists()
+
+
 # -- admin ---------------------------------------------------------------------------------
 
 

@@ -119,3 +119,18 @@ def enqueue_flight(flight, seats, *, seconds=0.0):
         flow.add(f"seat {seat}", hold_seat, flight, seat, seconds, compensate_with=free_seat)
     flow.add("ship", ship, flight)
     return flow.enqueue()
+
+
+@task(max_attempts=1)
+def ship_when_courier(order_id):
+    """Fails until the test says a courier came (``courier:<order>``)."""
+    _ran("ship", order_id)
+    if not SideEffect.objects.filter(key=f"courier:{order_id}").exists():
+        raise RuntimeError("no courier yet")
+    return {"parcel": f"P-{order_id}"}
+
+
+@task(max_attempts=3, backoff=0)
+def recall_shipment(order_id, *, step_result):
+    assert step_result == {"parcel": f"P-{order_id}"}, step_result
+    _effect("recall", order_id)
