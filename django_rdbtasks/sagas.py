@@ -10,7 +10,7 @@ CANCELLED by an operator), in the transaction that writes that outcome:
 * once no step is in flight (RUNNING, or READY between two attempts), at once
   or in the transaction that finishes the last of them, the compensations of
   the steps that succeeded are enqueued as one chain, the step that finished
-  last undone first (database clock; ties: the step enqueued later first). Each
+  last undone first (database clock; ties in a fixed order, by id). Each
   compensation waits for the one before it to succeed, so they run one at a
   time. A compensation is an ordinary task, with its own retries, called as
   ``undo(*step_args, step_result=<the step's return value>, **step_kwargs)``;

@@ -100,10 +100,17 @@ class WorkflowAdmin(AppPagesMixin, admin.ModelAdmin):
 
     @admin.display(description=_("steps"))
     def steps_display(self, obj: Workflow) -> SafeString | str:
-        steps = list(
-            obj.steps.select_related("task")
-            .only("name", "role", "compensate_with", "undoes_id", "task__status", "task__task_path")
-            .order_by("task_id")
+        steps = sorted(
+            obj.steps.select_related("task").only(
+                "name", "role", "compensate_with", "task__status", "task__started_at"
+            ),
+            # The steps, then the compensations, each in the order they ran.
+            key=lambda step: (
+                step.role != StepRole.STEP,
+                step.task.started_at is None,
+                step.task.started_at or 0,
+                step.name,
+            ),
         )
         if not steps:
             return EMPTY
