@@ -217,9 +217,7 @@ def check_compensation(step: Task, undo: Any, kwargs: dict[str, Any]) -> None:
     undo.get_backend().validate_task(undo)
 
 
-def _record_saga(
-    using: str, name: str, order: list[_Node], results: dict[str, TaskResult]
-) -> None:
+def _record_saga(using: str, name: str, order: list[_Node], results: dict[str, TaskResult]) -> None:
     """The workflow row and its steps, in the transaction that enqueued them."""
     workflow = WorkflowRow.objects.using(using).create(name=name)
     WorkflowStep.objects.using(using).bulk_create(
