@@ -223,7 +223,9 @@ class Task(models.Model):
         blank=True,
     )
     #: Set (with a row lock) when a dependant is enqueued, so the parent's
-    #: completion knows, in its own statement, to release its children.
+    #: completion knows, in its own statement, to release its children; set
+    #: too on every task of a workflow with compensations, whose completion
+    #: moves the workflow on (``sagas.py``).
     has_children = models.BooleanField(default=False, db_default=False)
     parents = models.ManyToManyField(
         "self",
