@@ -13,6 +13,7 @@ it on as they finish (see docs/workflows.md).
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -116,7 +117,7 @@ class Workflow:
         if policy not in FAILURE_POLICIES:
             raise ValueError(f"on_parent_failure must be one of {FAILURE_POLICIES}.")
         if compensate_with is not None:
-            check_compensation(task, compensate_with, kwargs)
+            check_compensation(task, compensate_with, args, kwargs)
         node = _Node(name, task, args, kwargs, list(depends_on), policy, compensate_with)
         self._nodes[name] = node
         return name
@@ -192,7 +193,7 @@ class Workflow:
                     raise InvalidTask(f"compensate_with of step {node.name!r}: {exc}") from exc
 
 
-def check_compensation(step: Task, undo: Any, kwargs: dict[str, Any]) -> None:
+def check_compensation(step: Task, undo: Any, args: tuple, kwargs: dict[str, Any]) -> None:
     """Refuse a ``compensate_with`` that a worker could not enqueue or run for this step."""
     if not isinstance(undo, TASK_BASE_CLASSES):
         raise InvalidTask(
@@ -215,6 +216,16 @@ def check_compensation(step: Task, undo: Any, kwargs: dict[str, Any]) -> None:
             "its compensation receives the step's result by that name."
         )
     undo.get_backend().validate_task(undo)
+    signature = inspect.signature(undo.func)
+    if undo.takes_context:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    try:
+        signature.bind(*args, **kwargs, **{STEP_RESULT: None})
+    except TypeError as exc:
+        raise InvalidTask(
+            f"compensate_with {undo.module_path!r} cannot be called as "
+            f"undo(*step_args, {STEP_RESULT}=..., **step_kwargs): {exc}."
+        ) from exc
 
 
 def _record_saga(using: str, name: str, order: list[_Node], results: dict[str, TaskResult]) -> None:

@@ -9,19 +9,28 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from django_rdbtasks.compat import InvalidTask
+from django_rdbtasks.compat import HAS_DJANGO_TASKS, InvalidTask
 from django_rdbtasks.dependencies import Workflow
 from django_rdbtasks.models import Task, TaskDependency, WorkflowStep
 from django_rdbtasks.models import Workflow as WorkflowRow
 from django_rdbtasks.states import StepRole, WorkflowState
 from django_rdbtasks.worker import Worker
-from tests import not_an_app
 from tests.conftest import wait_until
 from tests.testapp import saga_tasks as saga
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
+if HAS_DJANGO_TASKS:
+    from django.tasks import task
+else:
+    from django_tasks import task
+
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@task()
+def undo_outside_the_apps(order_id, sku, *, step_result):
+    """In this module, which workers do not import: refused as a compensation."""
 
 
 order = saga.enqueue_order
@@ -67,9 +76,16 @@ def test_a_step_cannot_take_the_step_result_keyword():
         Workflow().add("a", tasks.add, 1, step_result=2, compensate_with=saga.release_stock)
 
 
+def test_compensate_with_must_take_the_steps_arguments_and_its_result():
+    with pytest.raises(InvalidTask, match="cannot be called as"):
+        Workflow().add("a", saga.reserve_stock, 1, "x", compensate_with=saga.recall_shipment)
+    with pytest.raises(InvalidTask, match="cannot be called as"):
+        Workflow().add("a", tasks.add, 1, 2, compensate_with=tasks.noop)
+
+
 def test_compensate_with_must_be_loadable_by_workers():
     flow = Workflow()
-    flow.add("a", saga.reserve_stock, 1, "x", compensate_with=not_an_app.report)
+    flow.add("a", saga.reserve_stock, 1, "x", compensate_with=undo_outside_the_apps)
     with pytest.raises(InvalidTask, match="not part of an installed app"):
         flow.enqueue()
     assert not Task.objects.exists() and not WorkflowRow.objects.exists()
