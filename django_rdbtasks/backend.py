@@ -488,14 +488,15 @@ class RDBTaskBackend(BaseTaskBackend):
         recorded (the worker tells the task; it ends CANCELLED when it
         returns), or its final status if it had already finished.
         """
-        from .dependencies import end_dependants
+        from .sagas import settle_finished
 
         rows = TaskRow.objects.using(self.database).filter(pk=result_id)
         with transaction.atomic(using=self.database):
             if rows.filter(status__in=[TaskStatus.READY, TaskStatus.WAITING]).update(
                 status=TaskStatus.CANCELLED, finished_at=DbNow(), version=F("version") + 1
             ):
-                end_dependants(self.database, [result_id])
+                # Its dependants end; a workflow it is a step of compensates.
+                settle_finished(self.database, [], [result_id])
                 return TaskStatus.CANCELLED
         if rows.filter(status=TaskStatus.RUNNING).update(cancel_requested=True):
             return TaskStatus.RUNNING

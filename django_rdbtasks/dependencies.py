@@ -5,26 +5,37 @@ succeeded. Each parent's success decrements it, in the same transaction that
 writes the parent's result, and the last one makes it READY; a parent that
 fails for good ends its dependants (and theirs) CANCELLED or FAILED. So no
 dependant is lost or started twice.
+
+A workflow whose steps name a ``compensate_with`` task is a saga: it gets a
+``models.Workflow`` row, recorded here with its tasks, and ``sagas.py`` moves
+it on as they finish (see docs/workflows.md).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest
 
-from .compat import Task, TaskResult
+from .compat import TASK_BASE_CLASSES, InvalidTask, Task, TaskResult
 from .db import dialect_for
 from .db.functions import DbNow
-from .exceptions import RDBTasksError
+from .exceptions import InvalidTaskPath, RDBTasksError
+from .loading import check_loadable
 from .models import Task as TaskRow
-from .models import TaskDependency, TaskStatus
+from .models import TaskDependency, TaskStatus, WorkflowStep
+from .models import Workflow as WorkflowRow
+from .states import StepRole
+
+#: The keyword a compensation receives the result of the step it undoes by.
+STEP_RESULT = "step_result"
 
 FAILURE_POLICIES = (TaskStatus.CANCELLED, TaskStatus.FAILED)
 
@@ -62,6 +73,7 @@ class _Node:
     kwargs: dict
     depends_on: list[str]
     on_parent_failure: str
+    compensate_with: Task | None = None
 
 
 @dataclass
@@ -79,9 +91,14 @@ class Workflow:
 
     ``depends_on`` names other nodes of the workflow or ids of tasks already
     enqueued. ``chain(a, b, c)`` adds nodes that run one after the other.
+
+    ``compensate_with=undo`` makes the workflow a saga (``sagas.py``): if a
+    step fails for good, ``undo(*args, step_result=..., **kwargs)`` undoes
+    this step, had it succeeded. ``name`` labels the workflow in the admin.
     """
 
     on_parent_failure: str = TaskStatus.CANCELLED
+    name: str = ""
     _nodes: dict[str, _Node] = field(default_factory=dict)
 
     def add(
@@ -91,6 +108,7 @@ class Workflow:
         *args: Any,
         depends_on: Sequence[str] = (),
         on_parent_failure: str | None = None,
+        compensate_with: Task | None = None,
         **kwargs: Any,
     ) -> str:
         if name in self._nodes:
@@ -98,7 +116,10 @@ class Workflow:
         policy = on_parent_failure or self.on_parent_failure
         if policy not in FAILURE_POLICIES:
             raise ValueError(f"on_parent_failure must be one of {FAILURE_POLICIES}.")
-        self._nodes[name] = _Node(name, task, args, kwargs, list(depends_on), policy)
+        if compensate_with is not None:
+            check_compensation(task, compensate_with, args, kwargs)
+        node = _Node(name, task, args, kwargs, list(depends_on), policy, compensate_with)
+        self._nodes[name] = node
         return name
 
     def chain(self, *steps: tuple[str, Task, tuple, dict]) -> list[str]:
@@ -134,6 +155,9 @@ class Workflow:
         from .backend import RDBTaskBackend
 
         order = self._ordered()
+        saga = any(node.compensate_with is not None for node in order)
+        if saga:
+            self._check_saga(order)
         results: dict[str, TaskResult] = {}
         backends = {node.task.get_backend() for node in order}
         backend = next(iter(backends))
@@ -143,7 +167,84 @@ class Workflow:
             for node in order:
                 parent_ids = [results[p].id if p in self._nodes else p for p in node.depends_on]
                 results[node.name] = _enqueue_child(backend, node, parent_ids)
+            if saga:
+                _record_saga(backend.database, self.name, order, results)
         return results
+
+    def _check_saga(self, order: list[_Node]) -> None:
+        for node in order:
+            outside = [p for p in node.depends_on if p not in self._nodes]
+            if outside:
+                # A step ended at enqueue by a parent outside the saga would
+                # need compensating before the saga exists: refused instead.
+                raise ValueError(
+                    f"Step {node.name!r} of a workflow with compensations depends on "
+                    f"{outside}, which are not steps of the workflow."
+                )
+            if getattr(node.task, "dedup_key", None) is not None:
+                raise InvalidTask(
+                    f"Step {node.name!r} has a dedup_key: in a workflow with compensations "
+                    "every step must be a task of its own, not another workflow's."
+                )
+            if node.compensate_with is not None:
+                try:
+                    check_loadable(node.compensate_with.module_path)
+                except InvalidTaskPath as exc:
+                    raise InvalidTask(f"compensate_with of step {node.name!r}: {exc}") from exc
+
+
+def check_compensation(step: Task, undo: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Refuse a ``compensate_with`` that a worker could not enqueue or run for this step."""
+    if not isinstance(undo, TASK_BASE_CLASSES):
+        raise InvalidTask(
+            f"compensate_with must be a task (made with @task), not {type(undo).__name__}."
+        )
+    undo = cast(Task, undo)  # the framework's Task or the backport's: one interface
+    if undo.backend != step.backend:
+        raise InvalidTask(
+            f"compensate_with {undo.module_path!r} uses the task backend {undo.backend!r}; "
+            f"the step uses {step.backend!r}: they must be the same."
+        )
+    if getattr(undo, "dedup_key", None) is not None:
+        raise InvalidTask(
+            f"compensate_with {undo.module_path!r} has a dedup_key: a compensation must "
+            "always be enqueued (use once_key to make its effect happen once)."
+        )
+    if STEP_RESULT in kwargs:
+        raise InvalidTask(
+            f"A step with compensate_with cannot take a keyword named {STEP_RESULT!r}: "
+            "its compensation receives the step's result by that name."
+        )
+    undo.get_backend().validate_task(undo)
+    signature = inspect.signature(undo.func)
+    if undo.takes_context:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    try:
+        signature.bind(*args, **kwargs, **{STEP_RESULT: None})
+    except TypeError as exc:
+        raise InvalidTask(
+            f"compensate_with {undo.module_path!r} cannot be called as "
+            f"undo(*step_args, {STEP_RESULT}=..., **step_kwargs): {exc}."
+        ) from exc
+
+
+def _record_saga(using: str, name: str, order: list[_Node], results: dict[str, TaskResult]) -> None:
+    """The workflow row and its steps, in the transaction that enqueued them."""
+    workflow = WorkflowRow.objects.using(using).create(name=name)
+    WorkflowStep.objects.using(using).bulk_create(
+        WorkflowStep(
+            task_id=results[node.name].id,
+            workflow=workflow,
+            name=node.name,
+            role=StepRole.STEP,
+            compensate_with=node.compensate_with.module_path if node.compensate_with else "",
+        )
+        for node in order
+    )
+    # The flag sends each step's outcome through the transaction that also
+    # settles dependants (db/postgresql.py): there its workflow moves on.
+    ids = [results[node.name].id for node in order]
+    TaskRow.objects.using(using).filter(pk__in=ids).update(has_children=True)
 
 
 def _enqueue_child(backend: Any, node: _Node, parent_ids: list[str]) -> TaskResult:

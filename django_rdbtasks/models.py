@@ -11,7 +11,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from .db.functions import DbNow
-from .states import TaskStatus
+from .states import StepRole, TaskStatus, WorkflowState
 
 __all__ = [
     "Dashboard",
@@ -22,6 +22,8 @@ __all__ = [
     "TaskDependency",
     "TaskStatus",
     "Worker",
+    "Workflow",
+    "WorkflowStep",
 ]
 
 
@@ -105,6 +107,22 @@ class TaskQuerySet(models.QuerySet["Task"]):
         """
         matches = Case(When(status=status, then=Value(1)), default=Value(0))
         return self.filter(pk__in=list(ids)).alias(in_status=matches).filter(in_status=1)
+
+    def unstarted_among(self, ids: Iterable[Any]) -> TaskQuerySet:
+        """The rows of these ids that never started: READY or WAITING, never claimed.
+
+        A READY row with a ``started_at`` is between attempts (a retry, a
+        handover): it started. Reached by primary key, as ``among``.
+        """
+        waiting = Case(
+            When(status__in=[TaskStatus.READY, TaskStatus.WAITING], then=Value(1)),
+            default=Value(0),
+        )
+        return (
+            self.filter(pk__in=list(ids), started_at__isnull=True)
+            .alias(unstarted=waiting)
+            .filter(unstarted=1)
+        )
 
     def in_queues(self, queue_names: Iterable[str]) -> TaskQuerySet:
         return self.filter(queue_name__in=list(queue_names))
@@ -205,7 +223,9 @@ class Task(models.Model):
         blank=True,
     )
     #: Set (with a row lock) when a dependant is enqueued, so the parent's
-    #: completion knows, in its own statement, to release its children.
+    #: completion knows, in its own statement, to release its children; set
+    #: too on every task of a workflow with compensations, whose completion
+    #: moves the workflow on (``sagas.py``).
     has_children = models.BooleanField(default=False, db_default=False)
     parents = models.ManyToManyField(
         "self",
@@ -354,6 +374,56 @@ class TaskDependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.parent_id} -> {self.child_id}"
+
+
+class Workflow(models.Model):
+    """A workflow enqueued with compensations (a saga), and where it stands (``sagas.py``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    name = models.CharField(max_length=200, blank=True, default="")
+    state = models.CharField(
+        max_length=24, choices=WorkflowState.choices, default=WorkflowState.RUNNING
+    )
+    #: Bumped whenever one of its tasks is settled: that UPDATE is the lock
+    #: that makes the settlings of its tasks one after the other.
+    version = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=DbNow())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    #: The task whose failure started the compensation, or the compensation that failed.
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
+        # The admin's list, newest first, filtered by state.
+        indexes = [models.Index(fields=["state", "id"], name="rdbtasks_workflow_state")]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'workflow'} ({self.id})"
+
+
+class WorkflowStep(models.Model):
+    """A task of a workflow: one of its steps, or the compensation of one."""
+
+    task = models.OneToOneField(
+        Task, primary_key=True, on_delete=models.CASCADE, related_name="workflow_step"
+    )
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="steps")
+    name = models.CharField(max_length=200)
+    role = models.CharField(max_length=16, choices=StepRole.choices, default=StepRole.STEP)
+    #: The task path of what undoes this step; empty: nothing to undo.
+    compensate_with = models.CharField(max_length=255, blank=True, default="")
+    #: For a compensation: the step it undoes.
+    undoes = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        verbose_name = _("workflow step")
+        verbose_name_plural = _("workflow steps")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.role})"
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):

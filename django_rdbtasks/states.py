@@ -38,6 +38,37 @@ class TaskStatus(TextChoices):
         return (cls.READY, cls.RUNNING)
 
 
+class WorkflowState(TextChoices):
+    """Where a workflow (a set of dependent tasks with compensations) stands.
+
+    See ``sagas.py``: RUNNING until every step succeeded (SUCCEEDED) or one
+    failed for good (COMPENSATING, then COMPENSATED, or FAILED_TO_COMPENSATE
+    when a compensation itself failed for good).
+    """
+
+    RUNNING = "RUNNING", _("Running")
+    SUCCEEDED = "SUCCEEDED", _("Succeeded")
+    #: A step failed for good: the steps that succeeded are being undone.
+    COMPENSATING = "COMPENSATING", _("Compensating")
+    #: Every step that succeeded (and named a compensation) was undone.
+    COMPENSATED = "COMPENSATED", _("Compensated")
+    #: A compensation failed for good: what it should have undone is not undone.
+    FAILED_TO_COMPENSATE = "FAILED_TO_COMPENSATE", _("Failed to compensate")
+
+    @classmethod
+    def finished(cls) -> tuple[WorkflowState, ...]:
+        return (cls.SUCCEEDED, cls.COMPENSATED, cls.FAILED_TO_COMPENSATE)
+
+
+class StepRole(TextChoices):
+    """What a task of a workflow is there for."""
+
+    #: One of the steps the workflow was enqueued with.
+    STEP = "STEP", _("Step")
+    #: Undoes a step that succeeded, after another step failed for good.
+    COMPENSATION = "COMPENSATION", _("Compensation")
+
+
 class OutcomeKind(enum.StrEnum):
     """What a worker writes about a row it claimed, when it is done with it.
 

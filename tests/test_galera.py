@@ -14,6 +14,7 @@ Run with ``make test-clusters`` (needs ``galera-4``, ``mariadb-server``,
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import shutil
 import signal
@@ -248,6 +249,69 @@ def test_schedulers_on_three_nodes_fire_each_tick_exactly_once(galera, galera_db
         loud = [line for line in log.splitlines() if " WARNING [" in line or " ERROR [" in line]
         assert loud == [], "\n".join(loud)
         assert "Traceback" not in log, log
+
+
+def test_sagas_on_three_nodes_compensate_each_step_once_in_reverse_order(
+    galera, galera_db, run_workers
+):
+    """Fan-out sagas: steps of one workflow settle on different nodes at once."""
+    flights, seats = 12, 6
+    manage(
+        galera,
+        galera_db,
+        1,
+        "shell",
+        "-c",
+        "from tests.testapp.saga_tasks import enqueue_flight\n"
+        f"for flight in range({flights}): enqueue_flight(flight, {seats}, seconds=0.05)",
+    )
+    supervisors = [
+        run_workers(
+            "--processes",
+            "2",
+            "--threads",
+            "2",
+            "--burst",
+            "--no-scheduler",
+            "--poll-interval",
+            "0.1",
+            env=node_env(galera, galera_db, node),
+        )
+        for node in (1, 2, 3)
+    ]
+    for supervisor in supervisors:
+        assert supervisor.wait(timeout=240) == 0, supervisor.log()
+    states = "SELECT state, COUNT(*) FROM django_rdbtasks_workflow GROUP BY state"
+    freed = (
+        "SELECT COUNT(*), COUNT(DISTINCT `key`) FROM testapp_sideeffect WHERE `key` LIKE 'free:%'"
+    )
+    held = "SELECT COUNT(*) FROM testapp_sideeffect WHERE `key` LIKE 'hold:%'"
+    # Each compensation against the step it undoes: the chain runs one at a
+    # time, the step that finished last undone first.
+    chain = (
+        "SELECT c.started_at, c.finished_at, s.finished_at, s.id, w.workflow_id "
+        "FROM django_rdbtasks_workflowstep w "
+        "JOIN django_rdbtasks_task c ON c.id = w.task_id "
+        "JOIN django_rdbtasks_task s ON s.id = w.undoes_id "
+        "WHERE w.role = 'COMPENSATION' ORDER BY w.workflow_id, c.started_at"
+    )
+    for node_rows in on_every_node(galera, galera_db, f"{states}; {freed}; {held}"):
+        assert node_rows[0] == ["COMPENSATED", str(flights)]
+        holds = node_rows[2][0]
+        assert node_rows[1] == [holds, holds]  # every seat held was freed once
+    rows = galera.query(1, f"SET SESSION wsrep_sync_wait = 1; USE `{galera_db}`; {chain}")
+    by_workflow: dict[str, list[list[str]]] = {}
+    for row in rows:
+        by_workflow.setdefault(row[4], []).append(row)
+    assert len(by_workflow) == flights
+    for undos in by_workflow.values():
+        assert [(r[2], r[3]) for r in undos] == sorted(((r[2], r[3]) for r in undos), reverse=True)
+        for before, after in itertools.pairwise(undos):
+            assert before[1] <= after[0]
+    for supervisor in supervisors:
+        log = supervisor.log()
+        loud = [line for line in log.splitlines() if " WARNING [" in line]
+        assert loud == [], "\n".join(loud)
 
 
 def test_skip_locked_mode_is_refused_on_a_galera_node(galera, galera_db, run_workers):

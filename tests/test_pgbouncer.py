@@ -305,6 +305,7 @@ THROUGH_THE_POOLER = [
     "tests/test_jobs.py",
     "tests/test_scheduler.py",
     "tests/test_dependencies.py",
+    "tests/test_sagas.py",  # compensations enqueued in the worker's transaction
     "tests/test_connection.py",  # the worker's bounds, per transaction here
     "tests/test_db.py",
     "tests/test_ops.py",

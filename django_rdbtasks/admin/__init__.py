@@ -6,19 +6,21 @@ filters, the changelist, the actions and the display helpers they share.
 
 from django.contrib import admin
 
-from ..models import Dashboard, Job, JobRecord, Task, Worker
+from ..models import Dashboard, Job, JobRecord, Task, Worker, Workflow
 from .dashboard import Chart, DashboardAdmin
 from .display import cron_in_words, redact
 from .jobs import JobAdmin
 from .records import JobRecordAdmin
 from .tasks import TaskAdmin
 from .workers import WorkerAdmin
+from .workflows import WorkflowAdmin
 
 admin.site.register(Task, TaskAdmin)
 admin.site.register(Dashboard, DashboardAdmin)
 admin.site.register(Job, JobAdmin)
 admin.site.register(JobRecord, JobRecordAdmin)
 admin.site.register(Worker, WorkerAdmin)
+admin.site.register(Workflow, WorkflowAdmin)
 
 __all__ = [
     "Chart",
@@ -27,6 +29,7 @@ __all__ = [
     "JobRecordAdmin",
     "TaskAdmin",
     "WorkerAdmin",
+    "WorkflowAdmin",
     "cron_in_words",
     "redact",
 ]

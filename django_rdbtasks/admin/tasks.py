@@ -29,6 +29,7 @@ from .permissions import access_for
 from .reading import admin_database
 from .retry_failed import retry_failed_view
 from .task_display import TaskFields
+from .workflows import WorkflowField
 
 #: Big JSON columns a list does not show.
 HEAVY_COLUMNS = ("args", "kwargs", "return_value", "history", "checkpoint")
@@ -166,7 +167,7 @@ DISCARD = Operation(
 )
 
 
-class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
+class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin.ModelAdmin):
     list_display = (
         "status_display",
         "task_name",
@@ -221,7 +222,15 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, admin.ModelAdmin):
         ),
         (
             _("Related"),
-            {"fields": ("parents_display", "children_display", "job_display", "dedup_key")},
+            {
+                "fields": (
+                    "parents_display",
+                    "children_display",
+                    "workflow_display",
+                    "job_display",
+                    "dedup_key",
+                )
+            },
         ),
     )
     # Every field is shown read-only: nobody edits raw rows.

@@ -156,8 +156,9 @@ class ClaimStore:
     def _settle_dependants(
         self, outcomes: Sequence[Outcome], written: dict[Any, bool | None]
     ) -> None:
-        """Release or end the dependants of what just finished, in the same transaction."""
-        from ..dependencies import end_dependants, release_dependants
+        """Release or end the dependants of what just finished, and move its workflows on,
+        in the same transaction."""
+        from ..sagas import settle_finished
 
         succeeded, failed = [], []
         for outcome in outcomes:
@@ -167,10 +168,8 @@ class ClaimStore:
                 succeeded.append(self.public_id(outcome.id))
             elif outcome.kind in SETTLES_DEPENDANTS:
                 failed.append(self.public_id(outcome.id))
-        if succeeded:
-            release_dependants(self.alias, succeeded)
-        if failed:
-            end_dependants(self.alias, failed)
+        if succeeded or failed:
+            settle_finished(self.alias, succeeded, failed)
 
     # -- while a task runs -------------------------------------------------------------
 
