@@ -306,7 +306,7 @@ class Dialect(RowDecoding):
             cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
             if cursor.rowcount == 1:
                 written[outcome.id] = None
-        self.limits.release(cursor, outcomes)
+        self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written
 
     # -- claiming ----------------------------------------------------------------------

@@ -184,11 +184,12 @@ class LimitSQL:
         return f"holder_id IN ({marks}) AND ({matches})", params
 
     def release(self, cursor: Any, outcomes: Sequence[Outcome]) -> None:
-        """Free the concurrency slots of the claims these outcomes end.
+        """Free the concurrency slots of the claims these outcomes, just written, ended.
 
-        Whether or not the outcome itself could be written: its task is no
-        longer running under that claim. A slot taken since by another claim
-        has another holder and is left alone.
+        Only once written: an outcome left for later leaves its task RUNNING,
+        and counted, till then. A claim lost to a takeover is never written
+        and needs no release: its slot's ``free_at`` lapsed with its lease. A
+        slot taken since by another claim has another holder and is left alone.
         """
         claims = sorted(self.ended(outcomes))
         if not claims:

@@ -389,12 +389,15 @@ class PostgreSQLDialect(Dialect):
             done.append(f"d{i}")
         if kinds:
             ctes.append(self._busy_cte())
-            # The concurrency slots of the claims these outcomes end (db/limits.py).
+            # The concurrency slots of the claims these outcomes ended, once
+            # written: till then the task is RUNNING, and counts (db/limits.py).
+            written = " UNION ALL ".join(f"SELECT id FROM {d}" for d in done)
             ctes.append(
                 f"freed AS (UPDATE {self.limits.table} AS s SET free_at = NULL, "
                 "holder_id = NULL, holder_version = NULL "
                 "FROM unnest(%s::uuid[], %s::bigint[]) AS f(id, version) "
-                "WHERE s.holder_id = f.id AND s.holder_version = f.version)"
+                f"WHERE f.id IN ({written}) "
+                "AND s.holder_id = f.id AND s.holder_version = f.version)"
             )
         if not claim:
             if not done:
@@ -534,7 +537,7 @@ class PostgreSQLDialect(Dialect):
                 [_outcome_rows(group), worker_id],
             )
             written.update((row[0], row[1]) for row in cursor.fetchall())
-        self.limits.release(cursor, outcomes)
+        self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written
 
     def claim_chosen(

@@ -223,6 +223,18 @@ class ClaimStore:
 
         return LeasedLock(f"task:{task_path}", lease=lease, using=self.database)
 
+    def held_back_by_limits(self, queues: Sequence[str]) -> bool:
+        """Burst mode: due tasks of these queues wait for a limit's slot (not drained yet)."""
+        from ..db.functions import DbNow
+        from ..models import Task
+
+        return (
+            Task.objects.using(self.alias)
+            .filter(status=TaskStatus.READY, queue_name__in=queues, run_after__lte=DbNow())
+            .exclude(limit_key=None)
+            .exists()
+        )
+
     def ready_among(self, ids: Iterable[Any]) -> set[str]:
         """Public ids of those of these tasks that are READY (waiting out a retry, say)."""
         from ..models import Task
