@@ -368,7 +368,7 @@ class LimitSlot(models.Model):
 
     class Meta:
         verbose_name = _("limit slot")
-        verbose_name_plural = _("limit slots")
+        verbose_name_plural = _("limits")
         constraints = [
             models.UniqueConstraint(fields=["key", "slot_no"], name="rdbtasks_limit_slot"),
         ]

@@ -47,7 +47,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "limit slot",
-                "verbose_name_plural": "limit slots",
+                "verbose_name_plural": "limits",
                 "indexes": [models.Index(fields=["holder_id"], name="rdbtasks_limit_holder")],
                 "constraints": [
                     models.UniqueConstraint(fields=("key", "slot_no"), name="rdbtasks_limit_slot")
