@@ -112,7 +112,7 @@ def limit_for(task: Any, queue_limits: Mapping[str, Limit]) -> Limit | QueueLimi
     """The limit a task runs under: its own, ``singleton``, else its queue's."""
     own = getattr(task, "limit", None)
     if own is not None:
-        return own  # type: ignore[no-any-return]
+        return own
     if getattr(task, "singleton", False):
         return ConcurrencyLimit(1)
     queue = queue_limits.get(task.queue_name)
