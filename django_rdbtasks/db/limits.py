@@ -70,17 +70,20 @@ class LimitSQL:
 
     def attach(self, cursor: Any, tasks: Sequence[NewTask]) -> None:
         """Store each new row's limit and make its key's slots, in the enqueue's transaction."""
+        by_spec: dict[tuple[str, int, float], list[Any]] = {}
         for task in tasks:
-            spec = task.limit
-            cursor.execute(
-                f"UPDATE {self.dialect.table} SET limit_key = %s, limit_count = %s, "
-                "limit_period = %s WHERE id = %s",
-                [spec.key, spec.count, spec.period, self.dialect.encode_id(task.id)],
-            )
-        specs = {(t.limit.key, t.limit.count, t.limit.period) for t in tasks}
+            spec = (task.limit.key, task.limit.count, task.limit.period)
+            by_spec.setdefault(spec, []).append(self.dialect.encode_id(task.id))
         # Sorted: two enqueues making the same new keys take their locks in one order.
-        for key, count, period in sorted(specs):
-            self.ensure_slots(cursor, key, count, period)
+        for spec, ids in sorted(by_spec.items()):
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                cursor.execute(
+                    f"UPDATE {self.dialect.table} SET limit_key = %s, limit_count = %s, "
+                    f"limit_period = %s WHERE id IN ({', '.join(['%s'] * len(chunk))})",
+                    [*spec, *chunk],
+                )
+            self.ensure_slots(cursor, *spec)
 
     def ensure_slots(self, cursor: Any, key: str, count: int, period: float) -> None:
         """Make the key's slots ``0 .. count - 1`` that do not exist yet."""
