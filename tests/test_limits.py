@@ -377,3 +377,40 @@ def test_a_rate_limit_holds_over_every_window_and_drains_at_its_pace(run_workers
     # It took as long as the limit says (a correctness bound, not a speed claim).
     assert starts[-1] - starts[0] >= dt.timedelta(seconds=count / 20 - 1)
     assert elapsed < count / 20 + 30
+
+
+# -- a queue's limit -----------------------------------------------------------------------
+
+
+def queue_limited_backend(limits):
+    from django_rdbtasks.backend import RDBTaskBackend
+
+    return RDBTaskBackend(
+        "default",
+        {"QUEUES": ["default", "emails"], "OPTIONS": {"QUEUE_LIMITS": limits}},
+    )
+
+
+@db
+def test_a_queues_limit_holds_its_tasks_that_have_none():
+    backend = queue_limited_backend({"emails": ConcurrencyLimit(1)})
+    assert backend.check() == []
+    backend.enqueue(tasks.send_email, ["a@example.com"], {})
+    backend.enqueue(tasks.send_email, ["b@example.com"], {})
+    backend.enqueue(tasks.add, [1, 2], {})  # the default queue: no limit
+    keys = set(Task.objects.values_list("queue_name", "limit_key", "limit_count"))
+    assert keys == {("emails", "concurrency:queue:emails", 1), ("default", None, None)}
+    dialect = dialect_for(connection)
+    request = ClaimRequest(["emails"], 10, "w1", 30.0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        assert len(dialect.exchange(cursor, [], "w1", request).claimed) == 1
+
+
+def test_a_bad_queue_limit_is_reported_and_refused():
+    from django.core.exceptions import ImproperlyConfigured
+
+    backend = queue_limited_backend({"emails": 3})
+    [error] = backend.check()
+    assert error.id == "django_rdbtasks.E003" and "QUEUE_LIMITS" in error.msg
+    with pytest.raises(ImproperlyConfigured, match="QUEUE_LIMITS"):
+        backend.enqueue(tasks.send_email, ["a@example.com"], {})
