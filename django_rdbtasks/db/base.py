@@ -355,13 +355,12 @@ class Dialect(RowDecoding):
         now, free = self.now_sql, self.limits.available(self.table)
         found: list[Candidate] = []
         # Expired leases queue by queue, each a range of its index in order.
-        expired = f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-        expired += f"AND {free} "
+        expired = f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} AND "
+        expired += free
         reads = [(f"{expired} ORDER BY lease_expires_at", [queue]) for queue in queues]
         marks = ", ".join(["%s"] * len(queues))
-        ready = f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) "
-        ready += f"AND {free} "
-        reads.append((f"{ready} ORDER BY priority DESC, run_after", list(queues)))
+        ready = f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) AND "
+        reads.append((f"{ready}{free} ORDER BY priority DESC, run_after", list(queues)))
         for where, params in reads:
             cursor.execute(
                 f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} LIMIT %s "
@@ -428,9 +427,8 @@ class Dialect(RowDecoding):
             contended = len(chosen) < min(len(read), request.want)
         chosen = [c for c in chosen if c.id not in excluded]
         # A row whose key has no free slot left is not claimed: it stays READY.
-        offered = len(chosen)
-        chosen, slots = self.limits.take(cursor, chosen)
-        contended = contended or len(chosen) < offered
+        taken, slots = self.limits.take(cursor, chosen)
+        contended, chosen = contended or len(taken) < len(chosen), taken
         if not chosen:
             return [], contended
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
