@@ -34,6 +34,7 @@ from .db.cursors import kept_cursor
 from .db.functions import DbNow
 from .db.rows import NewTask
 from .exceptions import InvalidTaskPath
+from .limits import Limit, limit_for, limit_spec, queue_limits_option, validate_limit
 from .loading import check_loadable, load_task
 from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
@@ -62,6 +63,8 @@ KNOWN_OPTIONS = frozenset(
         "LISTEN_DATABASE",
         # A replica the read-only views read from (reads.py).
         "READ_DATABASE",
+        # Queue name to a ConcurrencyLimit or RateLimit (limits.py).
+        "QUEUE_LIMITS",
     }
 )
 
@@ -83,8 +86,11 @@ class RDBTask(Task):
     #: Run the body inside ``once(<task path>, key)``: its effects commit with a
     #: JobRecord for the key, so a second run with the same key does nothing.
     once_key: str | Callable[..., str] | None = None
-    #: Never run two of this task at once, cluster-wide (a leased lock).
+    #: Never run two of this task at once, cluster-wide: ``ConcurrencyLimit(1)``.
     singleton: bool = False
+    #: A cluster-wide ``ConcurrencyLimit`` or ``RateLimit`` the claim enforces
+    #: (limits.py); None: the queue's (``OPTIONS["QUEUE_LIMITS"]``), if any.
+    limit: Limit | None = None
     #: Seconds a run may take: then it is asked to stop (``context.should_stop()``);
     #: if it does not within ``OPTIONS["TIMEOUT_GRACE"]``, its process is recycled.
     #: Either way the run fails with ``TaskTimeout`` (retried if attempts remain).
@@ -157,6 +163,8 @@ class RDBTaskBackend(BaseTaskBackend):
             # Seconds, or a timedelta (worker/missing.py reads it).
             self._number_option("MISSING_TASK_GRACE", 600.0, 0, float)
         self.notify = bool(options.get("NOTIFY", True))
+        self.queue_limits, errors = queue_limits_option(options.get("QUEUE_LIMITS"))
+        self.option_errors += errors
         #: Whether the enqueue may keep its statement prepared in the session:
         #: not behind a transaction pooler, whose sessions change hands.
         self.prepare = not options.get("TRANSACTION_POOLING", False)
@@ -196,6 +204,7 @@ class RDBTaskBackend(BaseTaskBackend):
         timeout = getattr(task, "timeout", None)
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidTask("timeout must be a positive number of seconds.")
+        validate_limit(task)
         for option in ("dedup_key", "once_key"):
             value = getattr(task, option, None)
             if value is not None and not (isinstance(value, str) or callable(value)):
@@ -278,6 +287,7 @@ class RDBTaskBackend(BaseTaskBackend):
         self._refuse_bad_options()
         args_json, kwargs_json, decoded = encode_arguments_and_values(args, kwargs)
         dedup = getattr(task, "dedup_key", None)
+        limit = limit_for(task, self.queue_limits)  # computed before anything is written
         new = NewTask(
             id=uuid7(),
             task_path=task.module_path,
@@ -290,6 +300,7 @@ class RDBTaskBackend(BaseTaskBackend):
             run_after=task.run_after,
             job_name=job_name,
             dedup_key=None if dedup is None else task_key(dedup, task, args, kwargs),
+            limit=limit_spec(limit, task, args, kwargs) if limit is not None else None,
         )
         return new, decoded
 
@@ -309,10 +320,15 @@ class RDBTaskBackend(BaseTaskBackend):
         # is open, so a rollback takes the tasks with it; else in their own.
         # One statement is atomic by itself and needs no transaction around it.
         cursor = kept_cursor(connection, dialect, prepare=self.prepare)
-        if dialect.insert_is_one_statement:
+        limited = [t for t in tasks if t.limit is not None]
+        if dialect.insert_is_one_statement and not limited:
             return dialect.insert_tasks(cursor, tasks, self.notify)
         with transaction.atomic(using=self.database, savepoint=False):
-            return dialect.insert_tasks(cursor, tasks, self.notify)
+            enqueued_at = dialect.insert_tasks(cursor, tasks, self.notify)
+            if limited:
+                # In the rows' transaction: no worker sees them unlimited.
+                dialect.limits.attach(cursor, limited)
+            return enqueued_at
 
     def _new_result(
         self,

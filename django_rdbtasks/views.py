@@ -54,8 +54,10 @@ def metrics(request: HttpRequest, using: str | None = None) -> HttpResponse:
             status=501,
             content_type="text/plain",
         )
+    from .observability.limit_metrics import LimitCollector
     from .observability.metrics import DatabaseCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(using))
+    registry.register(LimitCollector(using))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -249,7 +249,9 @@ def assert_renewal_reads_a_bounded_number_of_rows(outcomes: list[Outcome]) -> No
         nodes = list(plan_nodes(explaining.plans[0]))
         on_table = [n["Node Type"] for _, n in reads_of_the_table(nodes)]
         indexes = {n["Index Name"] for _, n in nodes if "Index Name" in n}
-        assert indexes == {f"{TABLE}_pkey"} and "Seq Scan" not in on_table, (indexes, on_table)
+        # The task rows by primary key; their limit slots (if any) by holder.
+        assert indexes == {f"{TABLE}_pkey", "rdbtasks_limit_holder"}, indexes
+        assert "Seq Scan" not in on_table, on_table
     elif connection.vendor == "mysql":
 
         def run() -> None:
@@ -310,4 +312,3 @@ def test_another_queues_expired_leases_do_not_slow_a_round(vendor):
         insert_rows(BACKLOG, TaskStatus.RUNNING, queue="abandoned")
         for mode in modes(vendor):
             assert_round_reads_a_bounded_number_of_rows(held[mode], mode)
-

@@ -31,9 +31,6 @@ class FakeStore:
         self.notes.append(entry)
         return True
 
-    def singleton_lock(self, task_path, lease):
-        raise AssertionError("no singleton task here")
-
 
 def claimed(path, *args, attempts=1, max_attempts=3, lost_from=None, **kwargs):
     return ClaimedRow(

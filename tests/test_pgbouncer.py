@@ -313,6 +313,7 @@ THROUGH_THE_POOLER = [
     "tests/test_admin_tasks.py",
     "tests/test_admin_jobs.py",
     "tests/test_admin_dashboard.py",
+    "tests/test_limits.py",  # the limits' slots, taken and freed in pooled transactions
 ]
 
 

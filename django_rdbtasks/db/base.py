@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .limits import LimitSQL
 from .rows import (
     CANDIDATE_COLUMNS,
     CLAIM_COLUMNS,
@@ -110,6 +111,8 @@ class Dialect(RowDecoding):
     #: How ``lock_rows`` takes the rows a worker is about to write, skipping
     #: any another session holds.
     row_lock_sql = "FOR UPDATE SKIP LOCKED"
+    #: An INSERT of ``{values}`` that skips rows whose unique key exists.
+    insert_ignore_sql = "INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
 
     def __init__(self, connection: Any) -> None:
         from ..models import Task
@@ -123,6 +126,7 @@ class Dialect(RowDecoding):
         self.claimable_sql = self.claimable("")
         self.fence_sql = f"id = %s AND version = %s AND {self.holder('')} = %s"
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
+        self.limits = LimitSQL(self)
 
     # -- pieces each database spells its own way -------------------------------------
 
@@ -302,6 +306,7 @@ class Dialect(RowDecoding):
             cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
             if cursor.rowcount == 1:
                 written[outcome.id] = None
+        self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written
 
     # -- claiming ----------------------------------------------------------------------
@@ -316,16 +321,17 @@ class Dialect(RowDecoding):
         """
         now = self.now_sql
         cols = f"{self._cand_cols}, priority, run_after"
+        free = self.limits.available(self.table)
         parts = [
             f"SELECT * FROM (SELECT {cols}, 0 AS reclaim FROM {self.table} "
             f"WHERE status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-            f"ORDER BY lease_expires_at LIMIT %s) qe{i}"
+            f"AND {free} ORDER BY lease_expires_at LIMIT %s) qe{i}"
             for i in range(queue_count)
         ]
         parts += [
             f"SELECT * FROM (SELECT {cols}, 1 AS reclaim FROM {self.table} "
             f"WHERE status = '{READY}' AND queue_name = %s AND run_after <= {now} "
-            f"ORDER BY priority DESC, run_after LIMIT %s) q{i}"
+            f"AND {free} ORDER BY priority DESC, run_after LIMIT %s) q{i}"
             for i in range(queue_count)
         ]
         union = " UNION ALL ".join(parts)
@@ -346,14 +352,15 @@ class Dialect(RowDecoding):
 
     def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
         """Lock runnable rows, expired leases first, skipping rows others hold locked."""
-        now = self.now_sql
+        now, free = self.now_sql, self.limits.available(self.table)
         found: list[Candidate] = []
         # Expired leases queue by queue, each a range of its index in order.
-        expired = f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
+        expired = f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} AND "
+        expired += free
         reads = [(f"{expired} ORDER BY lease_expires_at", [queue]) for queue in queues]
         marks = ", ".join(["%s"] * len(queues))
-        ready = f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) "
-        reads.append((f"{ready} ORDER BY priority DESC, run_after", list(queues)))
+        ready = f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) AND "
+        reads.append((f"{ready}{free} ORDER BY priority DESC, run_after", list(queues)))
         for where, params in reads:
             cursor.execute(
                 f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} LIMIT %s "
@@ -419,9 +426,13 @@ class Dialect(RowDecoding):
             chosen = self.lock_unchanged(cursor, read, request.want) if read else []
             contended = len(chosen) < min(len(read), request.want)
         chosen = [c for c in chosen if c.id not in excluded]
+        # A row whose key has no free slot left is not claimed: it stays READY.
+        taken, slots = self.limits.take(cursor, chosen)
+        contended, chosen = contended or len(taken) < len(chosen), taken
         if not chosen:
             return [], contended
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
+        self.limits.stamp(cursor, rows, chosen, slots, request.lease)
         by_id = {c.id: c for c in chosen}
         for row in rows:
             previous = by_id.get(row.id)
@@ -476,6 +487,7 @@ class Dialect(RowDecoding):
                     f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
                     params,
                 )
+                self.limits.renew(cursor, free, lease)
             marks = ", ".join(["%s"] * len(chunk))
             versions = dict(chunk)
             cursor.execute(

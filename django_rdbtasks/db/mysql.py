@@ -24,6 +24,7 @@ from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect
 class MySQLDialect(Dialect):
     vendor = "mysql"
     now_sql = "UTC_TIMESTAMP(6)"
+    insert_ignore_sql = "INSERT IGNORE INTO {table} ({columns}) VALUES {values}"
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + INTERVAL {placeholder} MICROSECOND)"

@@ -97,6 +97,11 @@ class PostgreSQLDialect(Dialect):
             "FROM unnest(%s::uuid[], %s::bigint[]) AS c(id, version) "
             f"WHERE t.id = c.id AND t.id IN (SELECT id FROM mine) AND t.version = c.version "
             f"AND {self.holder('t')} = %s RETURNING t.id, t.cancel_requested), "
+            # The slots of the claims renewed, to the same time (db/limits.py).
+            f"slots_renewed AS (UPDATE {self.limits.table} AS s "
+            f"SET free_at = {self.now_plus_sql('%s')} FROM renewed AS r "
+            "JOIN unnest(%s::uuid[], %s::bigint[]) AS c(id, version) ON c.id = r.id "
+            "WHERE s.holder_id = c.id AND s.holder_version = c.version), "
             f"{self._busy_cte()} "
             "SELECT id, cancel_requested FROM renewed UNION ALL "
             f"SELECT t.id, t.cancel_requested FROM {t} AS t JOIN busy ON t.id = busy.id"
@@ -329,6 +334,8 @@ class PostgreSQLDialect(Dialect):
             params += [_outcome_rows(group), worker_id]
         if kinds:
             params += [ids, [o.version for o in ordered], worker_id]
+            ended = sorted(self.limits.ended(ordered))
+            params += [[i for i, _ in ended], [v for _, v in ended]]
         if claim:
             assert request is not None
             params += self._claim_params(request, [o.id for o in outcomes])
@@ -377,7 +384,8 @@ class PostgreSQLDialect(Dialect):
             pool = request.want * CANDIDATE_SPREAD
             per_queue = [value for queue in queues for value in (queue, pool)]
             params = [*per_queue, *per_queue, pool, finishing, request.want]
-        return [*params, request.worker_id, request.lease]
+        # The slots' lease (``taken``), then the claim's worker and lease.
+        return [*params, request.lease, request.worker_id, request.lease]
 
     def _build_exchange(
         self, kinds: tuple[OutcomeKind, ...], claim: bool, mode: ClaimMode | None, queues: int
@@ -399,6 +407,16 @@ class PostgreSQLDialect(Dialect):
             done.append(f"d{i}")
         if kinds:
             ctes.append(self._busy_cte())
+            # The concurrency slots of the claims these outcomes ended, once
+            # written: till then the task is RUNNING, and counts (db/limits.py).
+            written = " UNION ALL ".join(f"SELECT id FROM {d}" for d in done)
+            ctes.append(
+                f"freed AS (UPDATE {self.limits.table} AS s SET free_at = NULL, "
+                "holder_id = NULL, holder_version = NULL "
+                "FROM unnest(%s::uuid[], %s::bigint[]) AS f(id, version) "
+                f"WHERE f.id IN ({written}) "
+                "AND s.holder_id = f.id AND s.holder_version = f.version)"
+            )
         if not claim:
             if not done:
                 return "SELECT 'p', NULL, 0 WHERE false"
@@ -410,10 +428,10 @@ class PostgreSQLDialect(Dialect):
         returning = ", ".join(f"t.{c}" for c in CLAIM_COLUMNS)
         ctes.append(
             f"claimed AS (UPDATE {t} AS t SET "
-            f"{self.claim_assignments('t', '%s', '%s')} FROM pick "
-            "WHERE t.id = pick.id AND t.version = pick.version "
-            f"RETURNING {returning}, pick.status AS prev_status, "
-            "pick.worker_id AS prev_worker, pick.last_attempted_at AS prev_attempted)"
+            f"{self.claim_assignments('t', '%s', '%s')} FROM go "
+            "WHERE t.id = go.id AND t.version = go.version "
+            f"RETURNING {returning}, go.status AS prev_status, "
+            "go.worker_id AS prev_worker, go.last_attempted_at AS prev_attempted)"
         )
         blanks = ", ".join(["NULL"] * (len(CLAIM_COLUMNS) + 2))
         parts = [
@@ -431,7 +449,12 @@ class PostgreSQLDialect(Dialect):
         """``pick``: the rows to claim, locked; expired leases first, then READY in order."""
         t = self.table
         now = self.now_sql
-        cols = "id, version, status, worker_id, last_attempted_at"
+        cols = (
+            "id, version, status, worker_id, last_attempted_at, "
+            "limit_key, limit_count, limit_period"
+        )
+        # Only rows whose key (if any) has a free slot now (db/limits.py).
+        free = self.limits.available(t)
         # One read per queue and kind, each a range of its index in the
         # index's order with a LIMIT: its cost is the limit's, never a backlog's
         # (another queue's expired leases included).
@@ -440,13 +463,13 @@ class PostgreSQLDialect(Dialect):
         expired = [
             f"SELECT {cols}, 0 AS reclaim, priority, run_after FROM {t} "
             f"WHERE status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now}"
-            f"{not_finishing} ORDER BY lease_expires_at LIMIT %s"
+            f"{not_finishing} AND {free} ORDER BY lease_expires_at LIMIT %s"
             for _ in range(queues)
         ]
         ready = [
             f"SELECT {cols}, 1 AS reclaim, priority, run_after FROM {t} "
             f"WHERE status = '{READY}' AND queue_name = %s AND run_after <= {now} "
-            "ORDER BY priority DESC, run_after LIMIT %s"
+            f"AND {free} ORDER BY priority DESC, run_after LIMIT %s"
             for _ in range(queues)
         ]
         if mode == ClaimMode.SKIP_LOCKED:
@@ -461,7 +484,7 @@ class PostgreSQLDialect(Dialect):
                 f"pick AS (SELECT * FROM ({union}) u "
                 "ORDER BY reclaim, priority DESC, run_after LIMIT %s)"
             )
-            return ctes
+            return ctes + self._slot_ctes()
         # Optimistic: read without locks, then take the rows still unchanged
         # (the version compare-and-set), skipping any that someone holds locked.
         union = " UNION ALL ".join(
@@ -470,11 +493,45 @@ class PostgreSQLDialect(Dialect):
         return [
             f"pool AS MATERIALIZED (SELECT * FROM ({union}) u "
             "ORDER BY reclaim, priority DESC, run_after LIMIT %s)",
-            f"pick AS (SELECT t.id, t.version, t.status, t.worker_id, t.last_attempted_at "
-            f"FROM {t} AS t JOIN pool ON t.id = pool.id AND t.version = pool.version "
-            f"WHERE {self.claimable('t')} AND t.id <> ALL(%s::uuid[]) "
+            f"pick AS (SELECT t.id, t.version, t.status, t.worker_id, t.last_attempted_at, "
+            "t.limit_key, t.limit_count, t.limit_period, pool.reclaim, pool.priority, "
+            f"pool.run_after FROM {t} AS t JOIN pool ON t.id = pool.id "
+            f"AND t.version = pool.version WHERE {self.claimable('t')} "
+            "AND t.id <> ALL(%s::uuid[]) "
             "ORDER BY pool.reclaim, pool.priority DESC, pool.run_after LIMIT %s "
             "FOR UPDATE OF t SKIP LOCKED)",
+            *self._slot_ctes(),
+        ]
+
+    def _slot_ctes(self) -> list[str]:
+        """``go``: the rows of ``pick`` to claim, each limited one with a free slot it took.
+
+        The key's free slots are locked, skipping any another session holds;
+        PostgreSQL re-checks a locked row's ``free_at`` at its newest version,
+        so a slot is never taken twice. ``pick``'s rows of a key beyond its
+        free slots are not claimed: they stay READY, untouched.
+        """
+        s, key, now = self.limits.table, '"key"', self.now_sql
+        return [
+            "lk AS (SELECT limit_key, max(limit_count) AS n FROM pick "
+            "WHERE limit_key IS NOT NULL GROUP BY limit_key)",
+            f"sf AS MATERIALIZED (SELECT s.id, s.{key}, s.slot_no FROM {s} AS s "
+            f"JOIN lk ON s.{key} = lk.limit_key AND s.slot_no < lk.n "
+            f"WHERE {self.limits.free('s')} FOR UPDATE OF s SKIP LOCKED)",
+            "go AS MATERIALIZED (SELECT p.*, sn.id AS slot_id FROM (SELECT pick.*, "
+            "row_number() OVER (PARTITION BY limit_key "
+            "ORDER BY reclaim, priority DESC, run_after) AS rn FROM pick) AS p "
+            f"LEFT JOIN (SELECT id, {key}, row_number() OVER (PARTITION BY {key} "
+            f"ORDER BY slot_no) AS rn FROM sf) AS sn ON sn.{key} = p.limit_key AND sn.rn = p.rn "
+            "WHERE p.limit_key IS NULL OR sn.id IS NOT NULL)",
+            # A concurrency slot is held by the claim until its outcome (or its
+            # lease lapses); a rate slot is free a period after this start.
+            f"taken AS (UPDATE {s} AS s SET "
+            "holder_id = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.id END, "
+            "holder_version = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.version + 1 END, "
+            f"last_started_at = {now}, free_at = {now} + CASE WHEN go.limit_period > 0 "
+            "THEN go.limit_period ELSE %s END * INTERVAL '1 second' "
+            "FROM go WHERE s.id = go.slot_id)",
         ]
 
     def finish(
@@ -498,6 +555,7 @@ class PostgreSQLDialect(Dialect):
                 [_outcome_rows(group), worker_id],
             )
             written.update((row[0], row[1]) for row in cursor.fetchall())
+        self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written
 
     def claim_chosen(
@@ -515,7 +573,8 @@ class PostgreSQLDialect(Dialect):
         ordered = sorted(held)
         ids, versions = [i for i, _ in ordered], [v for _, v in ordered]
         cursor.execute(
-            self.renew_sql, [ids, lease, ids, versions, worker_id, ids, versions, worker_id]
+            self.renew_sql,
+            [ids, lease, ids, versions, worker_id, lease, ids, versions, ids, versions, worker_id],
         )
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}

@@ -34,7 +34,16 @@ CLAIM_COLUMNS = (
     "trace_context",
 )
 #: What a claim needs to know of a row before it takes it.
-CANDIDATE_COLUMNS = ("id", "version", "status", "worker_id", "last_attempted_at")
+CANDIDATE_COLUMNS = (
+    "id",
+    "version",
+    "status",
+    "worker_id",
+    "last_attempted_at",
+    "limit_key",
+    "limit_count",
+    "limit_period",
+)
 
 
 @dataclass(slots=True)
@@ -44,6 +53,10 @@ class Candidate:
     status: str
     worker_id: str
     last_attempted_at: dt.datetime | None
+    #: The limit the claim must take a slot of (``limits.LimitSpec`` fields).
+    limit_key: str | None = None
+    limit_count: int | None = None
+    limit_period: float | None = None
 
     @property
     def was_running(self) -> bool:
@@ -189,6 +202,8 @@ class NewTask:
     on_parent_failure: str = TaskStatus.CANCELLED.value
     #: The enqueuer's trace context, JSON text (``observability.tracing``), or None.
     trace_context: str | None = None
+    #: The cluster-wide limit the claim holds it to (``limits.LimitSpec``), or None.
+    limit: Any = None
 
 
 class RowDecoding:
@@ -208,7 +223,7 @@ class RowDecoding:
         return value.replace(tzinfo=dt.UTC)
 
     def decode_candidate(self, row: Sequence[Any]) -> Candidate:
-        return Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]))
+        return Candidate(row[0], row[1], row[2], row[3], self.decode_dt(row[4]), *row[5:8])
 
     def decode_claimed(self, row: Sequence[Any]) -> ClaimedRow:
         return ClaimedRow(

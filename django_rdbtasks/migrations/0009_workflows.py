@@ -15,7 +15,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_rdbtasks", "0007_lease_index_per_queue"),
+        ("django_rdbtasks", "0008_limits"),
     ]
 
     operations = [

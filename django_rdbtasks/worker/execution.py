@@ -2,7 +2,7 @@
 
 Nothing here writes the task row: the outcome says what to write, and the
 loop hands it to the claim store with the next claim. What a task does while
-it runs (progress, checkpoints, a singleton lock, the record of a lost
+it runs (progress, checkpoints, the record of a lost
 attempt) goes through the small ``ExecutionStore`` interface, so this module
 can be tested with a fake one and no database.
 """
@@ -59,8 +59,6 @@ class ExecutionStore(Protocol):
     ) -> bool: ...
 
     def note_lost_attempt(self, row: ClaimedRow, worker_id: str, entry: dict) -> bool: ...
-
-    def singleton_lock(self, task_path: str, lease: float) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -204,20 +202,6 @@ class Executor:
         )
         running.result = result
         self.backend.send_signal("task_started", result)
-        lock = None
-        if getattr(task, "singleton", False):
-            lock = self.store.singleton_lock(row.task_path, self.lease)
-            try:
-                acquired = lock.acquire()
-            except Exception as exc:
-                logger.warning("singleton lock for %s failed (%s); later", row.task_path, exc)
-                acquired = False
-            if not acquired:
-                # One is running elsewhere: try again later, attempt not spent.
-                return self._outcome(
-                    running, OutcomeKind.POSTPONE, started, delay=self.poll_interval
-                )
-            lock.start_renewing()
         token = current_task.set((result.id, running.worker_id))
         control = Control(self.store, running, interval=self.progress_interval)
         running.task = task
@@ -244,12 +228,6 @@ class Executor:
         finally:
             running.started = None
             current_task.reset(token)
-            if lock is not None:
-                lock.stop_renewing()
-                try:
-                    lock.release()
-                except Exception as exc:
-                    logger.warning("could not release singleton lock (%s); it will lapse", exc)
             reset_task_connections()
         control.flush()
         if running.cancel:

@@ -374,7 +374,11 @@ class Worker:
                     # Runnable rows were there but others won them, or hold
                     # them locked: look again soon, not at once.
                     self.wake.wait(random.uniform(0.005, 0.05))
-                elif self.burst and not self._retries_pending(store):
+                elif (
+                    self.burst
+                    and not self._retries_pending(store)
+                    and not self._held_back_by_limits(store)
+                ):
                     break
                 else:
                     self.wake.wait(self.poll_interval)
@@ -468,6 +472,18 @@ class Worker:
         if self._claims_left is not None and unused > 0:
             with self._budget_lock:
                 self._claims_left += unused
+
+    def _held_back_by_limits(self, store: ClaimStore) -> bool:
+        """Burst mode: due tasks wait for a limit's slot, to come free (limits.py)."""
+        return bool(
+            retry_database(
+                lambda: store.held_back_by_limits(self.queues),
+                "burst check",
+                alias=None,
+                on_error=store.close,
+                stop=self.halt,
+            )
+        )
 
     def _retries_pending(self, store: ClaimStore) -> bool:
         """Burst mode: tasks this process failed are waiting out their backoff."""

@@ -212,15 +212,17 @@ class ClaimStore:
         with self.connection.cursor() as cursor:
             return bool(self.dialect.finish(cursor, [outcome], worker_id))
 
-    def singleton_lock(self, task_path: str, lease: float) -> Any:
-        """The cluster-wide lock a ``singleton`` task holds while it runs.
+    def held_back_by_limits(self, queues: Sequence[str]) -> bool:
+        """Burst mode: due tasks of these queues wait for a limit's slot (not drained yet)."""
+        from ..db.functions import DbNow
+        from ..models import Task
 
-        On the task database's ordinary alias: the lock renews itself from a
-        thread of its own, where the worker's private alias does not exist.
-        """
-        from ..locks import LeasedLock
-
-        return LeasedLock(f"task:{task_path}", lease=lease, using=self.database)
+        return (
+            Task.objects.using(self.alias)
+            .filter(status=TaskStatus.READY, queue_name__in=queues, run_after__lte=DbNow())
+            .exclude(limit_key=None)
+            .exists()
+        )
 
     def ready_among(self, ids: Iterable[Any]) -> set[str]:
         """Public ids of those of these tasks that are READY (waiting out a retry, say)."""

@@ -46,3 +46,15 @@ class DeviceVisit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.device_id} by {self.holder}"
+
+
+class LimitedRun(models.Model):
+    """One run of a limited task: its key and when it ran (database clock)."""
+
+    key = models.CharField(max_length=100)
+    pid = models.IntegerField(default=0)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.key} by {self.pid}"

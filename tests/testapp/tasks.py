@@ -4,8 +4,10 @@ import os
 import time
 
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
+from django_rdbtasks.db.functions import DbNow
+from django_rdbtasks.limits import ConcurrencyLimit, RateLimit
 
-from .models import SideEffect
+from .models import LimitedRun, SideEffect
 
 if HAS_DJANGO_TASKS:
     from django.tasks import task
@@ -244,3 +246,35 @@ def connection_options():
     from django.db import connection
 
     return {key: str(value) for key, value in connection.settings_dict.get("OPTIONS", {}).items()}
+
+
+@task(limit=ConcurrencyLimit(3, key="tenant:{tenant}"), max_attempts=5)
+def per_tenant(tenant, seconds):
+    """At most 3 per tenant at once: records when it ran, by the database clock."""
+    run = LimitedRun.objects.create(key=tenant, pid=os.getpid(), started_at=DbNow())
+    time.sleep(seconds)
+    LimitedRun.objects.filter(pk=run.pk).update(finished_at=DbNow())
+    return tenant
+
+
+@task(limit=RateLimit(20, period=1.0, key="provider"))
+def rated(n):
+    """At most 20 starts a second, cluster-wide."""
+    LimitedRun.objects.create(key="rated", pid=os.getpid(), started_at=DbNow())
+    return n
+
+
+@task(limit=ConcurrencyLimit(2, key=lambda customer, **_: f"customer:{customer}"))
+def per_customer(customer, seconds=0.0):
+    time.sleep(seconds)
+    return customer
+
+
+@task(takes_context=True, limit=ConcurrencyLimit(1, key="solo"))
+def solo(context, key, seconds):
+    """One at a time: only the first attempt is slow, so a rerun after a crash is quick."""
+    run = LimitedRun.objects.create(key=key, pid=os.getpid(), started_at=DbNow())
+    if context.attempt == 1:
+        time.sleep(seconds)
+    LimitedRun.objects.filter(pk=run.pk).update(finished_at=DbNow())
+    return context.attempt

@@ -5,6 +5,8 @@ import time
 from django.db import connection
 from django_tasks import task
 
+from django_rdbtasks.limits import ConcurrencyLimit
+
 
 @task()
 def noop() -> None:
@@ -27,3 +29,13 @@ def mixed(key: int, seconds: float) -> None:
     record_start.func(key)
     if seconds:
         time.sleep(seconds)
+
+
+@task(limit=ConcurrencyLimit(3, key="k{key}"))
+def limited3(key: int) -> None:
+    """bench/limits.py: a no-op, at most 3 running per key."""
+
+
+@task(limit=ConcurrencyLimit(50, key="k{key}"))
+def limited50(key: int) -> None:
+    """bench/limits.py: a no-op, at most 50 running per key (a limit rarely reached)."""

@@ -1,0 +1,215 @@
+"""The statements of cluster-wide limits: slots taken at claim, freed at outcome.
+
+A limited task's row names its key, the key's slot count and a period (0 for
+a concurrency limit). The key has that many ``LimitSlot`` rows, made at
+enqueue. A claim takes a free slot for each limited row it claims, in the
+claim's transaction, and only under the slot row's own lock:
+
+- a slot is free when its ``free_at`` is NULL or past (database clock): the
+  decision reads nothing but the slot row, so two claimers can never both
+  take it (PostgreSQL re-checks a locked row's own columns at its newest
+  version; InnoDB's locking reads read the newest version; SQLite has one
+  writer; on Galera the second commit fails certification and is retried);
+- a concurrency slot's ``free_at`` is its holder's lease: renewed with it,
+  cleared by the holder's outcome (fenced on the claim's task id and
+  version), and past when a dead holder's lease lapsed;
+- a rate slot's ``free_at`` is its last start plus the period, so two starts
+  on one slot are a period apart and any window of a period holds at most
+  N starts of the key.
+
+The candidate reads skip rows whose key has no free slot, so a full key costs
+no claim, no attempt and no write; a claim that loses the race for a key's
+last slot leaves its row READY and untouched. PostgreSQL takes the slots in
+its one-statement round (``postgresql.py``); this module is the portable
+form, used by MySQL/MariaDB and SQLite, and the enqueue's part everywhere.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..states import OutcomeKind
+from .rows import Candidate, ClaimedRow, NewTask, Outcome
+
+if TYPE_CHECKING:
+    from .base import Dialect
+
+
+class LimitSQL:
+    def __init__(self, dialect: Dialect) -> None:
+        from ..models import LimitSlot
+
+        self.dialect = dialect
+        connection = dialect.connection
+        self.table = connection.ops.quote_name(LimitSlot._meta.db_table)
+        self.free_sql = self.free("s")
+
+    def free(self, alias: str) -> str:
+        """A slot free now: its own columns decide, nothing else."""
+        return f"({alias}.free_at IS NULL OR {alias}.free_at <= {self.dialect.now_sql})"
+
+    def available(self, task: str) -> str:
+        """The task row (``task``: its table or alias) is unlimited or its key has a free slot.
+
+        A filter of the candidate reads, evaluated row by row on the rows the
+        index range yields: a probe of the slot index, at most N rows.
+        """
+        return (
+            f"({task}.limit_key IS NULL OR EXISTS (SELECT 1 FROM {self.table} s "
+            f"WHERE s.{self._key} = {task}.limit_key AND s.slot_no < {task}.limit_count "
+            f"AND {self.free_sql}))"
+        )
+
+    @property
+    def _key(self) -> str:
+        return self.dialect.connection.ops.quote_name("key")
+
+    # -- enqueue -------------------------------------------------------------------------
+
+    def attach(self, cursor: Any, tasks: Sequence[NewTask]) -> None:
+        """Store each new row's limit and make its key's slots, in the enqueue's transaction."""
+        by_spec: dict[tuple[str, int, float], list[Any]] = {}
+        for task in tasks:
+            spec = (task.limit.key, task.limit.count, task.limit.period)
+            by_spec.setdefault(spec, []).append(self.dialect.encode_id(task.id))
+        # Sorted: two enqueues making the same new keys take their locks in one order.
+        for spec, ids in sorted(by_spec.items()):
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                cursor.execute(
+                    f"UPDATE {self.dialect.table} SET limit_key = %s, limit_count = %s, "
+                    f"limit_period = %s WHERE id IN ({', '.join(['%s'] * len(chunk))})",
+                    [*spec, *chunk],
+                )
+            self.ensure_slots(cursor, *spec)
+
+    def ensure_slots(self, cursor: Any, key: str, count: int, period: float) -> None:
+        """Make the key's slots ``0 .. count - 1`` that do not exist yet."""
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {self.table} WHERE {self._key} = %s AND slot_no < %s",
+            [key, count],
+        )
+        if cursor.fetchone()[0] >= count:
+            return  # the common case: read only, no insert to wait on
+        values = ", ".join(["(%s, %s, %s)"] * count)
+        cursor.execute(
+            self.dialect.insert_ignore_sql.format(
+                table=self.table, columns=f"{self._key}, slot_no, period", values=values
+            ),
+            [value for slot in range(count) for value in (key, slot, period)],
+        )
+
+    # -- claim (MySQL/MariaDB, SQLite) -----------------------------------------------------
+
+    def take(self, cursor: Any, chosen: Sequence[Candidate]) -> tuple[list[Candidate], dict]:
+        """Of rows this transaction is about to claim, those it may: a free slot each.
+
+        Returns the rows to claim and, for the limited ones, the slot (its
+        primary key) each holds. The slots are locked, skipping any another
+        session holds, and stamped by ``stamp`` once the claim is written.
+        """
+        limited: dict[str, list[Candidate]] = {}
+        for c in chosen:
+            if c.limit_key is not None:
+                limited.setdefault(c.limit_key, []).append(c)
+        if not limited:
+            return list(chosen), {}
+        lock = self.dialect.row_lock_sql if self.dialect.has_row_locks else ""
+        slots: dict[Any, Any] = {}
+        for key in sorted(limited):
+            rows = limited[key]
+            cursor.execute(
+                f"SELECT id FROM {self.table} s WHERE s.{self._key} = %s AND s.slot_no < %s "
+                f"AND {self.free_sql} ORDER BY s.slot_no LIMIT %s {lock}",
+                [key, max(c.limit_count or 0 for c in rows), len(rows)],
+            )
+            for c, (slot_id,) in zip(rows, cursor.fetchall(), strict=False):
+                slots[c.id] = slot_id
+        return [c for c in chosen if c.limit_key is None or c.id in slots], slots
+
+    def stamp(
+        self,
+        cursor: Any,
+        claimed: Sequence[ClaimedRow],
+        chosen: Sequence[Candidate],
+        slots: dict,
+        lease: float,
+    ) -> None:
+        """Mark the slots of the rows just claimed: from the claim's own database time.
+
+        ``free_at`` is the claim's ``last_attempted_at`` plus the lease (a
+        concurrency slot, renewed with the lease) or the period (a rate slot),
+        so the next start on the slot is a whole period after this one.
+        """
+        if not slots:
+            return
+        by_id = {c.id: c for c in chosen}
+        adapt = self.dialect.connection.ops.adapt_datetimefield_value
+        params = []
+        for row in claimed:
+            slot_id = slots.get(row.id)
+            if slot_id is None:
+                continue
+            period = by_id[row.id].limit_period or 0.0
+            concurrency = period <= 0
+            free_at = row.claimed_at + dt.timedelta(seconds=lease if concurrency else period)
+            params.append(
+                [
+                    row.id if concurrency else None,
+                    row.version if concurrency else None,
+                    adapt(row.claimed_at),
+                    adapt(free_at),
+                    slot_id,
+                ]
+            )
+        if params:
+            cursor.executemany(
+                f"UPDATE {self.table} SET holder_id = %s, holder_version = %s, "
+                "last_started_at = %s, free_at = %s WHERE id = %s",
+                params,
+            )
+
+    # -- outcomes and leases -------------------------------------------------------------
+
+    @staticmethod
+    def ended(outcomes: Sequence[Outcome]) -> list[tuple[Any, int]]:
+        """The claims these outcomes end (a NOTE keeps its claim)."""
+        return [(o.id, o.version) for o in outcomes if o.kind != OutcomeKind.NOTE]
+
+    def _holders(self, claims: Sequence[tuple[Any, int]]) -> tuple[str, list[Any]]:
+        marks = ", ".join(["%s"] * len(claims))
+        matches = " OR ".join(["(holder_id = %s AND holder_version = %s)"] * len(claims))
+        params: list[Any] = [i for i, _ in claims]
+        for i, v in claims:
+            params += [i, v]
+        return f"holder_id IN ({marks}) AND ({matches})", params
+
+    def release(self, cursor: Any, outcomes: Sequence[Outcome]) -> None:
+        """Free the concurrency slots of the claims these outcomes, just written, ended.
+
+        Only once written: an outcome left for later leaves its task RUNNING,
+        and counted, till then. A claim lost to a takeover is never written
+        and needs no release: its slot's ``free_at`` lapsed with its lease. A
+        slot taken since by another claim has another holder and is left alone.
+        """
+        claims = sorted(self.ended(outcomes))
+        if not claims:
+            return
+        where, params = self._holders(claims)
+        cursor.execute(
+            f"UPDATE {self.table} SET free_at = NULL, holder_id = NULL, holder_version = NULL "
+            f"WHERE {where}",
+            params,
+        )
+
+    def renew(self, cursor: Any, claims: Sequence[tuple[Any, int]], lease: float) -> None:
+        """Extend the slots of claims whose leases were just renewed, to the same time."""
+        if not claims:
+            return
+        where, params = self._holders(sorted(claims))
+        cursor.execute(
+            f"UPDATE {self.table} SET free_at = {self.dialect.now_plus_sql('%s')} WHERE {where}",
+            [self.dialect.seconds_param(lease), *params],
+        )

@@ -1,0 +1,416 @@
+"""Cluster-wide concurrency and rate limits: the API, the slot CAS, real races."""
+
+import datetime as dt
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from django.db import connection, connections, transaction
+from django.db.models import Count
+
+from django_rdbtasks.backend import bulk_enqueue
+from django_rdbtasks.compat import InvalidTask
+from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.rows import ClaimRequest, Outcome
+from django_rdbtasks.limits import (
+    ConcurrencyLimit,
+    QueueLimit,
+    RateLimit,
+    limit_for,
+    limit_spec,
+    queue_limits_option,
+)
+from django_rdbtasks.models import LimitSlot, Task
+from django_rdbtasks.states import ClaimMode, OutcomeKind
+from tests.conftest import wait_until
+from tests.testapp import tasks
+from tests.testapp.models import LimitedRun
+
+db = pytest.mark.django_db(transaction=True)
+
+
+# -- the API, no database --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_a_limit_is_a_whole_number_of_at_least_one(bad):
+    with pytest.raises(ValueError, match="at least 1"):
+        ConcurrencyLimit(bad)
+    with pytest.raises(ValueError, match="at least 1"):
+        RateLimit(bad, period=1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, dt.timedelta(0), float("inf"), float("nan")])
+def test_a_rate_period_is_positive(bad):
+    with pytest.raises(ValueError, match="positive"):
+        RateLimit(5, period=bad)
+
+
+def test_a_period_may_be_a_timedelta_and_a_key_must_be_text_or_callable():
+    assert RateLimit(5, period=dt.timedelta(minutes=1)).seconds == 60.0
+    assert ConcurrencyLimit(2).seconds == 0.0
+    with pytest.raises(ValueError, match="format string or a callable"):
+        ConcurrencyLimit(2, key=42)  # type: ignore[arg-type]
+
+
+def test_keys_come_from_the_arguments_with_the_kind_in_front():
+    spec = limit_spec(tasks.per_tenant.limit, tasks.per_tenant, ["acme", 0], {})
+    assert (spec.key, spec.count, spec.period) == ("concurrency:tenant:acme", 3, 0.0)
+    spec = limit_spec(tasks.per_customer.limit, tasks.per_customer, [], {"customer": 7})
+    assert spec.key == "concurrency:customer:7"
+    spec = limit_spec(tasks.rated.limit, tasks.rated, [1], {})
+    assert (spec.key, spec.count, spec.period) == ("rate:provider", 20, 1.0)
+    # No key: one per task (its path), or per queue for a queue's limit.
+    spec = limit_spec(ConcurrencyLimit(1), tasks.add, [1, 2], {})
+    assert spec.key == f"concurrency:{tasks.add.module_path}"
+    spec = limit_spec(QueueLimit(RateLimit(5)), tasks.add, [1, 2], {})
+    assert spec.key == "rate:queue:default"
+
+
+def test_a_key_that_cannot_be_computed_is_a_clear_error():
+    with pytest.raises(InvalidTask, match="names 'tenant'"):
+        limit_spec(tasks.per_tenant.limit, tasks.per_tenant, [], {"seconds": 1})
+    failing = ConcurrencyLimit(1, key=lambda **kw: kw["nope"])
+    with pytest.raises(InvalidTask, match="KeyError"):
+        limit_spec(failing, tasks.add, [], {"a": 1})
+    with pytest.raises(InvalidTask, match="at most 200"):
+        limit_spec(ConcurrencyLimit(1, key=lambda a, b: "x" * 300), tasks.add, [1, 2], {})
+
+
+def test_which_limit_a_task_runs_under():
+    queues = {"default": RateLimit(5)}
+    assert limit_for(tasks.per_tenant, queues) is tasks.per_tenant.limit  # its own first
+    assert limit_for(tasks.exclusive, {}) == ConcurrencyLimit(1)
+    assert limit_for(tasks.add, queues) == QueueLimit(RateLimit(5))
+    assert limit_for(tasks.add, {}) is None
+
+
+def test_queue_limits_option_is_checked():
+    assert queue_limits_option(None) == ({}, [])
+    limits, errors = queue_limits_option({"mail": RateLimit(10), "bad": 3})
+    assert limits == {"mail": RateLimit(10)} and "['bad']" in errors[0]
+    _, errors = queue_limits_option({"q": ConcurrencyLimit(1, key=lambda: "x")})
+    assert "not a callable" in errors[0]
+    assert queue_limits_option([1])[1]
+
+
+def test_limit_and_singleton_together_are_refused():
+    from django_rdbtasks.backend import RDBTask
+
+    with pytest.raises(InvalidTask, match="one of limit and singleton"):
+        RDBTask(
+            priority=0,
+            func=tasks.add.func,
+            backend="default",
+            queue_name="default",
+            run_after=None,
+            takes_context=False,
+            singleton=True,
+            limit=ConcurrencyLimit(1),
+        )
+
+
+# -- the slot compare-and-set on the database --------------------------------------------
+
+
+def modes(vendor):
+    return [ClaimMode.OPTIMISTIC] + ([ClaimMode.SKIP_LOCKED] if vendor != "sqlite" else [])
+
+
+def exchange(worker_id, want=50, outcomes=(), lease=30.0, mode=ClaimMode.OPTIMISTIC):
+    """One worker round, as the worker makes it (one statement on PostgreSQL)."""
+    dialect = dialect_for(connection)
+    request = ClaimRequest(["default"], want, worker_id, lease, mode) if want else None
+    with transaction.atomic(), connection.cursor() as cursor:
+        return dialect.exchange(cursor, list(outcomes), worker_id, request)
+
+
+def running(key=None):
+    rows = Task.objects.filter(status="RUNNING")
+    return rows.filter(limit_key=key).count() if key else rows.count()
+
+
+@pytest.fixture(params=["optimistic", "skip-locked"])
+def mode(request, vendor):
+    if request.param == "skip-locked" and vendor == "sqlite":
+        pytest.skip("SQLite has no SKIP LOCKED")
+    return ClaimMode(request.param)
+
+
+@db
+def test_enqueue_stores_the_limit_and_makes_the_slots():
+    tasks.per_customer.enqueue("a")
+    tasks.per_customer.enqueue("a")
+    tasks.rated.enqueue(1)
+    row = Task.objects.filter(task_path=tasks.per_customer.module_path).first()
+    assert (row.limit_key, row.limit_count, row.limit_period) == ("concurrency:customer:a", 2, 0)
+    slots = LimitSlot.objects.order_by("key", "slot_no").values_list("key", "slot_no", "period")
+    customer = [("concurrency:customer:a", i, 0.0) for i in range(2)]
+    assert list(slots) == customer + [("rate:provider", i, 1.0) for i in range(20)]
+
+
+@db
+def test_a_key_that_fails_at_enqueue_writes_nothing():
+    with pytest.raises(InvalidTask):
+        tasks.per_tenant.enqueue(seconds=1)  # no tenant
+    assert not Task.objects.exists() and not LimitSlot.objects.exists()
+
+
+@db
+def test_a_full_key_is_not_claimed_nor_offered(mode):
+    for _ in range(5):
+        tasks.per_customer.enqueue("a")
+    tasks.per_customer.enqueue("b")
+    tasks.add.enqueue(1, 2)
+    claimed = exchange("w1", mode=mode).claimed
+    assert len(claimed) == 4  # two of "a", the one of "b", the unlimited one
+    assert running("concurrency:customer:a") == 2
+    # The rest of "a" waits READY, untouched: no attempt spent, no write, and
+    # the candidate read no longer offers it (no claim-then-postpone spin).
+    waiting = Task.objects.filter(status="READY")
+    assert waiting.count() == 3 and set(waiting.values_list("version", "attempts")) == {(0, 0)}
+    again = exchange("w2", mode=mode)
+    assert again.claimed == [] and not again.contended
+    with connection.cursor() as cursor:
+        assert dialect_for(connection).candidates(cursor, ["default"], 10) == []
+
+
+@db
+def test_an_outcome_frees_its_slot_for_the_next(mode):
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    assert len(first) == 2
+    done = Outcome(first[0].id, first[0].version, OutcomeKind.SUCCESS, entry={})
+    nxt = exchange("w1", outcomes=[done], mode=mode)
+    assert first[0].id in nxt.written
+    # Freed in the statement that wrote the outcome: claimable from the next.
+    nxt = nxt.claimed or exchange("w2", mode=mode).claimed
+    assert len(nxt) == 1 and running("concurrency:customer:a") == 2
+
+
+@db
+def test_a_lapsed_lease_frees_the_slot_and_a_renewal_keeps_it(mode):
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    held = exchange("w1", lease=0.5, mode=mode).claimed
+    assert len(held) == 2
+    with connection.cursor() as cursor:  # one renewed for long, the other left to lapse
+        dialect_for(connection).renew(cursor, [(held[0].id, held[0].version)], "w1", 30)
+    time.sleep(0.7)
+    # The lapsed holder's task is taken over, into the slot it left; the
+    # renewed one keeps its slot, so the third task still waits.
+    taken = exchange("w2", mode=mode).claimed
+    assert [r.id for r in taken] == [held[1].id]
+    assert running("concurrency:customer:a") == 2
+    assert Task.objects.filter(status="READY").count() == 1
+
+
+@db
+def test_a_stale_holder_does_not_free_the_new_holders_slot(mode):
+    tasks.per_customer.enqueue("a")
+    tasks.per_customer.enqueue("a")
+    tasks.per_customer.enqueue("a")
+    stale = exchange("w1", lease=0.3, mode=mode).claimed
+    time.sleep(0.5)
+    fresh = exchange("w2", mode=mode).claimed  # both taken over, into the same two slots
+    assert {r.id for r in fresh} == {r.id for r in stale}
+    late = [Outcome(r.id, r.version, OutcomeKind.SUCCESS, entry={}) for r in stale]
+    result = exchange("w1", outcomes=late, mode=mode)
+    assert result.written == {} and result.claimed == []  # fenced, and the slots still held
+    assert running("concurrency:customer:a") == 2
+    assert exchange("w3", mode=mode).claimed == []
+
+
+@db
+def test_rate_slots_come_back_a_period_after_each_start(mode):
+    for i in range(25):
+        tasks.rated.enqueue(i)
+    first = exchange("w1", want=100, mode=mode).claimed
+    assert len(first) == 20
+    done = [Outcome(r.id, r.version, OutcomeKind.SUCCESS, entry={}) for r in first]
+    # Finishing does not give a rate slot back: only the period does.
+    assert exchange("w1", want=100, outcomes=done, mode=mode).claimed == []
+    wait_until(lambda: exchange("w2", want=100, mode=mode).claimed, timeout=5, interval=0.1)
+    starts = sorted(Task.objects.values_list("last_attempted_at", flat=True))
+    assert starts[20] - starts[0] >= dt.timedelta(seconds=1)
+
+
+@db
+def test_singleton_is_a_concurrency_limit_of_one():
+    tasks.exclusive.enqueue("s", 0)
+    tasks.exclusive.enqueue("s", 0)
+    row = Task.objects.first()
+    assert (row.limit_key, row.limit_count) == (
+        f"concurrency:{tasks.exclusive.module_path}",
+        1,
+    )
+    assert len(exchange("w1").claimed) == 1 and exchange("w2").claimed == []
+
+
+# -- real processes ------------------------------------------------------------------------
+
+
+def max_overlap(intervals):
+    """The most intervals open at one instant (an end before a start at the same time)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peak = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+class Sampler(threading.Thread):
+    """Counts RUNNING tasks per limit key, again and again, from the test's side."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.peaks = defaultdict(int)
+        self.samples = 0
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                counts = (
+                    Task.objects.filter(status="RUNNING", limit_key__isnull=False)
+                    .values_list("limit_key")
+                    .annotate(n=Count("id"))
+                )
+                for key, n in counts:
+                    self.peaks[key] = max(self.peaks[key], n)
+                self.samples += 1
+                time.sleep(0.01)
+        finally:
+            connections.close_all()
+
+
+@pytest.mark.slow
+@db
+@pytest.mark.parametrize("mode", ["optimistic", "skip-locked"])
+def test_racing_processes_never_exceed_a_concurrency_limit(run_workers, vendor, mode):
+    if vendor == "sqlite":
+        if mode == "skip-locked":
+            pytest.skip("SQLite has no SKIP LOCKED")
+        count, processes = 300, 2  # one writer at a time: a smaller race
+        extra = ["--threads", "4"]
+    else:
+        # The second mode a smaller race: the CI's budget is tens of seconds.
+        count, processes = (2000 if mode == "optimistic" else 1000), 8
+        extra = []
+    tenants = [f"t{i}" for i in range(5)]
+    bulk_enqueue(tasks.per_tenant, [((tenants[i % 5], 0.002), {}) for i in range(count)])
+    sampler = Sampler()
+    sampler.start()
+    workers = run_workers(
+        "--processes", str(processes), "--mode", mode, "--burst", "--poll-interval", "0.05",
+        "--log-level", "WARNING", *extra,
+    )  # fmt: skip
+    try:
+        assert workers.wait(timeout=600) == 0, workers.log()
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    runs = LimitedRun.objects.all()
+    assert runs.count() == count  # each ran once
+    assert Task.objects.filter(status="SUCCESSFUL", attempts=1).count() == count
+    for tenant in tenants:
+        spans = runs.filter(key=tenant).values_list("started_at", "finished_at")
+        assert max_overlap(list(spans)) <= 3, tenant
+    assert sampler.samples > 10 and sampler.peaks
+    assert max(sampler.peaks.values()) <= 3, dict(sampler.peaks)
+    # It was a race: limits were reached, by more than one process.
+    assert max_overlap(list(runs.values_list("started_at", "finished_at"))) > 3
+    assert runs.values("pid").distinct().count() > 1
+
+
+@pytest.mark.slow
+@db
+def test_a_sigkilled_holder_frees_its_slot_within_the_lease(run_workers):
+    first = tasks.solo.enqueue("first", 60)
+    second = tasks.solo.enqueue("second", 0)
+    workers = run_workers("--threads", "2", "--lease", "1", "--poll-interval", "0.1")
+    run = wait_until(lambda: LimitedRun.objects.filter(key="first").first(), timeout=60)
+    time.sleep(1.5)  # leases renewed meanwhile: the second waits, never claimed
+    waiting = Task.objects.get(pk=second.id)
+    assert (waiting.status, waiting.version, waiting.attempts) == ("READY", 0, 0)
+    killed_at = time.monotonic()
+    os.kill(run.pid, signal.SIGKILL)
+    wait_until(
+        lambda: Task.objects.filter(status="SUCCESSFUL").count() == 2, timeout=30, interval=0.1
+    )
+    assert time.monotonic() - killed_at < 10
+    spans = LimitedRun.objects.exclude(pk=run.pk).values_list("started_at", "finished_at")
+    assert max_overlap(list(spans)) == 1
+    assert Task.objects.get(pk=first.id).attempts == 2  # the lost attempt, then a quick one
+    workers.stop()
+
+
+@pytest.mark.slow
+@db
+@pytest.mark.parametrize("mode", ["optimistic", "skip-locked"])
+def test_a_rate_limit_holds_over_every_window_and_drains_at_its_pace(run_workers, vendor, mode):
+    if vendor == "sqlite" and mode == "skip-locked":
+        pytest.skip("SQLite has no SKIP LOCKED")
+    count = 300 if mode == "optimistic" else 100
+    bulk_enqueue(tasks.rated, [((i,), {}) for i in range(count)])
+    started = time.monotonic()
+    workers = run_workers(
+        "--processes", "2" if vendor == "sqlite" else "4", "--mode", mode, "--burst",
+        "--poll-interval", "0.05", "--log-level", "WARNING",
+    )  # fmt: skip
+    assert workers.wait(timeout=300) == 0, workers.log()
+    elapsed = time.monotonic() - started
+    starts = sorted(Task.objects.values_list("last_attempted_at", flat=True))
+    assert len(starts) == count and LimitedRun.objects.count() == count
+    # Every window of one second that begins at a start holds at most 20.
+    window = dt.timedelta(seconds=1)
+    j = 0
+    for i, start in enumerate(starts):
+        while j < len(starts) and starts[j] < start + window:
+            j += 1
+        assert j - i <= 20, (start, j - i)
+    # It took as long as the limit says (a correctness bound, not a speed claim).
+    assert starts[-1] - starts[0] >= dt.timedelta(seconds=count / 20 - 1)
+    assert elapsed < count / 20 + 30
+
+
+# -- a queue's limit -----------------------------------------------------------------------
+
+
+def queue_limited_backend(limits):
+    from django_rdbtasks.backend import RDBTaskBackend
+
+    return RDBTaskBackend(
+        "default",
+        {"QUEUES": ["default", "emails"], "OPTIONS": {"QUEUE_LIMITS": limits}},
+    )
+
+
+@db
+def test_a_queues_limit_holds_its_tasks_that_have_none():
+    backend = queue_limited_backend({"emails": ConcurrencyLimit(1)})
+    assert backend.check() == []
+    backend.enqueue(tasks.send_email, ["a@example.com"], {})
+    backend.enqueue(tasks.send_email, ["b@example.com"], {})
+    backend.enqueue(tasks.add, [1, 2], {})  # the default queue: no limit
+    keys = set(Task.objects.values_list("queue_name", "limit_key", "limit_count"))
+    assert keys == {("emails", "concurrency:queue:emails", 1), ("default", None, None)}
+    dialect = dialect_for(connection)
+    request = ClaimRequest(["emails"], 10, "w1", 30.0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        assert len(dialect.exchange(cursor, [], "w1", request).claimed) == 1
+
+
+def test_a_bad_queue_limit_is_reported_and_refused():
+    from django.core.exceptions import ImproperlyConfigured
+
+    backend = queue_limited_backend({"emails": 3})
+    [error] = backend.check()
+    assert error.id == "django_rdbtasks.E003" and "QUEUE_LIMITS" in error.msg
+    with pytest.raises(ImproperlyConfigured, match="QUEUE_LIMITS"):
+        backend.enqueue(tasks.send_email, ["a@example.com"], {})
