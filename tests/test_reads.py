@@ -22,7 +22,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks import ops
 from django_rdbtasks.compat import task_backends
-from django_rdbtasks.models import Job, JobRecord, Task, TaskStatus
+from django_rdbtasks.models import Job, JobRecord, Task, TaskStatus, Workflow, WorkflowStep
 from django_rdbtasks.reads import read_database
 from django_rdbtasks.worker.autoscale import AutoscalePolicy
 from django_rdbtasks.worker.supervisor import Supervisor
@@ -123,6 +123,8 @@ def test_admin_lists_and_pages_read_the_replica() -> None:
     job = Job.objects.create(name="nightly", task_path="tests.testapp.tasks.add", cron="0 3 * * *")
     record = JobRecord.objects.create(job_name="nightly", key="k1", task_id=failed.pk)
     worker = make_worker("host-a:101")
+    workflow = Workflow.objects.create(name="order")
+    WorkflowStep.objects.create(task=failed, workflow=workflow, name="ship")
     client = client_for(
         *RETRY, *JOB_VIEW, "django_rdbtasks.view_jobrecord", "django_rdbtasks.view_worker"
     )
@@ -138,6 +140,9 @@ def test_admin_lists_and_pages_read_the_replica() -> None:
         url("jobrecord_change", record.pk),
         url("worker_changelist"),
         url("worker_change", worker.pk),
+        url("workflow_changelist"),
+        url("workflow_change", workflow.pk),
+        url("limitslot_changelist"),
     ]
     for page in pages:
         with Queries() as queries:
@@ -175,11 +180,13 @@ def test_rdbtasks_status_and_workers_read_the_replica(capsys: pytest.CaptureFixt
 @pytest.mark.usefixtures("replica")
 def test_the_metrics_gauges_read_the_replica() -> None:
     pytest.importorskip("prometheus_client")
+    from django_rdbtasks.observability.limit_metrics import LimitCollector
     from django_rdbtasks.observability.metrics import DatabaseCollector
 
     make_task(TaskStatus.READY)
     with Queries() as queries:
         families = {family.name: family for family in DatabaseCollector().collect()}
+        families.update({family.name: family for family in LimitCollector().collect()})
     reads_only_the_replica(queries)
     assert families["rdbtasks_queue_tasks"].samples
     if connections["default"].vendor != "sqlite":  # SQLite: no replica lag to report

@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..limit_usage import key_usage
+from ..reads import read_database
 from .display import duration_text
 from .permissions import access_for
 from .utils import page_context
@@ -50,7 +51,8 @@ class LimitSlotAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        using = ops.default_database()
+        # A page: read where the other pages read (the replica, if there is one).
+        using = read_database(ops.default_database())
         rows = [
             {"usage": usage, "window": duration_text(usage.period) if usage.period else ""}
             for usage in key_usage(using)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
@@ -137,7 +138,9 @@ class WorkflowField:
 
     @admin.display(description=_("workflow"))
     def workflow_display(self, obj: Task) -> SafeString | str:
-        step = WorkflowStep.objects.filter(task_id=obj.pk).select_related("workflow").first()
+        # From the database the task was read from (a replica, on a page).
+        steps = WorkflowStep.objects.using(obj._state.db or router.db_for_read(WorkflowStep))
+        step = steps.filter(task_id=obj.pk).select_related("workflow").first()
         if step is None:
             return EMPTY
         workflow = step.workflow

@@ -20,6 +20,7 @@ class LimitCollector:
 
         from .. import ops
         from ..limit_usage import key_usage
+        from ..reads import read_database
 
         labels = ["key", "kind"]
         slots = GaugeMetricFamily(
@@ -38,7 +39,8 @@ class LimitCollector:
             "READY tasks of the key (due or not), waiting for a slot or their time.",
             labels=labels,
         )
-        for usage in key_usage(self.using or ops.default_database()):
+        # Read where the other gauges are read: the replica, if there is one.
+        for usage in key_usage(read_database(self.using or ops.default_database())):
             values = [usage.name, usage.kind]
             slots.add_metric(values, usage.slots)
             in_use.add_metric(values, usage.in_use)

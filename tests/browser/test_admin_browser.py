@@ -496,7 +496,7 @@ def test_updates_stop_once_the_operator_is_logged_out(live_server, page):
     toggle = page.locator("#rdbtasks-live")
     expect(toggle).to_have_text("Pause updates")
     fetches = []
-    page.on("request", lambda request: fetches.append(request.url) if TASKS in request.url else None)
+    page.on("request", lambda r: fetches.append(r.url) if TASKS in r.url else None)
     Session.objects.all().delete()  # logged out elsewhere, or the session expired
     expect(toggle).to_have_text("Resume updates", timeout=5_000)
     assert "logged out" in (toggle.get_attribute("title") or "")

@@ -1,0 +1,29 @@
+"""The app's tables, one module per part of the system; everything is importable from here."""
+
+from ..states import TaskStatus
+from .jobs import Job, JobQuerySet, JobRecord, MisfirePolicy
+from .limits import LimitSlot
+from .tasks import Dashboard, SearchIndex, StatusIndex, Task, TaskDependency, TaskQuerySet, uuid7
+from .workers import Lock, Worker, WorkerQuerySet
+from .workflows import Workflow, WorkflowStep
+
+__all__ = [
+    "Dashboard",
+    "Job",
+    "JobQuerySet",
+    "JobRecord",
+    "LimitSlot",
+    "Lock",
+    "MisfirePolicy",
+    "SearchIndex",
+    "StatusIndex",
+    "Task",
+    "TaskDependency",
+    "TaskQuerySet",
+    "TaskStatus",
+    "Worker",
+    "WorkerQuerySet",
+    "Workflow",
+    "WorkflowStep",
+    "uuid7",
+]
