@@ -164,3 +164,21 @@ def run_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor
+
+
+@pytest.fixture(scope="session", autouse=True)
+def database_features_known(django_db_setup, django_db_blocker):
+    """Run the system checks on every connection once, before any test runs.
+
+    Django 6.1 runs the model checks against every database alias by default,
+    and some ask the connection what it supports (JSON, MySQL's server version):
+    a query, the first time each is asked, cached on the connection after. A
+    test without database access that runs the checks (``call_command(
+    "runworkers", ...)`` refusing its options) failed with "Database access not
+    allowed" when it ran before any test had touched that alias: the
+    ``replica`` mirror alias, which few tests use.
+    """
+    from django.core import checks
+
+    with django_db_blocker.unblock():
+        checks.run_checks(databases=list(connections))
