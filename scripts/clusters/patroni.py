@@ -298,7 +298,16 @@ def wait_healthy(cluster: Cluster, timeout: float = 120, synchronous: bool | Non
 
 
 def is_synchronous(cluster: Cluster) -> bool:
-    return "synchronous_mode: true" in cluster.members[0].config.read_text()
+    """Synchronous mode as the cluster has it now (``GET /config``: it may have been patched)."""
+    for member in cluster.members:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{member.rest_port}/config", timeout=1
+            ) as response:
+                return bool(json.load(response).get("synchronous_mode"))
+        except (OSError, ValueError):
+            continue
+    raise PatroniError("no member's REST API answers")
 
 
 def _postmaster(member: Member) -> int | None:
