@@ -47,6 +47,8 @@ RO_PORT = 26001
 NAMES = ("m1", "m2", "m3")
 PG_PORTS = (26432, 26433, 26434)
 REST_PORTS = (26008, 26009, 26010)
+#: A replica this far behind (bytes) still counts as caught up: maximum_lag_on_failover.
+MAX_LAG = 1048576
 
 
 class PatroniError(RuntimeError):
@@ -287,7 +289,10 @@ def wait_healthy(cluster: Cluster, timeout: float = 120, synchronous: bool | Non
         for state in replicas:
             if state.get("state") not in ("running", "streaming"):
                 return None
-            if state.get("timeline") != timeline or state.get("lag") not in (0, "0"):
+            # Streaming on the leader's timeline, close behind (it may be
+            # under load: a lag of exactly 0 is not to be waited for).
+            lag = state.get("lag")
+            if state.get("timeline") != timeline or not isinstance(lag, int) or lag > MAX_LAG:
                 return None
         sync = synchronous if synchronous is not None else is_synchronous(cluster)
         if sync and not any(s.get("role") == "sync_standby" for s in replicas):
