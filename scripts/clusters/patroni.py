@@ -367,11 +367,25 @@ def stop_member(cluster: Cluster, name: str) -> None:
     patroni = _pid(member.pid_file)
     if patroni is not None:
         os.kill(patroni, signal.SIGKILL)
-    for pid in _processes(member):
+    pids = _processes(member)
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _wait(lambda: not any(_alive(pid) for pid in pids), f"{name} to die", timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:  # a child of ours (Patroni) is a zombie until reaped
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def switchover(cluster: Cluster, candidate: str | None = None) -> str:
