@@ -44,6 +44,7 @@ from django_rdbtasks.states import AttemptOutcome, TaskStatus
 from scripts.clusters import patroni
 from tests.conftest import ROOT, wait_until, worker_children
 from tests.failover_audit import (
+    TICK_JOB,
     Producer,
     audit,
     audit_ticks,
@@ -259,6 +260,20 @@ def _other_leader(cluster: patroni.Cluster, old: str) -> str | None:
     return leader if leader not in (None, old) else None
 
 
+def _ticks(database: Database, runs_path: Path, promoted_at: Any) -> str:
+    """The tick audit, once a tick fired on the new leader has run."""
+    wait_until(
+        lambda: database.answers(
+            "SELECT 1 FROM django_rdbtasks_task WHERE job_name = %s AND enqueued_at >= %s "
+            "AND status = %s",
+            (TICK_JOB, promoted_at, TaskStatus.SUCCESSFUL),
+        ),
+        timeout=30,
+    )
+    wait_until(database.drained, timeout=60, interval=0.5)
+    return audit_ticks(database.query, runs_path, promoted_at)
+
+
 def _workers_recovered(database: Database, outcome: dict[str, Any]) -> None:
     """No worker process replaced; both listen on the new leader; they stop cleanly."""
     workers = outcome["workers"]
@@ -278,7 +293,7 @@ def test_patroni_fails_over_by_itself_under_load(cluster, producer, run_workers,
     acked, failed = outcome["source"].outcomes()
     report = audit(database.query, runs_in(outcome["runs_path"]), acked, failed,
                    outcome["promoted_at"])  # fmt: skip
-    ticks = audit_ticks(database.query, outcome["runs_path"], outcome["promoted_at"])
+    ticks = _ticks(database, outcome["runs_path"], outcome["promoted_at"])
     _workers_recovered(database, outcome)
     print(
         f"\npatroni failover through {address} ({outcome['old']} -> {outcome['new']}): "
@@ -311,11 +326,12 @@ def test_a_switchover_mid_drain_fails_no_task(cluster, producer, run_workers, tm
     acked, failed = source.outcomes()
     # Every task SUCCESSFUL, each history possible: none failed for the switchover.
     report = audit(database.query, runs_in(runs_path), acked, failed, promoted_at)
+    ticks = _ticks(database, runs_path, promoted_at)
     _workers_recovered(database, {"workers": workers, "pids_before": pids_before})
     print(
         f"\npatroni switchover ({old} -> {new}) in {switched_after:.1f}s: longest spell "
         f"without an acknowledged enqueue {write_stall:.1f}s, without a run {run_stall:.1f}s; "
-        f"{report}"
+        f"{report}; {ticks}"
     )
 
 
