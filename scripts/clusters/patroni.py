@@ -251,17 +251,20 @@ def start(root: Path | str, *, synchronous: bool = True) -> Cluster:
     )
     _wait(lambda: port_in_use(RW_PORT), "HAProxy", timeout=30)
     # HAProxy starts with every server up, until their checks fail: wait
-    # until its read-write port reaches the primary only.
-    _wait(lambda: _reaches_primary_only(), "HAProxy's checks", timeout=30)
+    # until its read-write port reaches the primary only, its read-only
+    # port the replicas only.
+    _wait(lambda: _reaches_only(RW_PORT, primary=True), "HAProxy's read-write checks", 30)
+    _wait(lambda: _reaches_only(RO_PORT, primary=False), "HAProxy's read-only checks", 30)
     return cluster
 
 
-def _reaches_primary_only() -> bool:
+def _reaches_only(port: int, *, primary: bool) -> bool:
     for _ in range(2 * len(NAMES)):  # round robin: every server's turn, twice
         try:
-            if psql(RW_PORT, "SELECT pg_is_in_recovery()", timeout=5) != "f":
-                return False
+            in_recovery = psql(port, "SELECT pg_is_in_recovery()", timeout=5) == "t"
         except PairError:
+            return False
+        if in_recovery == primary:
             return False
     return True
 
@@ -451,6 +454,7 @@ def status(root: Path | str) -> str:
         for s in sorted(states, key=lambda s: str(s["name"]))
     ]
     lines.append(f"read-write: {cluster.url('postgres')}")
+    lines.append(f"read-only: postgres://{SERVER_USER}@127.0.0.1:{RO_PORT}/postgres")
     lines.append(f"multi-host: {cluster.multi_host_url('postgres')}")
     return "\n".join(lines)
 
