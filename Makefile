@@ -107,17 +107,19 @@ test-line:
 	done
 
 # Servers the cluster tests start themselves, from Debian's packages.
-CLUSTER_PACKAGES = pgbouncer postgresql-15 galera-4 mariadb-server rsync
+CLUSTER_PACKAGES = pgbouncer postgresql-15 galera-4 mariadb-server rsync patroni etcd-server haproxy
 
 # The tests that start servers of their own (a PgBouncer, replicated
-# PostgreSQL pairs, a three-node Galera cluster): once, on Django 5.2, PostgreSQL
-# or MariaDB as each needs (one file per cluster). Missing packages are installed when root.
+# PostgreSQL pairs, a Patroni cluster behind HAProxy, a three-node Galera
+# cluster): once, on Django 5.2, PostgreSQL or MariaDB as each needs (one file
+# per cluster). Missing packages are installed when root.
 test-clusters: .venv/.installed
 	@missing=""; for p in $(CLUSTER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || exit 1; \
 	  else echo "The cluster tests need:$$missing (sudo apt-get install -y$$missing)" >&2; exit 1; fi; fi
-	DATABASE_URL="$(PG_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_pgbouncer.py tests/test_failover.py tests/test_replica.py
+	DATABASE_URL="$(PG_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_pgbouncer.py tests/test_failover.py \
+	  tests/test_replica.py tests/test_patroni.py
 	DATABASE_URL="$(MYSQL_URL)" .venv/bin/pytest --clusters $(PYTEST_ARGS) tests/test_galera.py
 
 # Hunting flakes: the slow multi-process tests of each database STRESS_RUNS

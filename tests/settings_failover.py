@@ -30,5 +30,5 @@ DATABASES = {
         },
     }
 }
-# The test's own task lives in the test module; workers may import it.
-RDBTASKS_TASK_MODULES = ["tests.test_failover"]
+# The failover tests' task lives there; workers may import it.
+RDBTASKS_TASK_MODULES = ["tests.failover_audit"]
