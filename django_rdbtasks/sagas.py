@@ -38,18 +38,21 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from django.db import connections
 from django.db.models import F
 
 from .arguments import encode_arguments_and_values
-from .compat import task_backends
+from .compat import InvalidTask, task_backends
 from .db import dialect_for
 from .db.functions import DbNow
 from .db.rows import NewTask
 from .dependencies import STEP_RESULT, end_dependants, release_dependants
 from .exceptions import InvalidTaskPath
+from .limits import LimitSpec, QueueLimit, limit_for, limit_spec
 from .loading import load_task
 from .models import Task as TaskRow
 from .models import TaskDependency, TaskStatus, WorkflowStep, uuid7
@@ -227,8 +230,14 @@ def _enqueue_compensations(
         if position or after is not None:
             new.status, new.waiting_on = TaskStatus.WAITING.value, 1
     connection = connections[using]
+    rows = [new for _, _, new in chain]
+    limited = [new for new in rows if new.limit is not None]
     with connection.cursor() as cursor:
-        dialect_for(connection).insert_tasks(cursor, [new for _, _, new in chain], True)
+        dialect = dialect_for(connection)
+        dialect.insert_tasks(cursor, rows, True)
+        if limited:
+            # As an enqueue does, in the rows' transaction: no worker sees them unlimited.
+            dialect.limits.attach(cursor, limited)
     ids = [new.id for _, _, new in chain]
     TaskDependency.objects.using(using).bulk_create(
         TaskDependency(parent_id=before, child_id=child)
@@ -259,6 +268,8 @@ def _compensation(
         # Checked loadable at enqueue; this worker's code lacks it (a rollout):
         # enqueued anyway, for a worker that has it, on the step's queue.
         logger.warning("Compensation %s cannot be loaded here (%s); enqueued anyway.", path, exc)
+        # Its own limit is unknown here: its queue's (QUEUE_LIMITS), if any, still applies.
+        unknown = SimpleNamespace(queue_name=queue_name, module_path=path)
         return NewTask(
             id=uuid7(),
             task_path=path,
@@ -269,6 +280,7 @@ def _compensation(
             kwargs_json=kwargs_json,
             max_attempts=backend.max_attempts,
             run_after=None,
+            limit=_limit(unknown, backend, args, kwargs),
         )
     return NewTask(
         id=uuid7(),
@@ -280,4 +292,24 @@ def _compensation(
         kwargs_json=kwargs_json,
         max_attempts=backend.max_attempts_for(task),
         run_after=None,
+        limit=_limit(task, backend, args, kwargs),
     )
+
+
+def _limit(task: Any, backend: Any, args: list[Any], kwargs: dict[str, Any]) -> LimitSpec | None:
+    """The compensation's limit, computed as the backend's enqueue computes it.
+
+    A key that cannot be computed from these arguments cannot refuse the
+    enqueue (the step's outcome is being written): the limit's default key
+    is used instead, narrower, never none.
+    """
+    which = limit_for(task, backend.queue_limits)
+    if which is None:
+        return None
+    try:
+        return limit_spec(which, task, args, kwargs)
+    except InvalidTask as exc:
+        logger.error("Compensation %s: %s; its limit's default key is used.", task.module_path, exc)
+        if isinstance(which, QueueLimit):
+            return limit_spec(QueueLimit(replace(which.limit, key=None)), task, args, kwargs)
+        return limit_spec(replace(which, key=None), task, args, kwargs)

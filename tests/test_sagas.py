@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from django_rdbtasks.compat import HAS_DJANGO_TASKS, InvalidTask
 from django_rdbtasks.dependencies import Workflow
-from django_rdbtasks.models import Task, TaskDependency, WorkflowStep
+from django_rdbtasks.limits import ConcurrencyLimit
+from django_rdbtasks.models import LimitSlot, Task, TaskDependency, WorkflowStep
 from django_rdbtasks.models import Workflow as WorkflowRow
 from django_rdbtasks.states import StepRole, WorkflowState
 from django_rdbtasks.worker import Worker
@@ -278,6 +279,47 @@ def test_a_step_requeued_while_compensations_run_is_undone_after_them():
 
 
 # -- admin ---------------------------------------------------------------------------------
+
+
+# -- limits: a compensation runs under its own, as any enqueue would -----------------------
+
+
+def compensation_of(results):
+    return workflow_of(results["book"]).steps.get(role=StepRole.COMPENSATION).task
+
+
+def test_a_singleton_compensation_of_two_workflows_never_runs_beside_itself():
+    stays = [saga.enqueue_stay("h1", room, saga.cancel_room_alone) for room in (1, 2)]
+    # Both books succeed, both ships fail: two compensations, enqueued apart.
+    Worker(burst=True, threads=2, poll_interval=0.05).run(install_signals=False)
+    undos = [compensation_of(results) for results in stays]
+    key = f"concurrency:{saga.cancel_room_alone.module_path}"
+    assert [(u.limit_key, u.limit_count, u.status) for u in undos] == [(key, 1, "SUCCESSFUL")] * 2
+    assert list(LimitSlot.objects.filter(key=key).values_list("slot_no", flat=True)) == [0]
+    # Side effects: each run ended before the other started.
+    marks = [mark.split(":")[0] for mark in effects("alone-")]
+    assert marks == ["alone-start", "alone-end"] * 2
+
+
+def test_a_compensations_limit_key_is_computed_from_the_steps_arguments():
+    results = saga.enqueue_stay("h2", 7, saga.cancel_room_per_hotel)
+    drain()
+    undo = compensation_of(results)
+    limit = (undo.limit_key, undo.limit_count, undo.status)
+    assert limit == ("concurrency:hotel:h2", 1, "SUCCESSFUL")
+    assert LimitSlot.objects.filter(key="concurrency:hotel:h2").count() == 1
+    assert effects("cancel:") == ["cancel:h2/7"]
+
+
+def test_a_compensation_on_a_limited_queue_runs_under_the_queues_limit(settings):
+    config = copy.deepcopy(settings.TASKS)
+    config["default"]["OPTIONS"]["QUEUE_LIMITS"] = {"default": ConcurrencyLimit(1)}
+    settings.TASKS = config  # the backends are made again from it
+    results = saga.enqueue_stay("h3", 1, saga.cancel_room)
+    drain()
+    undo = compensation_of(results)
+    assert (undo.limit_key, undo.status) == ("concurrency:queue:default", "SUCCESSFUL")
+    assert effects("cancel:") == ["cancel:h3/1"]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
 from django_rdbtasks.dependencies import Workflow
 from django_rdbtasks.idempotency import once
+from django_rdbtasks.limits import ConcurrencyLimit
 
 from .models import SideEffect
 
@@ -134,3 +135,35 @@ def ship_when_courier(order_id):
 def recall_shipment(order_id, *, step_result):
     assert step_result == {"parcel": f"P-{order_id}"}, step_result
     _effect("recall", order_id)
+
+
+@task(max_attempts=3, backoff=0)
+def book_room(hotel, room):
+    _effect("book", f"{hotel}/{room}")
+    return {"booking": f"{hotel}/{room}"}
+
+
+@task(singleton=True, max_attempts=3, backoff=0)
+def cancel_room_alone(hotel, room, *, step_result):
+    """Singleton: writes ``alone-start`` and ``alone-end`` around a pause, so overlap shows."""
+    SideEffect.objects.create(key=f"alone-start:{hotel}/{room}", pid=os.getpid())
+    time.sleep(0.3)
+    SideEffect.objects.create(key=f"alone-end:{hotel}/{room}", pid=os.getpid())
+
+
+@task(limit=ConcurrencyLimit(1, key="hotel:{hotel}"), max_attempts=3, backoff=0)
+def cancel_room_per_hotel(hotel, room, *, step_result):
+    _effect("cancel", f"{hotel}/{room}")
+
+
+@task(max_attempts=3, backoff=0)
+def cancel_room(hotel, room, *, step_result):
+    _effect("cancel", f"{hotel}/{room}")
+
+
+def enqueue_stay(hotel, room, undo):
+    """A room booked, then a step that fails: the booking is undone by ``undo``."""
+    flow = Workflow(name=f"stay {hotel}/{room}")
+    flow.add("book", book_room, hotel, room, compensate_with=undo)
+    flow.add("ship", ship, f"{hotel}/{room}", depends_on=["book"])
+    return flow.enqueue()
