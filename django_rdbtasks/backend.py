@@ -504,10 +504,13 @@ class RDBTaskBackend(BaseTaskBackend):
         recorded (the worker tells the task; it ends CANCELLED when it
         returns), or its final status if it had already finished.
         """
-        from .sagas import settle_finished
+        from .sagas import lock_workflows, settle_finished
 
         rows = TaskRow.objects.using(self.database).filter(pk=result_id)
         with transaction.atomic(using=self.database):
+            # Its workflow's row before its own: a worker settling the workflow
+            # holds that row while it cancels the steps not started, this one too.
+            lock_workflows(self.database, [result_id])
             if rows.filter(status__in=[TaskStatus.READY, TaskStatus.WAITING]).update(
                 status=TaskStatus.CANCELLED, finished_at=DbNow(), version=F("version") + 1
             ):

@@ -81,7 +81,7 @@ def settle_finished(using: str, succeeded: Sequence[str], failed: Sequence[str])
     ``failed``: ended for good without success (FAILED or CANCELLED). Runs in
     the caller's transaction, the one that wrote these outcomes.
     """
-    finished = _lock_workflows(using, [*succeeded, *failed])
+    finished = lock_workflows(using, [*succeeded, *failed])
     if succeeded:
         release_dependants(using, succeeded)
     if failed:
@@ -91,11 +91,15 @@ def settle_finished(using: str, succeeded: Sequence[str], failed: Sequence[str])
         _advance(using, workflow_id, finished[workflow_id], failures)
 
 
-def _lock_workflows(using: str, task_ids: Sequence[str]) -> dict[Any, list[tuple[str, str, str]]]:
+def lock_workflows(using: str, task_ids: Sequence[str]) -> dict[Any, list[tuple[str, str, str]]]:
     """Lock the workflows of these tasks, in id order: ``{workflow: [(task, role, name)]}``.
 
     Before any other row: two workers settling tasks of one workflow then
     queue on its row, and neither waits for a task row the other has locked.
+    Whoever writes a READY or WAITING step's outcome itself (an operator's
+    cancel) calls this first, in its transaction, before it touches the step:
+    a settlement cancels such steps under the workflow's lock. Taking it
+    again in the same transaction (``settle_finished``) waits for nothing.
     """
     if not task_ids:
         return {}

@@ -4,6 +4,7 @@ import copy
 import itertools
 import os
 import signal
+import threading
 
 import pytest
 from django.contrib.auth.models import User
@@ -279,6 +280,91 @@ def test_a_step_requeued_while_compensations_run_is_undone_after_them():
 
 
 # -- admin ---------------------------------------------------------------------------------
+
+
+# -- lock order --------------------------------------------------------------------------
+
+
+def test_cancelling_a_saga_step_locks_its_workflow_before_the_step(vendor):
+    """As a settling worker does: else each holds the row the other waits for.
+
+    Another session holds the workflow's row; the cancel must wait for it
+    without having locked the step, so that session can still lock the step.
+    """
+    from django.db import close_old_connections, connection, connections
+
+    from django_rdbtasks.compat import task_backends
+
+    if vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: one writer holds the whole database")
+    results = order(30)
+    step = Task.objects.get(pk=results["reserve"].id)
+    assert step.status == "READY"
+    workflow = workflow_of(results["reserve"])
+    holder = connections.create_connection("default")
+    outcome = {}
+
+    def cancel():
+        try:
+            with connection.cursor() as cursor:  # a bound: a lost test fails, not hangs
+                if vendor == "postgresql":
+                    cursor.execute("SET lock_timeout = '20s'")
+                    cursor.execute("SELECT pg_backend_pid()")
+                else:
+                    cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
+                    cursor.execute("SELECT CONNECTION_ID()")
+                outcome["session"] = cursor.fetchone()[0]
+            outcome["status"] = task_backends["default"].cancel(str(step.pk))
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            close_old_connections()
+            connection.close()
+
+    def cancel_waits_for_a_lock():
+        if "error" in outcome or "status" in outcome:
+            return True  # it did not wait: the assertions below say why
+        if "session" not in outcome:
+            return False
+        with connection.cursor() as cursor:
+            if vendor == "postgresql":
+                cursor.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                    [outcome["session"]],
+                )
+            else:
+                cursor.execute(
+                    "SELECT 1 FROM information_schema.innodb_trx "
+                    "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+                    [outcome["session"]],
+                )
+            return cursor.fetchone() is not None
+
+    holder.set_autocommit(False)
+    thread = threading.Thread(target=cancel)
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {WorkflowRow._meta.db_table} SET version = version + 1 WHERE id = %s",
+                [WorkflowRow._meta.pk.get_db_prep_value(workflow.pk, holder)],
+            )
+        thread.start()
+        wait_until(cancel_waits_for_a_lock)
+        assert "status" not in outcome and "error" not in outcome, outcome
+        # The step's row is not locked by the waiting cancel: NOWAIT takes it.
+        with holder.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {Task._meta.db_table} WHERE id = %s FOR UPDATE NOWAIT",
+                [Task._meta.pk.get_db_prep_value(step.pk, holder)],
+            )
+            assert cursor.fetchone() is not None
+    finally:
+        holder.rollback()
+        thread.join(30)
+        holder.close()
+    assert outcome.get("status") == "CANCELLED", outcome
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.COMPENSATED  # nothing had succeeded
 
 
 # -- limits: a compensation runs under its own, as any enqueue would -----------------------
