@@ -55,6 +55,7 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         messages.extend(backend.check())
         if isinstance(backend, RDBTaskBackend):
             messages.extend(sqlite_checks(backend))
+            messages.extend(isolation_checks(backend))
     return messages
 
 
@@ -104,6 +105,50 @@ def sqlite_missing(settings: Mapping[str, Any]) -> list[str]:
     if timeout < SQLITE_MIN_TIMEOUT:
         missing.append(f"a busy timeout of {SQLITE_MIN_TIMEOUT} s or more")
     return missing
+
+
+def isolation_checks(backend: Any) -> list[checks.CheckMessage]:
+    """W041: the backend's tasks in MySQL/MariaDB at a level other than READ COMMITTED."""
+    if backend.database not in connections:
+        return []  # E001 says so
+    connection = connections[backend.database]
+    level = mysql_isolation_level(connection.vendor, connection.settings_dict)
+    if level is None:
+        return []
+    return [
+        checks.Warning(
+            f"Task backend {backend.alias!r} keeps its tasks in MySQL/MariaDB (DATABASES"
+            f"[{backend.database!r}]) at isolation level {level}, not READ COMMITTED: a "
+            "workflow's settlement, made under the workflow row's lock, then reads what "
+            "its transaction's snapshot saw before it waited for that lock, not what the "
+            "settlement before it committed; a saga's compensations can be enqueued twice.",
+            hint=(
+                f"Leave DATABASES[{backend.database!r}]['OPTIONS']['isolation_level'] "
+                "out (Django's default) or set it to 'read committed'."
+            ),
+            id="django_rdbtasks.W041",
+        )
+    ]
+
+
+def mysql_isolation_level(vendor: str, settings: Mapping[str, Any]) -> str | None:
+    """The isolation level a MySQL/MariaDB database is set to, if not READ COMMITTED.
+
+    Django sets READ COMMITTED unless ``OPTIONS["isolation_level"]`` says
+    otherwise; None there leaves the server's own (InnoDB's default is
+    REPEATABLE READ). None: not MySQL/MariaDB, or READ COMMITTED.
+    """
+    if vendor != "mysql":
+        return None
+    options = settings.get("OPTIONS") or {}
+    if "isolation_level" not in options:
+        return None
+    level = options["isolation_level"]
+    if level is None:
+        return "the server's default (REPEATABLE READ unless the server says otherwise)"
+    if str(level).lower() == "read committed":
+        return None
+    return str(level).upper()
 
 
 @checks.register()

@@ -16,7 +16,12 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, models
 
-from django_rdbtasks.checks import FRAMEWORK_CHECK_MODULES, check_task_backends, sqlite_missing
+from django_rdbtasks.checks import (
+    FRAMEWORK_CHECK_MODULES,
+    check_task_backends,
+    mysql_isolation_level,
+    sqlite_missing,
+)
 from django_rdbtasks.models import Task
 from tests.conftest import ROOT
 
@@ -152,6 +157,54 @@ def test_the_test_settings_pass_the_sqlite_check() -> None:
     """tests/settings.py is what several worker processes run on: no W040 there."""
     messages = check_task_backends()
     assert [m.id for m in messages] == []
+
+
+# -- MariaDB/MySQL: READ COMMITTED (W041) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "level"),
+    [
+        ({}, None),  # Django's default: read committed
+        ({"isolation_level": "read committed"}, None),
+        ({"isolation_level": "READ COMMITTED"}, None),
+        ({"isolation_level": "repeatable read"}, "REPEATABLE READ"),
+        ({"isolation_level": "serializable"}, "SERIALIZABLE"),
+        ({"isolation_level": "read uncommitted"}, "READ UNCOMMITTED"),
+        ({"isolation_level": None}, "the server's default"),
+    ],
+)
+def test_mysql_isolation_level(options, level) -> None:
+    found = mysql_isolation_level("mysql", {"OPTIONS": options})
+    if level is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(level)
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_mysql_isolation_level_concerns_mysql_only(vendor) -> None:
+    assert mysql_isolation_level(vendor, {"OPTIONS": {"isolation_level": "serializable"}}) is None
+
+
+def test_a_task_database_at_repeatable_read_is_warned_about(monkeypatch) -> None:
+    """The backend's own alias, as configured: on MySQL/MariaDB, W041 names the risk."""
+    from django.db import connections
+
+    default = connections["default"]
+    options = dict(default.settings_dict.get("OPTIONS") or {})
+    monkeypatch.setitem(default.settings_dict, "OPTIONS", {**options, "isolation_level": None})
+    messages = [m for m in check_task_backends() if m.id == "django_rdbtasks.W041"]
+    if default.vendor != "mysql":
+        assert messages == []
+        return
+    [message] = messages
+    assert "'default'" in message.msg and "REPEATABLE READ" in message.msg
+    assert "compensations can be enqueued twice" in message.msg
+    monkeypatch.setitem(
+        default.settings_dict, "OPTIONS", {**options, "isolation_level": "read committed"}
+    )
+    assert [m.id for m in check_task_backends()] == []
 
 
 # -- MariaDB/MySQL: the partial indexes (models.W037) ------------------------------------------
