@@ -25,8 +25,11 @@ its compensation is added at the end of the chain (a Compensated workflow is
 Compensating again until it has run).
 
 Every move is made under the workflow row's lock (an UPDATE of it), taken
-before any other row of the settlement is touched, in the same transaction as
-the outcome that causes it; that outcome is fenced by its claim. So a worker
+before any other row of the settlement is touched (an operator's cancel takes
+it before the step's row too: ``lock_workflows``), in the same transaction as
+the outcome that causes it; that outcome is fenced by its claim. Its reads
+need READ COMMITTED (checks.py, W041). A compensation is enqueued under its
+limit, as ``enqueue()`` computes it. So a worker
 killed before its commit leaves nothing done (the task is reclaimed and the
 settlement made by whoever finishes it), and one killed after leaves it done
 once: a chain of compensations is enqueued exactly once.
