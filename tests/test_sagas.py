@@ -397,6 +397,17 @@ def test_a_compensations_limit_key_is_computed_from_the_steps_arguments():
     assert effects("cancel:") == ["cancel:h2/7"]
 
 
+def test_a_compensation_whose_key_cannot_be_computed_runs_under_the_default_key():
+    """The step's outcome is being written: not refused, and not unlimited either."""
+    results = saga.enqueue_stay("h4", 2, saga.cancel_room_bad_key)
+    drain()
+    undo = compensation_of(results)
+    key = f"concurrency:{saga.cancel_room_bad_key.module_path}"
+    assert (undo.limit_key, undo.limit_count, undo.status) == (key, 1, "SUCCESSFUL")
+    assert workflow_of(results["book"]).state == WorkflowState.COMPENSATED
+    assert effects("cancel:") == ["cancel:h4/2"]
+
+
 def test_a_compensation_on_a_limited_queue_runs_under_the_queues_limit(settings):
     config = copy.deepcopy(settings.TASKS)
     config["default"]["OPTIONS"]["QUEUE_LIMITS"] = {"default": ConcurrencyLimit(1)}

@@ -161,6 +161,12 @@ def cancel_room(hotel, room, *, step_result):
     _effect("cancel", f"{hotel}/{room}")
 
 
+@task(limit=ConcurrencyLimit(1, key="hotel:{chain}"), max_attempts=3, backoff=0)
+def cancel_room_bad_key(hotel, room, *, step_result):
+    """Its key names no argument: computed at its enqueue, it cannot be."""
+    _effect("cancel", f"{hotel}/{room}")
+
+
 def enqueue_stay(hotel, room, undo):
     """A room booked, then a step that fails: the booking is undone by ``undo``."""
     flow = Workflow(name=f"stay {hotel}/{room}")
