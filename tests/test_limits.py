@@ -226,6 +226,21 @@ def test_a_stale_holder_does_not_free_the_new_holders_slot(mode):
 
 
 @db
+def test_a_stale_holders_renewal_does_not_extend_its_old_slot(mode):
+    tasks.per_customer.enqueue("a")
+    (held,) = exchange("w1", mode=mode).claimed
+    # Taken over meanwhile (into another slot): the claim is w2's, and w1's
+    # old slot, its lease lapsed, still names w1's claim.
+    Task.objects.filter(id=held.id).update(worker_id="w2", version=held.version + 1)
+    LimitSlot.objects.filter(holder_id=held.id).update(free_at=held.claimed_at)
+    with transaction.atomic(), connection.cursor() as cursor:
+        ours, _ = dialect_for(connection).renew(cursor, [(held.id, held.version)], "w1", 30)
+    assert ours == set()
+    slot = LimitSlot.objects.get(holder_id=held.id)
+    assert slot.free_at == held.claimed_at  # not extended by the stale holder
+
+
+@db
 def test_rate_slots_come_back_a_period_after_each_start(mode):
     for i in range(25):
         tasks.rated.enqueue(i)

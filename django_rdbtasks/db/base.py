@@ -292,6 +292,24 @@ class Dialect(RowDecoding):
         current = {self.decode_id(i): v for i, v in cursor.fetchall()}
         return locked, {i for i, v in rest if current.get(self.decode_id(i)) == v}
 
+    def still_held(
+        self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str
+    ) -> list[tuple[Any, int]]:
+        """Of claims whose rows this transaction holds locked, those still ours.
+
+        A locking read where rows are locked, so it reads their newest
+        version whatever the transaction's snapshot.
+        """
+        marks = ", ".join(["%s"] * len(claims))
+        lock = self.row_lock_sql if self.has_row_locks else ""
+        cursor.execute(
+            f"SELECT id, version FROM {self.table} WHERE id IN ({marks}) "
+            f"AND {self.holder('')} = %s {lock}",
+            [*(i for i, _ in claims), worker_id],
+        )
+        current = {self.decode_id(i): v for i, v in cursor.fetchall()}
+        return [(i, v) for i, v in claims if current.get(self.decode_id(i)) == v]
+
     def finish(
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
     ) -> dict[Any, bool | None]:
@@ -487,6 +505,10 @@ class Dialect(RowDecoding):
                     f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
                     params,
                 )
+                if cursor.rowcount != len(free):
+                    # A claim lost meanwhile was not renewed: its old slot,
+                    # which may still name it, must lapse with its lease.
+                    free = self.still_held(cursor, free, worker_id)
                 self.limits.renew(cursor, free, lease)
             marks = ", ".join(["%s"] * len(chunk))
             versions = dict(chunk)
