@@ -24,6 +24,7 @@ from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .limits import LimitSQL
+from .outcomes import OUTCOME_WRITES
 from .rows import (
     CANDIDATE_COLUMNS,
     CLAIM_COLUMNS,
@@ -56,46 +57,6 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: Candidates read per task wanted by an optimistic claim: room to lose some of
 #: them to other workers claiming at the same moment and still fill the batch.
 CANDIDATE_SPREAD = 4
-
-#: What each outcome kind writes, besides its new status (``OutcomeKind.status``)
-#: and, for every kind but NOTE, ``version + 1`` and ``lease_expires_at = NULL``.
-#: The values are templates each dialect renders: ``{now}`` its clock,
-#: ``{delayed}`` the clock plus the outcome's delay, ``{history}`` the history
-#: with the outcome's entry appended, ``{return_value}`` the JSON result,
-#: ``{attempt_back}`` the attempt count less the one the claim added.
-OUTCOME_WRITES: dict[OutcomeKind, dict[str, str]] = {
-    OutcomeKind.SUCCESS: {
-        "return_value": "{return_value}",
-        "finished_at": "{now}",
-        "history": "{history}",
-    },
-    OutcomeKind.FAILURE: {"finished_at": "{now}", "history": "{history}"},
-    OutcomeKind.RETRY: {"worker_id": "''", "run_after": "{delayed}", "history": "{history}"},
-    OutcomeKind.RELEASE: {"worker_id": "''", "attempts": "{attempt_back}"},
-    OutcomeKind.POSTPONE: {
-        "worker_id": "''",
-        "attempts": "{attempt_back}",
-        "run_after": "{delayed}",
-    },
-    OutcomeKind.HANDOVER: {
-        "worker_id": "''",
-        "attempts": "{attempt_back}",
-        "run_after": "{delayed}",
-        "history": "{history}",
-    },
-    OutcomeKind.ABANDON: {
-        "attempts": "{attempt_back}",
-        "finished_at": "{now}",
-        "history": "{history}",
-    },
-    OutcomeKind.CANCELLED: {"finished_at": "{now}", "history": "{history}"},
-    OutcomeKind.NOTE: {"history": "{history}"},
-}
-#: Kinds after which the task's dependants must be released or ended, in the
-#: same transaction.
-SETTLES_DEPENDANTS = frozenset(
-    {OutcomeKind.SUCCESS, OutcomeKind.FAILURE, OutcomeKind.ABANDON, OutcomeKind.CANCELLED}
-)
 
 
 class Dialect(RowDecoding):

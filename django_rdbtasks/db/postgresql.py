@@ -19,7 +19,6 @@ from .base import (
     INSERT_COLUMNS,
     READY,
     RUNNING,
-    SETTLES_DEPENDANTS,
     Candidate,
     ClaimedRow,
     ClaimRequest,
@@ -28,6 +27,7 @@ from .base import (
     NewTask,
     Outcome,
 )
+from .outcomes import SETTLES_DEPENDANTS
 from .preparing import preparing_cursor_class
 
 NOTIFY_CHANNEL = "rdbtasks"

@@ -17,7 +17,8 @@ from typing import Any
 from django.db import connections
 
 from ..db import dialect_for
-from ..db.base import SETTLES_DEPENDANTS, Dialect
+from ..db.base import Dialect
+from ..db.outcomes import SETTLES_DEPENDANTS
 from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
 from ..states import OutcomeKind, TaskStatus
 from .connection import close_in_thread, open_in_thread, worker_transaction
