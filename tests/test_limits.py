@@ -24,7 +24,7 @@ from django_rdbtasks.limits import (
     queue_limits_option,
 )
 from django_rdbtasks.models import LimitSlot, Task
-from django_rdbtasks.states import ClaimMode, OutcomeKind
+from django_rdbtasks.states import ClaimMode, LimitKind, OutcomeKind
 from tests.conftest import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import LimitedRun
@@ -68,6 +68,13 @@ def test_keys_come_from_the_arguments_with_the_kind_in_front():
     assert spec.key == f"concurrency:{tasks.add.module_path}"
     spec = limit_spec(QueueLimit(RateLimit(5)), tasks.add, [1, 2], {})
     assert spec.key == "rate:queue:default"
+
+
+def test_a_limits_kind_is_the_typed_kind_its_keys_begin_with():
+    assert ConcurrencyLimit(1).kind is LimitKind.CONCURRENCY
+    assert RateLimit(1).kind is LimitKind.RATE
+    spec = limit_spec(RateLimit(5, key="k"), tasks.add, [], {})
+    assert spec.key == f"{LimitKind.RATE.value}:k"
 
 
 def test_a_key_that_cannot_be_computed_is_a_clear_error():
