@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections import defaultdict
 
 import pytest
@@ -245,6 +246,30 @@ def test_a_stale_holders_renewal_does_not_extend_its_old_slot(mode):
     assert ours == set()
     slot = LimitSlot.objects.get(holder_id=held.id)
     assert slot.free_at == held.claimed_at  # not extended by the stale holder
+
+
+@db
+def test_a_round_that_frees_a_lapsed_slot_does_not_also_take_it(mode):
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    held = exchange("w1", lease=0.3, mode=mode).claimed
+    assert len(held) == 2
+    with connection.cursor() as cursor:  # the other keeps its slot
+        dialect_for(connection).renew(cursor, [(held[1].id, held[1].version)], "w1", 30)
+    time.sleep(0.5)
+    # The first's lease lapsed, but it is still w1's: its outcome is written,
+    # freeing its slot, in the round that claims. The round must not also
+    # take that slot (one statement writing one row twice): the third task
+    # waits for the next round, then takes it, held under its own claim.
+    done = Outcome(held[0].id, held[0].version, OutcomeKind.SUCCESS, entry={})
+    result = exchange("w1", outcomes=[done], lease=30, mode=mode)
+    assert held[0].id in result.written
+    third = result.claimed or exchange("w2", lease=30, mode=mode).claimed
+    assert len(third) == 1 and third[0].id not in {r.id for r in held}
+    slots = LimitSlot.objects.values_list("holder_id", "holder_version")
+    holders = {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
+    assert holders == {(uuid.UUID(str(r.id)), r.version) for r in (held[1], third[0])}
+    assert exchange("w3", mode=mode).claimed == [] and running("concurrency:customer:a") == 2
 
 
 @db

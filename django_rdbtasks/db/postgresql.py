@@ -384,8 +384,9 @@ class PostgreSQLDialect(Dialect):
             pool = request.want * CANDIDATE_SPREAD
             per_queue = [value for queue in queues for value in (queue, pool)]
             params = [*per_queue, *per_queue, pool, finishing, request.want]
-        # The slots' lease (``taken``), then the claim's worker and lease.
-        return [*params, request.lease, request.worker_id, request.lease]
+        # The finishing claims (``sf``), the slots' lease (``taken``), then the
+        # claim's worker and lease.
+        return [*params, finishing, request.lease, request.worker_id, request.lease]
 
     def _build_exchange(
         self, kinds: tuple[OutcomeKind, ...], claim: bool, mode: ClaimMode | None, queues: int
@@ -509,7 +510,8 @@ class PostgreSQLDialect(Dialect):
         The key's free slots are locked, skipping any another session holds;
         PostgreSQL re-checks a locked row's ``free_at`` at its newest version,
         so a slot is never taken twice. ``pick``'s rows of a key beyond its
-        free slots are not claimed: they stay READY, untouched.
+        free slots are not claimed: they stay READY, untouched. A lapsed slot
+        of a claim the same statement finishes is left to the next round.
         """
         s, key, now = self.limits.table, '"key"', self.now_sql
         return [
@@ -517,7 +519,11 @@ class PostgreSQLDialect(Dialect):
             "WHERE limit_key IS NOT NULL GROUP BY limit_key)",
             f"sf AS MATERIALIZED (SELECT s.id, s.{key}, s.slot_no FROM {s} AS s "
             f"JOIN lk ON s.{key} = lk.limit_key AND s.slot_no < lk.n "
-            f"WHERE {self.limits.free('s')} FOR UPDATE OF s SKIP LOCKED)",
+            f"WHERE {self.limits.free('s')} "
+            # Not a slot of a claim this statement finishes, lapsed: ``freed``
+            # writes that row, and one statement must not write a row twice.
+            "AND (s.holder_id IS NULL OR s.holder_id <> ALL(%s::uuid[])) "
+            "FOR UPDATE OF s SKIP LOCKED)",
             "go AS MATERIALIZED (SELECT p.*, sn.id AS slot_id FROM (SELECT pick.*, "
             "row_number() OVER (PARTITION BY limit_key "
             "ORDER BY reclaim, priority DESC, run_after) AS rn FROM pick) AS p "
