@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 from django.db import connection, connections, transaction
 from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import InvalidTask
@@ -270,6 +271,22 @@ def test_a_round_that_frees_a_lapsed_slot_does_not_also_take_it(mode):
     holders = {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
     assert holders == {(uuid.UUID(str(r.id)), r.version) for r in (held[1], third[0])}
     assert exchange("w3", mode=mode).claimed == [] and running("concurrency:customer:a") == 2
+
+
+@db
+def test_outcomes_of_unlimited_claims_write_no_slot(mode):
+    tasks.add.enqueue(1, 2)
+    tasks.per_customer.enqueue("a")
+    rows = {r.task_path: r for r in exchange("w1", mode=mode).claimed}
+    plain, limited = rows[tasks.add.module_path], rows[tasks.per_customer.module_path]
+    assert (plain.limit_key, limited.limit_key) == (None, "concurrency:customer:a")
+    slot_table = LimitSlot._meta.db_table
+    for row, touches in ((plain, False), (limited, True)):
+        done = Outcome(row.id, row.version, OutcomeKind.SUCCESS, entry={}, row=row)
+        with CaptureQueriesContext(connection) as queries:
+            assert row.id in exchange("w1", want=0, outcomes=[done]).written
+        assert any(slot_table in q["sql"] for q in queries) is touches
+    assert not LimitSlot.objects.filter(holder_id__isnull=False).exists()
 
 
 @db

@@ -322,11 +322,17 @@ class PostgreSQLDialect(Dialect):
         claim = request is not None and request.want > 0
         mode = request.mode if request is not None else None
         queue_count = len(request.queues) if request is not None else 0
-        key = (kinds, claim, mode, queue_count)
+        ordered = sorted(outcomes, key=lambda o: o.id)
+        # Only claims that may hold a slot need ``freed``: unlimited users'
+        # rounds carry no slot step.
+        ended = sorted(self.limits.ended(ordered))
+        frees = bool(ended)
+        key = (kinds, frees, claim, mode, queue_count)
         sql = self._exchange_sql.get(key)
         if sql is None:
-            sql = self._exchange_sql[key] = self._build_exchange(kinds, claim, mode, queue_count)
-        ordered = sorted(outcomes, key=lambda o: o.id)
+            sql = self._exchange_sql[key] = self._build_exchange(
+                kinds, frees, claim, mode, queue_count
+            )
         ids = [o.id for o in ordered]
         params: list[Any] = [ids] if kinds else []
         for kind in kinds:
@@ -334,7 +340,7 @@ class PostgreSQLDialect(Dialect):
             params += [_outcome_rows(group), worker_id]
         if kinds:
             params += [ids, [o.version for o in ordered], worker_id]
-            ended = sorted(self.limits.ended(ordered))
+        if frees:
             params += [[i for i, _ in ended], [v for _, v in ended]]
         if claim:
             assert request is not None
@@ -389,7 +395,12 @@ class PostgreSQLDialect(Dialect):
         return [*params, finishing, request.lease, request.worker_id, request.lease]
 
     def _build_exchange(
-        self, kinds: tuple[OutcomeKind, ...], claim: bool, mode: ClaimMode | None, queues: int
+        self,
+        kinds: tuple[OutcomeKind, ...],
+        frees: bool,
+        claim: bool,
+        mode: ClaimMode | None,
+        queues: int,
     ) -> str:
         t = self.table
         ctes: list[str] = [_MINE.format(table=t)] if kinds else []
@@ -408,6 +419,7 @@ class PostgreSQLDialect(Dialect):
             done.append(f"d{i}")
         if kinds:
             ctes.append(self._busy_cte())
+        if frees:
             # The concurrency slots of the claims these outcomes ended, once
             # written: till then the task is RUNNING, and counts (db/limits.py).
             written = " UNION ALL ".join(f"SELECT id FROM {d}" for d in done)
