@@ -290,6 +290,24 @@ def test_outcomes_of_unlimited_claims_write_no_slot(mode):
 
 
 @db
+def test_renewing_unlimited_claims_writes_no_slot(mode):
+    tasks.add.enqueue(1, 2)
+    tasks.per_customer.enqueue("a")
+    rows = {r.task_path: r for r in exchange("w1", lease=30, mode=mode).claimed}
+    plain, limited = rows[tasks.add.module_path], rows[tasks.per_customer.module_path]
+    slot_table = LimitSlot._meta.db_table
+    before = LimitSlot.objects.get(holder_id=limited.id).free_at
+    for claims, ids, touches in (([plain], set(), False), ([plain, limited], {limited.id}, True)):
+        held = [(r.id, r.version) for r in claims]
+        with CaptureQueriesContext(connection) as queries:
+            with transaction.atomic(), connection.cursor() as cursor:
+                ours, _ = dialect_for(connection).renew(cursor, held, "w1", 60, ids)
+        assert ours == {r.id for r in claims}
+        assert any(slot_table in q["sql"] for q in queries) is touches
+    assert LimitSlot.objects.get(holder_id=limited.id).free_at > before  # renewed with it
+
+
+@db
 def test_rate_slots_come_back_a_period_after_each_start(mode):
     for i in range(25):
         tasks.rated.enqueue(i)

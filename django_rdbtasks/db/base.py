@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
@@ -440,12 +440,18 @@ class Dialect(RowDecoding):
     # -- leases ------------------------------------------------------------------------
 
     def renew(
-        self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+        self,
+        cursor: Any,
+        held: Sequence[tuple[Any, int]],
+        worker_id: str,
+        lease: float,
+        limited: Collection[Any] | None = None,
     ) -> tuple[set[Any], set[Any]]:
-        """Extend the leases of claims still ours.
+        """Extend the leases of claims still ours, and the slots of those in ``limited``.
 
-        Returns the ids we still hold, and those of them an operator asked to
-        cancel.
+        ``limited``: the ids of the claims that may hold a limit's slot (None:
+        any may). Returns the ids we still hold, and those of them an operator
+        asked to cancel.
         """
         held_ids: set[Any] = set()
         cancel: set[Any] = set()
@@ -466,11 +472,13 @@ class Dialect(RowDecoding):
                     f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
                     params,
                 )
-                if cursor.rowcount != len(free):
+                every = cursor.rowcount == len(free)
+                slotted = [(i, v) for i, v in free if limited is None or i in limited]
+                if slotted and not every:
                     # A claim lost meanwhile was not renewed: its old slot,
                     # which may still name it, must lapse with its lease.
-                    free = self.still_held(cursor, free, worker_id)
-                self.limits.renew(cursor, free, lease)
+                    slotted = self.still_held(cursor, slotted, worker_id)
+                self.limits.renew(cursor, slotted, lease)
             marks = ", ".join(["%s"] * len(chunk))
             versions = dict(chunk)
             cursor.execute(

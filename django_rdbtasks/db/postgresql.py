@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind
@@ -106,6 +106,9 @@ class PostgreSQLDialect(Dialect):
             "SELECT id, cancel_requested FROM renewed UNION ALL "
             f"SELECT t.id, t.cancel_requested FROM {t} AS t JOIN busy ON t.id = busy.id"
         )
+        # The same without the slots, for claims none of which is limited.
+        start, end = self.renew_sql.index("slots_renewed AS"), self.renew_sql.index("busy AS")
+        self.renew_unlimited_sql = self.renew_sql[:start] + self.renew_sql[end:]
         self._exchange_sql: dict[tuple, str] = {}
 
         # One statement for a whole batch of new rows: one JSON array of rows
@@ -586,14 +589,37 @@ class PostgreSQLDialect(Dialect):
         return [self.decode_claimed(row) for row in cursor.fetchall()]
 
     def renew(
-        self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+        self,
+        cursor: Any,
+        held: Sequence[tuple[Any, int]],
+        worker_id: str,
+        lease: float,
+        limited: Collection[Any] | None = None,
     ) -> tuple[set[Any], set[Any]]:
         ordered = sorted(held)
         ids, versions = [i for i, _ in ordered], [v for _, v in ordered]
-        cursor.execute(
-            self.renew_sql,
-            [ids, lease, ids, versions, worker_id, lease, ids, versions, ids, versions, worker_id],
-        )
+        if limited is not None and not any(i in limited for i in ids):
+            cursor.execute(
+                self.renew_unlimited_sql,
+                [ids, lease, ids, versions, worker_id, ids, versions, worker_id],
+            )
+        else:
+            cursor.execute(
+                self.renew_sql,
+                [
+                    ids,
+                    lease,
+                    ids,
+                    versions,
+                    worker_id,
+                    lease,
+                    ids,
+                    versions,
+                    ids,
+                    versions,
+                    worker_id,
+                ],
+            )
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
 
