@@ -598,28 +598,12 @@ class PostgreSQLDialect(Dialect):
     ) -> tuple[set[Any], set[Any]]:
         ordered = sorted(held)
         ids, versions = [i for i, _ in ordered], [v for _, v in ordered]
+        renew: list[Any] = [ids, lease, ids, versions, worker_id]
+        busy = [ids, versions, worker_id]
         if limited is not None and not any(i in limited for i in ids):
-            cursor.execute(
-                self.renew_unlimited_sql,
-                [ids, lease, ids, versions, worker_id, ids, versions, worker_id],
-            )
-        else:
-            cursor.execute(
-                self.renew_sql,
-                [
-                    ids,
-                    lease,
-                    ids,
-                    versions,
-                    worker_id,
-                    lease,
-                    ids,
-                    versions,
-                    ids,
-                    versions,
-                    worker_id,
-                ],
-            )
+            cursor.execute(self.renew_unlimited_sql, [*renew, *busy])
+        else:  # the slots (``slots_renewed``) too
+            cursor.execute(self.renew_sql, [*renew, lease, ids, versions, *busy])
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
 
