@@ -8,6 +8,7 @@ from django.db.models import Count, Max, Q
 
 from .db.functions import DbNow
 from .models import LimitSlot, Task, TaskStatus
+from .states import LimitKind
 
 #: At most this many keys, busiest first: argument-derived keys can be many.
 MAX_KEYS = 500
@@ -22,8 +23,8 @@ class KeyUsage:
     waiting: int  # READY tasks of the key, due or not
 
     @property
-    def kind(self) -> str:
-        return "rate" if self.period > 0 else "concurrency"
+    def kind(self) -> LimitKind:
+        return LimitKind.RATE if self.period > 0 else LimitKind.CONCURRENCY
 
     @property
     def name(self) -> str:

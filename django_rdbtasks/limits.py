@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from .compat import InvalidTask
+from .states import LimitKind
 
 #: Longest stored key (``LimitSlot.key``), the kind's prefix included.
 MAX_KEY_LENGTH = 200
@@ -47,8 +48,8 @@ class ConcurrencyLimit:
         _check_key_source(self.key)
 
     @property
-    def kind(self) -> str:
-        return "concurrency"
+    def kind(self) -> LimitKind:
+        return LimitKind.CONCURRENCY
 
     @property
     def seconds(self) -> float:
@@ -75,8 +76,8 @@ class RateLimit:
         _check_key_source(self.key)
 
     @property
-    def kind(self) -> str:
-        return "rate"
+    def kind(self) -> LimitKind:
+        return LimitKind.RATE
 
     @property
     def seconds(self) -> float:

@@ -163,3 +163,10 @@ class ClaimMode(enum.StrEnum):
 
     OPTIMISTIC = "optimistic"
     SKIP_LOCKED = "skip-locked"
+
+
+class LimitKind(enum.StrEnum):
+    """The kind of a cluster-wide limit, and the prefix of its keys (``rate:provider``)."""
+
+    CONCURRENCY = "concurrency"
+    RATE = "rate"

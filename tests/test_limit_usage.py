@@ -6,6 +6,7 @@ from django.db import connection, transaction
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.rows import ClaimRequest
 from django_rdbtasks.limit_usage import key_usage
+from django_rdbtasks.states import LimitKind
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -34,10 +35,13 @@ def test_key_usage_counts_slots_in_use_and_tasks_waiting():
     tasks.per_customer.enqueue("idle")  # a key with one task waiting, nothing in use...
     usage = {u.key: u for u in key_usage("default")}
     rate = usage["rate:provider"]
-    assert (rate.kind, rate.name, rate.slots, rate.period) == ("rate", "provider", 20, 1.0)
+    assert isinstance(rate.kind, LimitKind) and isinstance(
+        usage["concurrency:customer:a"].kind, LimitKind
+    )
+    assert (rate.kind, rate.name, rate.slots, rate.period) == (LimitKind.RATE, "provider", 20, 1.0)
     assert (rate.in_use, rate.waiting, rate.full) == (20, 5, True)
     a = usage["concurrency:customer:a"]
-    assert (a.kind, a.slots, a.in_use, a.waiting, a.full) == ("concurrency", 2, 2, 1, True)
+    assert (a.kind, a.slots, a.in_use, a.waiting, a.full) == (LimitKind.CONCURRENCY, 2, 2, 1, True)
     b = usage["concurrency:customer:b"]
     assert (b.in_use, b.waiting, b.full) == (1, 0, False)
     idle = usage["concurrency:customer:idle"]

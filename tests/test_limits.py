@@ -5,11 +5,13 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections import defaultdict
 
 import pytest
 from django.db import connection, connections, transaction
 from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import InvalidTask
@@ -24,7 +26,7 @@ from django_rdbtasks.limits import (
     queue_limits_option,
 )
 from django_rdbtasks.models import LimitSlot, Task
-from django_rdbtasks.states import ClaimMode, OutcomeKind
+from django_rdbtasks.states import ClaimMode, LimitKind, OutcomeKind
 from tests.conftest import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import LimitedRun
@@ -68,6 +70,13 @@ def test_keys_come_from_the_arguments_with_the_kind_in_front():
     assert spec.key == f"concurrency:{tasks.add.module_path}"
     spec = limit_spec(QueueLimit(RateLimit(5)), tasks.add, [1, 2], {})
     assert spec.key == "rate:queue:default"
+
+
+def test_a_limits_kind_is_the_typed_kind_its_keys_begin_with():
+    assert ConcurrencyLimit(1).kind is LimitKind.CONCURRENCY
+    assert RateLimit(1).kind is LimitKind.RATE
+    spec = limit_spec(RateLimit(5, key="k"), tasks.add, [], {})
+    assert spec.key == f"{LimitKind.RATE.value}:k"
 
 
 def test_a_key_that_cannot_be_computed_is_a_clear_error():
@@ -223,6 +232,79 @@ def test_a_stale_holder_does_not_free_the_new_holders_slot(mode):
     assert result.written == {} and result.claimed == []  # fenced, and the slots still held
     assert running("concurrency:customer:a") == 2
     assert exchange("w3", mode=mode).claimed == []
+
+
+@db
+def test_a_stale_holders_renewal_does_not_extend_its_old_slot(mode):
+    tasks.per_customer.enqueue("a")
+    (held,) = exchange("w1", mode=mode).claimed
+    # Taken over meanwhile (into another slot): the claim is w2's, and w1's
+    # old slot, its lease lapsed, still names w1's claim.
+    Task.objects.filter(id=held.id).update(worker_id="w2", version=held.version + 1)
+    LimitSlot.objects.filter(holder_id=held.id).update(free_at=held.claimed_at)
+    with transaction.atomic(), connection.cursor() as cursor:
+        ours, _ = dialect_for(connection).renew(cursor, [(held.id, held.version)], "w1", 30)
+    assert ours == set()
+    slot = LimitSlot.objects.get(holder_id=held.id)
+    assert slot.free_at == held.claimed_at  # not extended by the stale holder
+
+
+@db
+def test_a_round_that_frees_a_lapsed_slot_does_not_also_take_it(mode):
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    held = exchange("w1", lease=0.3, mode=mode).claimed
+    assert len(held) == 2
+    with connection.cursor() as cursor:  # the other keeps its slot
+        dialect_for(connection).renew(cursor, [(held[1].id, held[1].version)], "w1", 30)
+    time.sleep(0.5)
+    # The first's lease lapsed, but it is still w1's: its outcome is written,
+    # freeing its slot, in the round that claims. The round must not also
+    # take that slot (one statement writing one row twice): the third task
+    # waits for the next round, then takes it, held under its own claim.
+    done = Outcome(held[0].id, held[0].version, OutcomeKind.SUCCESS, entry={})
+    result = exchange("w1", outcomes=[done], lease=30, mode=mode)
+    assert held[0].id in result.written
+    third = result.claimed or exchange("w2", lease=30, mode=mode).claimed
+    assert len(third) == 1 and third[0].id not in {r.id for r in held}
+    slots = LimitSlot.objects.values_list("holder_id", "holder_version")
+    holders = {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
+    assert holders == {(uuid.UUID(str(r.id)), r.version) for r in (held[1], third[0])}
+    assert exchange("w3", mode=mode).claimed == [] and running("concurrency:customer:a") == 2
+
+
+@db
+def test_outcomes_of_unlimited_claims_write_no_slot(mode):
+    tasks.add.enqueue(1, 2)
+    tasks.per_customer.enqueue("a")
+    rows = {r.task_path: r for r in exchange("w1", mode=mode).claimed}
+    plain, limited = rows[tasks.add.module_path], rows[tasks.per_customer.module_path]
+    assert (plain.limit_key, limited.limit_key) == (None, "concurrency:customer:a")
+    slot_table = LimitSlot._meta.db_table
+    for row, touches in ((plain, False), (limited, True)):
+        done = Outcome(row.id, row.version, OutcomeKind.SUCCESS, entry={}, row=row)
+        with CaptureQueriesContext(connection) as queries:
+            assert row.id in exchange("w1", want=0, outcomes=[done]).written
+        assert any(slot_table in q["sql"] for q in queries) is touches
+    assert not LimitSlot.objects.filter(holder_id__isnull=False).exists()
+
+
+@db
+def test_renewing_unlimited_claims_writes_no_slot(mode):
+    tasks.add.enqueue(1, 2)
+    tasks.per_customer.enqueue("a")
+    rows = {r.task_path: r for r in exchange("w1", lease=30, mode=mode).claimed}
+    plain, limited = rows[tasks.add.module_path], rows[tasks.per_customer.module_path]
+    slot_table = LimitSlot._meta.db_table
+    before = LimitSlot.objects.get(holder_id=limited.id).free_at
+    for claims, ids, touches in (([plain], set(), False), ([plain, limited], {limited.id}, True)):
+        held = [(r.id, r.version) for r in claims]
+        with CaptureQueriesContext(connection) as queries:
+            with transaction.atomic(), connection.cursor() as cursor:
+                ours, _ = dialect_for(connection).renew(cursor, held, "w1", 60, ids)
+        assert ours == {r.id for r in claims}
+        assert any(slot_table in q["sql"] for q in queries) is touches
+    assert LimitSlot.objects.get(holder_id=limited.id).free_at > before  # renewed with it
 
 
 @db

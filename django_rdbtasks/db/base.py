@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .limits import LimitSQL
+from .outcomes import OUTCOME_WRITES
 from .rows import (
     CANDIDATE_COLUMNS,
     CLAIM_COLUMNS,
@@ -56,46 +57,6 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: Candidates read per task wanted by an optimistic claim: room to lose some of
 #: them to other workers claiming at the same moment and still fill the batch.
 CANDIDATE_SPREAD = 4
-
-#: What each outcome kind writes, besides its new status (``OutcomeKind.status``)
-#: and, for every kind but NOTE, ``version + 1`` and ``lease_expires_at = NULL``.
-#: The values are templates each dialect renders: ``{now}`` its clock,
-#: ``{delayed}`` the clock plus the outcome's delay, ``{history}`` the history
-#: with the outcome's entry appended, ``{return_value}`` the JSON result,
-#: ``{attempt_back}`` the attempt count less the one the claim added.
-OUTCOME_WRITES: dict[OutcomeKind, dict[str, str]] = {
-    OutcomeKind.SUCCESS: {
-        "return_value": "{return_value}",
-        "finished_at": "{now}",
-        "history": "{history}",
-    },
-    OutcomeKind.FAILURE: {"finished_at": "{now}", "history": "{history}"},
-    OutcomeKind.RETRY: {"worker_id": "''", "run_after": "{delayed}", "history": "{history}"},
-    OutcomeKind.RELEASE: {"worker_id": "''", "attempts": "{attempt_back}"},
-    OutcomeKind.POSTPONE: {
-        "worker_id": "''",
-        "attempts": "{attempt_back}",
-        "run_after": "{delayed}",
-    },
-    OutcomeKind.HANDOVER: {
-        "worker_id": "''",
-        "attempts": "{attempt_back}",
-        "run_after": "{delayed}",
-        "history": "{history}",
-    },
-    OutcomeKind.ABANDON: {
-        "attempts": "{attempt_back}",
-        "finished_at": "{now}",
-        "history": "{history}",
-    },
-    OutcomeKind.CANCELLED: {"finished_at": "{now}", "history": "{history}"},
-    OutcomeKind.NOTE: {"history": "{history}"},
-}
-#: Kinds after which the task's dependants must be released or ended, in the
-#: same transaction.
-SETTLES_DEPENDANTS = frozenset(
-    {OutcomeKind.SUCCESS, OutcomeKind.FAILURE, OutcomeKind.ABANDON, OutcomeKind.CANCELLED}
-)
 
 
 class Dialect(RowDecoding):
@@ -292,6 +253,24 @@ class Dialect(RowDecoding):
         current = {self.decode_id(i): v for i, v in cursor.fetchall()}
         return locked, {i for i, v in rest if current.get(self.decode_id(i)) == v}
 
+    def still_held(
+        self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str
+    ) -> list[tuple[Any, int]]:
+        """Of claims whose rows this transaction holds locked, those still ours.
+
+        A locking read where rows are locked, so it reads their newest
+        version whatever the transaction's snapshot.
+        """
+        marks = ", ".join(["%s"] * len(claims))
+        lock = self.row_lock_sql if self.has_row_locks else ""
+        cursor.execute(
+            f"SELECT id, version FROM {self.table} WHERE id IN ({marks}) "
+            f"AND {self.holder('')} = %s {lock}",
+            [*(i for i, _ in claims), worker_id],
+        )
+        current = {self.decode_id(i): v for i, v in cursor.fetchall()}
+        return [(i, v) for i, v in claims if current.get(self.decode_id(i)) == v]
+
     def finish(
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
     ) -> dict[Any, bool | None]:
@@ -461,12 +440,18 @@ class Dialect(RowDecoding):
     # -- leases ------------------------------------------------------------------------
 
     def renew(
-        self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+        self,
+        cursor: Any,
+        held: Sequence[tuple[Any, int]],
+        worker_id: str,
+        lease: float,
+        limited: Collection[Any] | None = None,
     ) -> tuple[set[Any], set[Any]]:
-        """Extend the leases of claims still ours.
+        """Extend the leases of claims still ours, and the slots of those in ``limited``.
 
-        Returns the ids we still hold, and those of them an operator asked to
-        cancel.
+        ``limited``: the ids of the claims that may hold a limit's slot (None:
+        any may). Returns the ids we still hold, and those of them an operator
+        asked to cancel.
         """
         held_ids: set[Any] = set()
         cancel: set[Any] = set()
@@ -487,7 +472,13 @@ class Dialect(RowDecoding):
                     f"WHERE {self.holder('')} = %s AND id IN ({marks}) AND ({matches})",
                     params,
                 )
-                self.limits.renew(cursor, free, lease)
+                every = cursor.rowcount == len(free)
+                slotted = [(i, v) for i, v in free if limited is None or i in limited]
+                if slotted and not every:
+                    # A claim lost meanwhile was not renewed: its old slot,
+                    # which may still name it, must lapse with its lease.
+                    slotted = self.still_held(cursor, slotted, worker_id)
+                self.limits.renew(cursor, slotted, lease)
             marks = ", ".join(["%s"] * len(chunk))
             versions = dict(chunk)
             cursor.execute(

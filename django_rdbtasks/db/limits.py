@@ -175,8 +175,8 @@ class LimitSQL:
 
     @staticmethod
     def ended(outcomes: Sequence[Outcome]) -> list[tuple[Any, int]]:
-        """The claims these outcomes end (a NOTE keeps its claim)."""
-        return [(o.id, o.version) for o in outcomes if o.kind != OutcomeKind.NOTE]
+        """The limited claims these outcomes end (a NOTE keeps its claim)."""
+        return [(o.id, o.version) for o in outcomes if o.kind != OutcomeKind.NOTE and o.limited]
 
     def _holders(self, claims: Sequence[tuple[Any, int]]) -> tuple[str, list[Any]]:
         marks = ", ".join(["%s"] * len(claims))

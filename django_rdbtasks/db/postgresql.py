@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind
@@ -19,7 +19,6 @@ from .base import (
     INSERT_COLUMNS,
     READY,
     RUNNING,
-    SETTLES_DEPENDANTS,
     Candidate,
     ClaimedRow,
     ClaimRequest,
@@ -28,6 +27,7 @@ from .base import (
     NewTask,
     Outcome,
 )
+from .outcomes import SETTLES_DEPENDANTS
 from .preparing import preparing_cursor_class
 
 NOTIFY_CHANNEL = "rdbtasks"
@@ -106,6 +106,9 @@ class PostgreSQLDialect(Dialect):
             "SELECT id, cancel_requested FROM renewed UNION ALL "
             f"SELECT t.id, t.cancel_requested FROM {t} AS t JOIN busy ON t.id = busy.id"
         )
+        # The same without the slots, for claims none of which is limited.
+        start, end = self.renew_sql.index("slots_renewed AS"), self.renew_sql.index("busy AS")
+        self.renew_unlimited_sql = self.renew_sql[:start] + self.renew_sql[end:]
         self._exchange_sql: dict[tuple, str] = {}
 
         # One statement for a whole batch of new rows: one JSON array of rows
@@ -322,11 +325,17 @@ class PostgreSQLDialect(Dialect):
         claim = request is not None and request.want > 0
         mode = request.mode if request is not None else None
         queue_count = len(request.queues) if request is not None else 0
-        key = (kinds, claim, mode, queue_count)
+        ordered = sorted(outcomes, key=lambda o: o.id)
+        # Only claims that may hold a slot need ``freed``: unlimited users'
+        # rounds carry no slot step.
+        ended = sorted(self.limits.ended(ordered))
+        frees = bool(ended)
+        key = (kinds, frees, claim, mode, queue_count)
         sql = self._exchange_sql.get(key)
         if sql is None:
-            sql = self._exchange_sql[key] = self._build_exchange(kinds, claim, mode, queue_count)
-        ordered = sorted(outcomes, key=lambda o: o.id)
+            sql = self._exchange_sql[key] = self._build_exchange(
+                kinds, frees, claim, mode, queue_count
+            )
         ids = [o.id for o in ordered]
         params: list[Any] = [ids] if kinds else []
         for kind in kinds:
@@ -334,7 +343,7 @@ class PostgreSQLDialect(Dialect):
             params += [_outcome_rows(group), worker_id]
         if kinds:
             params += [ids, [o.version for o in ordered], worker_id]
-            ended = sorted(self.limits.ended(ordered))
+        if frees:
             params += [[i for i, _ in ended], [v for _, v in ended]]
         if claim:
             assert request is not None
@@ -384,11 +393,17 @@ class PostgreSQLDialect(Dialect):
             pool = request.want * CANDIDATE_SPREAD
             per_queue = [value for queue in queues for value in (queue, pool)]
             params = [*per_queue, *per_queue, pool, finishing, request.want]
-        # The slots' lease (``taken``), then the claim's worker and lease.
-        return [*params, request.lease, request.worker_id, request.lease]
+        # The finishing claims (``sf``), the slots' lease (``taken``), then the
+        # claim's worker and lease.
+        return [*params, finishing, request.lease, request.worker_id, request.lease]
 
     def _build_exchange(
-        self, kinds: tuple[OutcomeKind, ...], claim: bool, mode: ClaimMode | None, queues: int
+        self,
+        kinds: tuple[OutcomeKind, ...],
+        frees: bool,
+        claim: bool,
+        mode: ClaimMode | None,
+        queues: int,
     ) -> str:
         t = self.table
         ctes: list[str] = [_MINE.format(table=t)] if kinds else []
@@ -407,6 +422,7 @@ class PostgreSQLDialect(Dialect):
             done.append(f"d{i}")
         if kinds:
             ctes.append(self._busy_cte())
+        if frees:
             # The concurrency slots of the claims these outcomes ended, once
             # written: till then the task is RUNNING, and counts (db/limits.py).
             written = " UNION ALL ".join(f"SELECT id FROM {d}" for d in done)
@@ -509,7 +525,8 @@ class PostgreSQLDialect(Dialect):
         The key's free slots are locked, skipping any another session holds;
         PostgreSQL re-checks a locked row's ``free_at`` at its newest version,
         so a slot is never taken twice. ``pick``'s rows of a key beyond its
-        free slots are not claimed: they stay READY, untouched.
+        free slots are not claimed: they stay READY, untouched. A lapsed slot
+        of a claim the same statement finishes is left to the next round.
         """
         s, key, now = self.limits.table, '"key"', self.now_sql
         return [
@@ -517,7 +534,11 @@ class PostgreSQLDialect(Dialect):
             "WHERE limit_key IS NOT NULL GROUP BY limit_key)",
             f"sf AS MATERIALIZED (SELECT s.id, s.{key}, s.slot_no FROM {s} AS s "
             f"JOIN lk ON s.{key} = lk.limit_key AND s.slot_no < lk.n "
-            f"WHERE {self.limits.free('s')} FOR UPDATE OF s SKIP LOCKED)",
+            f"WHERE {self.limits.free('s')} "
+            # Not a slot of a claim this statement finishes, lapsed: ``freed``
+            # writes that row, and one statement must not write a row twice.
+            "AND (s.holder_id IS NULL OR s.holder_id <> ALL(%s::uuid[])) "
+            "FOR UPDATE OF s SKIP LOCKED)",
             "go AS MATERIALIZED (SELECT p.*, sn.id AS slot_id FROM (SELECT pick.*, "
             "row_number() OVER (PARTITION BY limit_key "
             "ORDER BY reclaim, priority DESC, run_after) AS rn FROM pick) AS p "
@@ -568,14 +589,21 @@ class PostgreSQLDialect(Dialect):
         return [self.decode_claimed(row) for row in cursor.fetchall()]
 
     def renew(
-        self, cursor: Any, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+        self,
+        cursor: Any,
+        held: Sequence[tuple[Any, int]],
+        worker_id: str,
+        lease: float,
+        limited: Collection[Any] | None = None,
     ) -> tuple[set[Any], set[Any]]:
         ordered = sorted(held)
         ids, versions = [i for i, _ in ordered], [v for _, v in ordered]
-        cursor.execute(
-            self.renew_sql,
-            [ids, lease, ids, versions, worker_id, lease, ids, versions, ids, versions, worker_id],
-        )
+        renew: list[Any] = [ids, lease, ids, versions, worker_id]
+        busy = [ids, versions, worker_id]
+        if limited is not None and not any(i in limited for i in ids):
+            cursor.execute(self.renew_unlimited_sql, [*renew, *busy])
+        else:  # the slots (``slots_renewed``) too
+            cursor.execute(self.renew_sql, [*renew, lease, ids, versions, *busy])
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
 

@@ -32,6 +32,7 @@ CLAIM_COLUMNS = (
     "checkpoint",
     "requested_run_after",
     "trace_context",
+    "limit_key",
 )
 #: What a claim needs to know of a row before it takes it.
 CANDIDATE_COLUMNS = (
@@ -87,6 +88,8 @@ class ClaimedRow:
     requested_run_after: dt.datetime | None = None
     #: The enqueuer's trace context (``observability.tracing``), None if untraced.
     trace_context: dict[str, str] | None = None
+    #: The limit key whose slot the claim holds (None: unlimited, no slot to free).
+    limit_key: str | None = None
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
     #: This claim took the row over from a lost holder (still true once the
@@ -109,6 +112,11 @@ class Outcome:
     error: BaseException | None = None
     #: The claimed row this is about (None only in tests of the SQL).
     row: ClaimedRow | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether the claim may hold a limit's slot (unknown without its row: yes)."""
+        return self.row is None or self.row.limit_key is not None
 
     @property
     def job_name(self) -> str:
@@ -246,4 +254,5 @@ class RowDecoding:
             checkpoint=self.decode_json(row[16]),
             requested_run_after=self.decode_dt(row[17]),
             trace_context=self.decode_json(row[18]),
+            limit_key=row[19],
         )

@@ -268,7 +268,8 @@ class LeaseKeeper:
                 continue
             self._renewing_since = time.monotonic()
             try:
-                still, cancel = self.store.renew(claims, slot.worker_id, self.lease)
+                limited = {r.row.id for r in held if r.row.limit_key is not None}
+                still, cancel = self.store.renew(claims, slot.worker_id, self.lease, limited)
             except DatabaseError as exc:
                 delay = self._retry_delay("lease renewal", exc, self.renewal_backoff)
                 self.next_renewal = time.monotonic() + min(delay, self.heartbeat_interval)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.db import connections
 
 from ..db import dialect_for
-from ..db.base import SETTLES_DEPENDANTS, Dialect
+from ..db.base import Dialect
+from ..db.outcomes import SETTLES_DEPENDANTS
 from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
 from ..states import OutcomeKind, TaskStatus
 from .connection import close_in_thread, open_in_thread, worker_transaction
@@ -174,15 +175,22 @@ class ClaimStore:
     # -- while a task runs -------------------------------------------------------------
 
     def renew(
-        self, held: Sequence[tuple[Any, int]], worker_id: str, lease: float
+        self,
+        held: Sequence[tuple[Any, int]],
+        worker_id: str,
+        lease: float,
+        limited: Collection[Any] | None = None,
     ) -> tuple[set[Any], set[Any]]:
-        """Extend our leases: the ids still ours, and those an operator asked to cancel."""
+        """Extend our leases: the ids still ours, and those an operator asked to cancel.
+
+        ``limited``: the ids of the claims that hold a limit's slot (None: any may).
+        """
         if self.dialect.exchange_is_one_statement:
             with self.connection.cursor() as cursor:
-                return self.dialect.renew(cursor, held, worker_id, lease)
+                return self.dialect.renew(cursor, held, worker_id, lease, limited)
         # Several statements: the rows locked first stay locked for the update.
         with worker_transaction(self.alias), self.connection.cursor() as cursor:
-            return self.dialect.renew(cursor, held, worker_id, lease)
+            return self.dialect.renew(cursor, held, worker_id, lease, limited)
 
     def save_progress(
         self,

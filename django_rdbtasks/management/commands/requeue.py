@@ -78,9 +78,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         selected = self.select(options)
         user = self._user(options["user"]) if options["user"] else None
-        visible: QuerySet[Task] = Task.objects.using(
-            options["database"] or ops.default_database()
-        )
+        visible: QuerySet[Task] = Task.objects.using(options["database"] or ops.default_database())
         if user is not None:
             from ...admin.permissions import access_for
 
