@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import random
 import uuid
@@ -34,6 +33,7 @@ from .db.cursors import kept_cursor
 from .db.functions import DbNow
 from .db.rows import NewTask
 from .exceptions import InvalidTaskPath
+from .keys import task_key
 from .limits import Limit, limit_for, limit_spec, queue_limits_option, validate_limit
 from .loading import check_loadable, load_task
 from .models import Task as TaskRow
@@ -123,23 +123,6 @@ class RDBTaskResult(TaskResult):  # type: ignore[misc]
             object.__setattr__(self, attr, getattr(fresh, attr))
         object.__setattr__(self, "progress", getattr(fresh, "progress", None))
         object.__setattr__(self, "progress_message", getattr(fresh, "progress_message", ""))
-
-
-def task_key(
-    template: str | Callable[..., str], task: Task, args: Sequence[Any], kwargs: dict[str, Any]
-) -> str:
-    """A key computed from a task's arguments, by format string or callable."""
-    if callable(template):
-        return str(template(*args, **kwargs))
-    parameters = list(inspect.signature(task.func).parameters)
-    if task.takes_context:
-        parameters = parameters[1:]
-    bound = dict(zip(parameters, args, strict=False))
-    bound.update(kwargs)
-    try:
-        return template.format(**bound)
-    except (KeyError, IndexError) as exc:
-        raise InvalidTask(f"Key {template!r} names {exc}, which is not an argument.") from exc
 
 
 class RDBTaskBackend(BaseTaskBackend):

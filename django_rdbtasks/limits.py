@@ -10,7 +10,6 @@ transaction that claims the task, or leaves the task READY (docs/limits.md).
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from .compat import InvalidTask
+from .keys import task_key
 from .states import LimitKind
 
 #: Longest stored key (``LimitSlot.key``), the kind's prefix included.
@@ -145,7 +145,7 @@ def limit_spec(
         name = f"queue:{task.queue_name}" if queue else task.module_path
     else:
         try:
-            name = str(_compute(limit.key, task, args, kwargs))
+            name = task_key(limit.key, task, args, kwargs, what="Limit key")
         except InvalidTask:
             raise
         except Exception as exc:
@@ -157,22 +157,6 @@ def limit_spec(
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidTask(f"A limit key is at most {MAX_KEY_LENGTH} characters: {key[:60]!r}...")
     return LimitSpec(key, limit.limit, limit.seconds)
-
-
-def _compute(
-    source: str | Callable[..., Any], task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> Any:
-    if callable(source):
-        return source(*args, **kwargs)
-    parameters = list(inspect.signature(task.func).parameters)
-    if task.takes_context:
-        parameters = parameters[1:]
-    bound = dict(zip(parameters, args, strict=False))
-    bound.update(kwargs)
-    try:
-        return source.format(**bound)
-    except (KeyError, IndexError) as exc:
-        raise InvalidTask(f"Limit key {source!r} names {exc}, which is not an argument.") from exc
 
 
 def queue_limits_option(raw: Any) -> tuple[dict[str, Limit], list[str]]:

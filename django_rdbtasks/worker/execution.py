@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from django.db import connections
 
-from ..backend import RDBTaskBackend, RDBTaskResult, task_key
+from ..backend import RDBTaskBackend, RDBTaskResult
 from ..compat import TaskResult, TaskResultStatus, normalize_json
 from ..context import _UNSET, RDBTaskContext
 from ..db.rows import ClaimedRow, Outcome
@@ -33,6 +33,7 @@ from ..exceptions import (
     WorkerLost,
 )
 from ..idempotency import AlreadyDone, current_task, once
+from ..keys import task_key
 from ..loading import TaskNotHere, load_task
 from ..observability import tracing
 from ..states import AttemptOutcome, OutcomeKind
