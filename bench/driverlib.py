@@ -38,12 +38,35 @@ class Driver:
     #: ``seconds``) once per ``(key, seconds)`` pair, all in one transaction: one ordinary
     #: enqueue call for a single pair, the system's bulk API for more. None: not supported.
     enqueue_mixed: Callable[[Sequence[tuple[int, float]]], None] | None = None
+    #: Enqueue this many no-op tasks with the ordinary one-task call (``enqueue_one``'s),
+    #: all of them inside one transaction that commits at the end. None: not supported.
+    enqueue_in_transaction: Callable[[int], None] | None = None
+    #: Enqueue this many no-op tasks one per transaction, as ``enqueue_one`` in a loop
+    #: would. For asyncio drivers: their loop then runs inside the event loop, rather
+    #: than entering the loop once per task (which would add its cost to every enqueue).
+    enqueue_each: Callable[[int], None] | None = None
 
 
 def time_single(driver: Driver, count: int) -> float:
     start = time.perf_counter()
-    for _ in range(count):
-        driver.enqueue_one()
+    if driver.enqueue_each is not None:
+        driver.enqueue_each(count)
+    else:
+        for _ in range(count):
+            driver.enqueue_one()
+    return time.perf_counter() - start
+
+
+def time_in_transaction(driver: Driver, count: int, chunk: int) -> float:
+    """``count`` ordinary enqueue calls, ``chunk`` of them in each transaction."""
+    if driver.enqueue_in_transaction is None:
+        raise SystemExit("this driver cannot enqueue inside a transaction")
+    start = time.perf_counter()
+    remaining = count
+    while remaining > 0:
+        size = min(chunk, remaining)
+        driver.enqueue_in_transaction(size)
+        remaining -= size
     return time.perf_counter() - start
 
 
@@ -120,9 +143,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Enqueue benchmark tasks.")
     sub = parser.add_subparsers(dest="command", required=True)
     enqueue = sub.add_parser("enqueue", help="enqueue no-op tasks and time it")
-    enqueue.add_argument("--mode", choices=["single", "bulk"], required=True)
+    enqueue.add_argument(
+        "--mode",
+        choices=["single", "transaction", "bulk"],
+        required=True,
+        help="one per transaction; --chunk ordinary calls per transaction; bulk calls of --chunk",
+    )
     enqueue.add_argument("--count", type=int, required=True)
-    enqueue.add_argument("--chunk", type=int, default=1000, help="tasks per bulk call")
+    enqueue.add_argument(
+        "--chunk", type=int, default=1000, help="tasks per bulk call or per transaction"
+    )
     latency = sub.add_parser("latency", help="enqueue keyed tasks one at a time")
     latency.add_argument("--first-key", type=int, required=True)
     latency.add_argument("--count", type=int, required=True)
@@ -144,6 +174,8 @@ def main(driver: Driver, argv: Sequence[str] | None = None) -> None:
         if args.command == "enqueue":
             if args.mode == "single":
                 seconds = time_single(driver, args.count)
+            elif args.mode == "transaction":
+                seconds = time_in_transaction(driver, args.count, args.chunk)
             else:
                 seconds = time_bulk(driver, args.count, args.chunk)
             result: dict[str, object] = {"count": args.count, "seconds": seconds}

@@ -7,12 +7,17 @@ Prints tasks/s for three ways of enqueueing a no-op task:
 - ``txn``: many ``task.enqueue()`` calls inside one ``transaction.atomic()``;
 - ``bulk``: ``bulk_enqueue()``, ``--chunk`` tasks per call, each call its own transaction.
 
-and, to show how close ``single`` is to what the server allows, three floors on the
+and, to show how close they are to what the server allows, four floors on the
 same connection, each statement its own transaction, no Django in the loop:
 
 - ``roundtrip``: ``SELECT 1``, a round trip without a commit;
 - ``insert``: a one-column ``INSERT``, the cheapest durable commit;
-- ``function``: the enqueue function's call with ``single``'s row, from psycopg.
+- ``function``: the enqueue function's call with ``single``'s row, from psycopg;
+- ``copy``: ``bulk``'s rows, their COPY text made beforehand, ``--chunk`` rows a
+  COPY and a commit: what the server takes to write our rows with their indexes.
+
+With the server on this machine, each mode also shows its CPU per task (from
+``/proc``): a floor's is the server's least for that work.
 
 It uses a database of its own (``bench_enqueue`` by default, created and migrated if
 missing, emptied between runs), never the test database. Examples::
@@ -106,6 +111,24 @@ def setup(url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+def server_cpu() -> float | None:
+    """CPU seconds of this connection's server process so far, if it runs on this machine.
+
+    From ``/proc/<pid>/stat`` (user + system time, in clock ticks): what the
+    enqueue costs the server, beside the client's own ``process_time()``.
+    """
+    from django.db import connection
+
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:  # another machine's, or behind a pooler
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 #: The floors' table: one column, its primary key.
 FLOOR_TABLE = "rdbtasks_bench_floor"
 
@@ -142,17 +165,18 @@ def modes(task: Any, count: int, chunk: int) -> dict[str, Callable[[], None]]:
         for _ in range(max(1, count * 10 // chunk)):
             bulk_enqueue(task, calls, batch_size=chunk)
 
-    return {"single": single, "txn": txn, "bulk": bulk, **floors(count)}
+    return {"single": single, "txn": txn, "bulk": bulk, **floors(count, chunk)}
 
 
-def floors(count: int) -> dict[str, Callable[[], None]]:
+def floors(count: int, chunk: int) -> dict[str, Callable[[], None]]:
     import uuid
 
     import psycopg
     from django.db import connection
 
     from django_rdbtasks.db import dialect_for
-    from django_rdbtasks.models import TaskStatus, uuid7
+    from django_rdbtasks.db.rows import new_ids
+    from django_rdbtasks.models import Task, TaskStatus, uuid7
 
     def cursor() -> psycopg.Cursor:
         # Parameters bound on the server, as the enqueue's kept cursor binds them.
@@ -178,7 +202,28 @@ def floors(count: int) -> dict[str, Callable[[], None]]:
             for _ in range(count):
                 cur.execute(sql, [uuid7(), *row, *rest])
 
-    return {"roundtrip": roundtrip, "insert": insert, "function": function}
+    # The columns and values bulk_enqueue's COPY writes for bench.enqueue_task.noop.
+    columns = (
+        "id, args, kwargs, task_path, queue_name, backend_name, priority, max_attempts, "
+        "status, version, worker_id, attempts, history, job_name, waiting_on, "
+        "on_parent_failure, trace_context"
+    )
+    values = ["bench.enqueue_task.noop", "default", "default", "0", "3", "READY", "0", ""]
+    values += ["0", "[]", "", "0", "CANCELLED", "\\N"]
+    shared = "\t" + "\t".join(values) + "\n"
+    blocks = [
+        "".join(f"{row_id}\t[]\t{{}}{shared}" for row_id in new_ids(chunk))
+        for _ in range(max(1, count * 10 // chunk))
+    ]
+    statement = f"COPY {connection.ops.quote_name(Task._meta.db_table)} ({columns}) FROM STDIN"
+
+    def copy() -> None:
+        with cursor() as cur:
+            for block in blocks:
+                with cur.connection.transaction(), cur.copy(statement) as copying:
+                    copying.write(block)
+
+    return {"roundtrip": roundtrip, "insert": insert, "function": function, "copy": copy}
 
 
 def main() -> None:
@@ -200,6 +245,7 @@ def main() -> None:
     import django
 
     from bench.enqueue_task import noop as noop_task
+
     runs = modes(noop_task, args.count, args.chunk)
     selected = [m.strip() for m in args.modes.split(",") if m.strip()]
     print(f"Django {django.get_version()}, Python {sys.version.split()[0]}, {args.db_url}")
@@ -223,24 +269,38 @@ def main() -> None:
         return
 
     # Wall time is what a producer waits; this process's CPU time per task is
-    # the Python side alone, and holds still when other work loads the machine.
+    # the Python side alone, and holds still when other work loads the machine;
+    # the server's, where it runs here, the database's side (commits' fsync
+    # excluded: that is the disk's time, in the wall time only).
     # The modes take turns, so that a slow minute of the disk hits all of them.
     rates: dict[str, list[float]] = {mode: [] for mode in selected}
     cpu: dict[str, list[float]] = {mode: [] for mode in selected}
+    server: dict[str, list[float]] = {mode: [] for mode in selected}
     for _ in range(args.repeat):
         for mode in selected:
             empty_table()
-            tasks = args.count * 10 // args.chunk * args.chunk if mode == "bulk" else args.count
+            tasks = (
+                args.count * 10 // args.chunk * args.chunk
+                if mode in {"bulk", "copy"}
+                else args.count
+            )
+            start_server = server_cpu()
             start, start_cpu = time.perf_counter(), time.process_time()
             runs[mode]()
             rates[mode].append(tasks / (time.perf_counter() - start))
             cpu[mode].append((time.process_time() - start_cpu) / tasks * 1e6)
+            end_server = server_cpu()
+            if start_server is not None and end_server is not None:
+                server[mode].append((end_server - start_server) / tasks * 1e6)
     for mode in selected:
         rate = statistics.median(rates[mode])
         shown = ", ".join(f"{r:,.0f}" for r in rates[mode])
+        on_server = (
+            f"server CPU {statistics.median(server[mode]):5.1f} us   " if server[mode] else ""
+        )
         print(
             f"{mode:>9}: {rate:>8,.0f}/s  {1e6 / rate:6.0f} us each   "
-            f"client CPU {statistics.median(cpu[mode]):5.1f} us   (runs: {shown})"
+            f"client CPU {statistics.median(cpu[mode]):5.1f} us   {on_server}(runs: {shown})"
         )
     empty_table()
 

@@ -1,13 +1,16 @@
-"""Compare django-rdbtasks with django-tasks-db and Procrastinate on the local PostgreSQL.
+"""Compare django-rdbtasks with its peers on the local PostgreSQL.
+
+The peers: django-tasks-db, Procrastinate, PgQueuer and Chancy.
 
 Run from the repository root with the project's virtualenv (the harness needs
 psycopg; each peer gets a throwaway virtualenv of its own under bench/.envs/):
 
     .venv/bin/python bench/run.py                   # everything, all systems
     .venv/bin/python bench/run.py --tasks 2000      # a quick run
+    .venv/bin/python bench/run.py --tasks 100000    # longer drains (the slow peers: --slow-tasks)
     .venv/bin/python bench/run.py --rdbtasks-variants "default=;batch1=--batch 1"
     .venv/bin/python bench/run.py --repeat 3        # medians of three runs
-    .venv/bin/python bench/run.py --backlog         # django-rdbtasks, 1,000 vs 1,000,000 old rows
+    .venv/bin/python bench/run.py --backlog         # django-rdbtasks: empty table vs a big one
     .venv/bin/python bench/run.py --sustained 10    # a fixed enqueue rate for 10 minutes
                                                     # (bench/sustained.py --help: its options)
 
@@ -82,7 +85,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--backlog",
         action="store_true",
-        help="measure django-rdbtasks' drain with old finished rows in the table instead",
+        help="instead: django-rdbtasks' drain and enqueue on an empty table and on one with"
+        " --backlog-rows finished and --backlog-future scheduled rows, in turns",
     )
     parser.add_argument(
         "--systems",
@@ -91,6 +95,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--tasks", type=int, default=20_000, help="tasks per drain (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--slow-tasks",
+        type=int,
+        default=None,
+        help="tasks per drain of the slow peers, django-tasks-db and Procrastinate"
+        " (default: --tasks, at most 20000)",
     )
     parser.add_argument(
         "--workers",
@@ -133,8 +144,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--backlog-rows",
-        default="1000,1000000",
-        help="finished rows in the table, for --backlog (default: %(default)s)",
+        default="1000000",
+        help="--backlog: finished rows in the big table (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backlog-future",
+        type=int,
+        default=100_000,
+        help="--backlog: READY rows due an hour ahead in the big table (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backlog-turns",
+        type=int,
+        default=5,
+        help="--backlog: turns on each table, in the order A B B A ... (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backlog-trickle",
+        type=int,
+        default=1000,
+        help="--backlog: tasks enqueued one at a time to an idle worker (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backlog-trickle-rate",
+        type=float,
+        default=200.0,
+        help="--backlog: how many a second, at most (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backlog-tolerance",
+        type=float,
+        default=0.10,
+        help="--backlog: how much slower the big table may be (default: %(default)s)",
     )
     parser.add_argument(
         "--skip",
@@ -241,6 +282,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--backlog measures django-rdbtasks only")
     args.workers = [int(n) for n in (args.workers or ("1" if args.backlog else "1,2,4")).split(",")]
     args.backlog_rows = [int(n) for n in args.backlog_rows.split(",")]
+    if args.slow_tasks is None:
+        args.slow_tasks = min(args.tasks, 20_000)
     args.skip = {name.strip() for name in args.skip.split(",") if name.strip()}
     unknown = sorted(args.skip - set(MEASUREMENTS))
     if unknown:
@@ -298,7 +341,7 @@ class Runner:
                     for name, variant_args in args.variants
                 ]
             else:
-                self.systems.append(ALL[key](self.context))
+                self.systems += ALL[key].configurations(self.context)
         self.results = {
             system.ident: SystemResults(
                 system.ident,
@@ -384,13 +427,23 @@ class Runner:
     def _time_bulk(self, system: System, single_count: int, single: dict[System, float]) -> None:
         args = self.args
         with self.server.connect(system.database) as conn:
+            transaction_seconds = measure.time_transaction_enqueues(
+                system, conn, args.bulk, args.chunk
+            )
             bulk_seconds = measure.time_bulk_enqueues(system, conn, args.bulk, args.chunk)
         run = measure.EnqueueRun(
-            single_count, single[system], args.bulk, bulk_seconds, args.chunk
+            single_count,
+            single[system],
+            args.bulk,
+            bulk_seconds,
+            args.chunk,
+            transaction_count=args.bulk,
+            transaction_seconds=transaction_seconds,
         ).as_dict()
         self.results[system.ident].enqueue.append(run)
         log(
             f"{system.title}: enqueue {run['single_per_second']:,.0f}/s one per transaction,"
+            f" {run['transaction_per_second']:,.0f}/s {args.chunk:,} calls per transaction,"
             f" {run['bulk_per_second']:,.0f}/s bulk"
         )
 
@@ -405,14 +458,27 @@ class Runner:
     def measure_drain(self, system: System, conn: psycopg.Connection, workers: int) -> None:
         log_path = self.log_path(system, "drain")
         args = self.args
+        tasks = args.slow_tasks if system.slow else args.tasks
         drain = measure.measure_drain(
-            system, conn, tasks=args.tasks, workers=workers, chunk=args.chunk, log=log_path
+            system, conn, tasks=tasks, workers=workers, chunk=args.chunk, log=log_path
         )
-        self.results[system.ident].drain.setdefault(workers, []).append(drain.as_dict())
+        run = drain.as_dict()
+        self.results[system.ident].drain.setdefault(workers, []).append(run)
+        machine, server = run["machine_cpu_us_per_task"], run["server_cpu_us_per_task"]
         log(
-            f"{system.title}: drain with {workers} worker(s) {drain.rate:,.0f} tasks/s"
-            f" ({drain.seconds:.2f} s, first done after {drain.first_done_seconds:.2f} s)"
+            f"{system.title}: drain of {tasks:,} with {workers} worker(s) {drain.rate:,.0f}"
+            f" tasks/s ({drain.seconds:.2f} s, first done after {drain.first_done_seconds:.2f} s;"
+            f" per task: workers' CPU {run['worker_cpu_us_per_task']:.0f} us, server's CPU"
+            f" {'-' if server is None else f'{server:.0f}'} us, machine's CPU"
+            f" {'-' if machine is None else f'{machine:.0f}'} us, WAL"
+            f" {run['wal_bytes_per_task']:,.0f} B, {run['transactions_per_task']:.3f}"
+            " transactions)"
         )
+        if drain.other_transactions:
+            log(
+                f"{system.title}: {drain.other_transactions} transactions in other databases"
+                " during the drain: its WAL may include theirs"
+            )
 
     def measure_latency(self, system: System, conn: psycopg.Connection) -> None:
         log_path = self.log_path(system, "latency")
@@ -422,25 +488,6 @@ class Runner:
         ).as_dict()
         self.results[system.ident].latency.append(run)
         log(f"{system.title}: latency p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms")
-
-    def measure_backlog(self, system: System) -> None:
-        args = self.args
-        by_rows = self.results[system.ident].backlog
-        with self.server.connect(system.database) as conn:
-            for rows in args.backlog_rows:
-                for workers in args.workers:
-                    log(f"{system.title}: {rows:,} finished rows in the table, {workers} worker(s)")
-                    drain = measure.measure_backlog_drain(
-                        system,
-                        conn,
-                        backlog=rows,
-                        tasks=args.tasks,
-                        workers=workers,
-                        chunk=args.chunk,
-                        log=self.log_path(system, "backlog"),
-                    )
-                    by_rows.setdefault(rows, {}).setdefault(workers, []).append(drain.as_dict())
-                    log(f"{system.title}: {drain.rate:,.0f} tasks/s ({drain.seconds:.2f} s)")
 
     # -- the commit limit ------------------------------------------------------------
 
@@ -533,14 +580,13 @@ class Runner:
             self.attempt(system, "set-up", self.set_up)
         if not self.args.backlog and "mixed" not in self.args.skip:
             self.set_up_mixed()
-        step = self.measure_backlog if self.args.backlog else self.measure_all
         for repeat in range(self.args.repeat):
             if self.args.repeat > 1:
                 log(f"-- run {repeat + 1} of {self.args.repeat}")
             self.measure_enqueues()
             self.measure_commit_limit()
             for system in self.systems:
-                self.attempt(system, "measuring", step)
+                self.attempt(system, "measuring", self.measure_all)
             self.measure_mixed()
 
     def drop_databases(self) -> None:
@@ -582,6 +628,8 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "backlog" if args.backlog else "compare",
         "systems": args.systems,
         "tasks": args.tasks,
+        "slow_tasks": args.slow_tasks,
+        "slow_systems": sorted(key for key in args.systems if ALL[key].slow),
         "workers": args.workers,
         "repeat": args.repeat,
         "single": args.single,
@@ -619,6 +667,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = datetime.datetime.now().astimezone()
     stamp = started.strftime("%Y%m%d-%H%M%S")
+    if args.backlog:
+        # Two databases side by side, in turns: a harness of its own (core/backlog.py).
+        from core import backlog
+
+        return backlog.run(args, stamp, args.rdbtasks_python)
     runner = Runner(args, stamp)
     clock = time.perf_counter()
     server_started = runner.server.started_at()

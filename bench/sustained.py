@@ -1,48 +1,70 @@
-"""Sustained load: producers at a fixed rate while ``runworkers`` drains, for minutes.
+"""Sustained load: a producer at a fixed rate, ``runworkers`` draining, retention pruning.
 
-A burst drain shows the peak; this shows whether the peak holds while the
-table's statistics, its dead rows and autovacuum change under the workers
-(issue 23: a drain that kept up stalled for a minute once ANALYZE had seen
-few runnable rows). Run from the repository root with the project's virtualenv:
+A burst drain shows the peak; this shows whether the peak holds for an hour
+while the task table's dead rows, its indexes, its statistics and autovacuum
+change under the workers, with retention deleting finished rows as a user
+would have it. Run from the repository root with the project's virtualenv,
+on a server with autovacuum on (bench/README.md: a cluster of your own):
 
-    .venv/bin/python bench/run.py --sustained 10                  # 10 minutes at 5,000/s
-    .venv/bin/python bench/sustained.py --minutes 10 --rate 5000 --processes 2
+    .venv/bin/python bench/run.py --sustained 30 --pg-port 5451   # 70 % of the peak, 30 min
+    .venv/bin/python bench/sustained.py --minutes 10 --rate 4000 --keep 2min
 
-One producer process enqueues ``--rate`` no-op tasks per second with
-``bulk_enqueue`` (a call every 0.1 s, on an absolute schedule), ``runworkers
---processes N`` (no other flags) drains, autovacuum keeps the server's
-defaults. Every ``--interval`` seconds the harness reports the tasks finished
-per second, the backlog (READY rows due), the start delay (p50/p99 of
-``started_at - enqueued_at`` of the tasks finished in the interval), the task
-table's size with its indexes and its dead rows. It exits non-zero when an
-interval after the warm-up finished fewer than ``--floor`` of the producer
-rate while work was waiting, or when the backlog at the end is over ``--max-backlog``.
+1. A fresh database (``--database``), migrated.
+2. Unless ``--rate`` is given, the peak: ``--peak-tasks`` no-op tasks
+   bulk-enqueued, drained by ``runworkers --processes N --burst`` (with
+   ``--worker-args``), timed; the rate is ``--share`` of it. The table is
+   then emptied and its statistics reset.
+3. ``runworkers --processes N`` (with ``--worker-args``; its scheduler applies
+   ``RDBTASKS_RETENTION``, every status kept ``--keep``) and one producer
+   process that ``bulk_enqueue``-s the rate on an absolute timetable, for
+   ``--minutes``.
+4. Every ``--probe`` seconds the queue's depth; every ``--interval`` seconds a
+   row (bench/core/steady_sample.py); at the end the verdict
+   (bench/core/steady_verdict.py), the tables, and the JSON.
+
+Exits 1 when the verdict fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_DIR))
+sys.path.insert(0, str(BENCH_DIR))
 
-from django_rdbtasks.states import TaskStatus  # noqa: E402
+from core import measure  # noqa: E402
+from core.pg import PgServer, settle, truncate  # noqa: E402
+from core.procs import WorkerGroup  # noqa: E402
+from core.steady_sample import TABLE, Sampler, server_settings  # noqa: E402
+from core.steady_verdict import (  # noqa: E402
+    judge,
+    render_indexes,
+    render_intervals,
+    render_verdict,
+)
+from systems.base import Context  # noqa: E402
+from systems.rdbtasks import RDBTasks  # noqa: E402
+
+from django_rdbtasks.durations import parse_age  # noqa: E402
 
 PROJECT_DIR = BENCH_DIR / "rdbtasks_project"
-DATABASE = "bench_sustained"
-TABLE = "django_rdbtasks_task"
-#: How often the producer enqueues: rate / TICKS_PER_SECOND tasks a call.
+#: An interval's row is read this long after it ends, so that the transactions
+#: that finished tasks inside it have committed.
+LAG = 1.0
+#: The producer enqueues at most this many times a second.
 TICKS_PER_SECOND = 10
 
 
@@ -50,23 +72,70 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--rate", type=int, default=5000, help="tasks enqueued per second")
-    parser.add_argument("--processes", type=int, default=2, help="runworkers --processes")
-    parser.add_argument("--interval", type=float, default=15.0, help="seconds per row")
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds not judged")
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the load")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=int, help="tasks enqueued per second (no peak measured)")
+    load.add_argument(
+        "--share",
+        type=float,
+        default=0.7,
+        help="the rate as a share of the peak measured first (default: %(default)s)",
+    )
     parser.add_argument(
-        "--floor", type=float, default=0.8, help="least share of the rate an interval must finish"
+        "--peak-tasks",
+        type=int,
+        default=30_000,
+        help="tasks of the burst drain that measures the peak (default: %(default)s)",
+    )
+    parser.add_argument("--processes", type=int, default=2, help="runworkers --processes")
+    parser.add_argument(
+        "--worker-args",
+        default="",
+        help="more runworkers options, for the peak and the load (e.g. '--mode skip-locked')",
+    )
+    parser.add_argument(
+        "--keep",
+        default="2min",
+        help="RDBTASKS_RETENTION for every finished status: how long finished tasks are "
+        "kept (default: %(default)s); 'none' for no retention",
+    )
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds per row")
+    parser.add_argument("--probe", type=float, default=5.0, help="seconds between depth probes")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds not judged (default: --keep plus 2 minutes, the table filling up to "
+        "its steady size; 60 without retention)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        help="how far the last third may drift from the first (middle, for the size)",
+    )
+    parser.add_argument(
+        "--delay-slack-ms",
+        type=float,
+        default=0.0,
+        help="a start delay p50 this close to the first third's passes whatever its ratio",
+    )
+    parser.add_argument(
+        "--floor",
+        type=float,
+        default=0.8,
+        help="least share of its enqueues an interval must finish while work waits",
     )
     parser.add_argument(
         "--max-backlog",
         type=int,
         default=None,
-        help="most READY rows left at the end (default: 10 seconds of production)",
+        help="most READY rows due at the end (default: 10 seconds of production)",
     )
+    parser.add_argument("--database", default="bench_sustained", help="dropped and created")
     parser.add_argument("--output", type=Path, help="JSON results (default bench/results/)")
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
-    parser.add_argument("--pg-port", default=os.environ.get("PGPORT", "5432"))
+    parser.add_argument("--pg-port", type=int, default=int(os.environ.get("PGPORT", "5432")))
     parser.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
     parser.add_argument("--python", default=str(REPO_DIR / ".venv/bin/python"))
     parser.add_argument(
@@ -76,28 +145,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     # Internal: the producer process.
     parser.add_argument("--produce", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.produce:
+        return args
+    if args.interval <= 0 or args.probe <= 0 or args.minutes <= 0:
+        parser.error("--minutes, --interval and --probe must be positive")
+    args.intervals = math.floor(args.minutes * 60 / args.interval + 1e-9)
+    if args.intervals < 1:
+        parser.error("--minutes must cover at least one --interval")
+    if args.keep.lower() == "none":
+        args.keep_seconds = None
+    else:
+        try:
+            args.keep_seconds = parse_age(args.keep).total_seconds()
+        except ValueError as exc:
+            parser.error(f"--keep: {exc}")
+        # A row is counted in its interval's row, read LAG after the interval
+        # ends: retention must not have deleted it by then.
+        if args.keep_seconds <= args.interval + LAG + 5:
+            parser.error("--keep must be longer than --interval by more than 6 seconds")
+    if args.warmup is None:
+        # Retention first deletes once the oldest tasks are --keep old, and
+        # applies every minute: until then the table only grows.
+        args.warmup = 60.0 if args.keep_seconds is None else args.keep_seconds + 120.0
+    if args.rate is not None and args.rate < 1:
+        parser.error("--rate must be at least 1")
+    if args.rate is None and not 0 < args.share <= 2:
+        parser.error("--share must be above 0 (and at most 2)")
+    if args.rate is None and args.processes < 1:
+        parser.error("a peak needs workers: --processes 0 only with --rate")
+    return args
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def project_env(args: argparse.Namespace) -> dict[str, str]:
-    return {
-        **os.environ,
-        "BENCH_DB_NAME": DATABASE,
-        "BENCH_DB_HOST": args.pg_host,
-        "BENCH_DB_PORT": str(args.pg_port),
-        "BENCH_DB_USER": args.pg_user,
-        "PYTHONPATH": str(REPO_DIR),
-    }
-
-
 # -- the producer (a process of its own, so its CPU is not the harness's) ----------------
 
 
 def produce(args: argparse.Namespace) -> None:
+    """Enqueue ``--rate`` tasks a second for ``--seconds``; print a line per call."""
     sys.path.insert(0, str(PROJECT_DIR))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
     import django
@@ -107,224 +196,305 @@ def produce(args: argparse.Namespace) -> None:
 
     from django_rdbtasks.backend import bulk_enqueue
 
-    per_tick = max(1, round(args.rate / TICKS_PER_SECOND))
-    deadline = time.monotonic() + args.minutes * 60
-    start = time.monotonic()
-    tick = 0
+    per_call = max(1, round(args.rate / TICKS_PER_SECOND))
+    period = per_call / args.rate
+    start = time.time()
+    report(start, 0)
+    calls = 0
     behind = 0.0
-    while time.monotonic() < deadline:
-        bulk_enqueue(tasks.noop, [((), {})] * per_tick, batch_size=per_tick)
-        tick += 1
-        pause = start + tick / TICKS_PER_SECOND - time.monotonic()
+    while time.time() - start < args.seconds:
+        bulk_enqueue(tasks.noop, [((), {})] * per_call, batch_size=per_call)
+        calls += 1
+        report(time.time(), calls * per_call)
+        pause = start + calls * period - time.time()
         if pause > 0:
             time.sleep(pause)
         else:
             behind = max(behind, -pause)
-    print(json.dumps({"enqueued": tick * per_tick, "most_behind_seconds": behind}), flush=True)
+    print(json.dumps({"enqueued": calls * per_call, "most_behind_seconds": behind}), flush=True)
+
+
+def report(at: float, enqueued: int) -> None:
+    print(json.dumps({"t": at, "n": enqueued}), flush=True)
+
+
+class ProducerLog:
+    """The producer's lines as they come: (time, tasks enqueued so far), and its summary."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.points: list[tuple[float, int]] = []
+        self.summary: dict[str, Any] = {}
+        self.first = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if "t" in item:
+                self.points.append((item["t"], item["n"]))
+                self.first.set()
+            else:
+                self.summary = item
+        self.first.set()  # ended: nobody waits for a first line that will not come
+
+    def enqueued_by(self, at: float) -> int:
+        """Tasks enqueued (committed) by the time ``at``."""
+        count = 0
+        for when, n in self.points:  # appended in order by one thread
+            if when > at:
+                break
+            count = n
+        return count
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
 
 # -- the harness ---------------------------------------------------------------------
 
 
-def recreate_database(args: argparse.Namespace) -> None:
-    with psycopg.connect(
-        host=args.pg_host, port=args.pg_port, user=args.pg_user, dbname="postgres", autocommit=True
-    ) as conn:
-        autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
-        if autovacuum != "on" and not args.allow_autovacuum_off:
+def make_system(args: argparse.Namespace, stamp: str) -> RDBTasks:
+    server = PgServer(
+        host=args.pg_host,
+        port=args.pg_port,
+        user=args.pg_user,
+        password=os.environ.get("PGPASSWORD", ""),
+    )
+    context = Context(
+        server=server,
+        envs_dir=BENCH_DIR / ".envs",
+        logs_dir=BENCH_DIR / ".logs" / f"sustained-{stamp}",
+        options={"rdbtasks_python": args.python, "rdbtasks_worker_args": args.worker_args},
+    )
+    system = RDBTasks(context)
+    # The run's own database, so as not to touch run.py's bench_rdbtasks.
+    system.database = args.database
+    system.prepare_env()
+    return system
+
+
+def recreate_database(args: argparse.Namespace, system: RDBTasks) -> None:
+    server = system.context.server
+    with server.connect("postgres") as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+        if row is not None and row[0] != "on" and not args.allow_autovacuum_off:
             # A queue table under sustained load lives by autovacuum: without
             # it the dead rows only grow, and that is all a run would show.
             sys.exit(
                 f"{args.pg_host}:{args.pg_port} runs with autovacuum off: run on a server "
-                "with its defaults (e.g. pg_createcluster 15 bench -p 5441 --start, then "
-                "--pg-port 5441), or pass --allow-autovacuum-off"
+                "with its defaults (bench/README.md: pg_createcluster 15 sustained -p 5451, "
+                "then --pg-port 5451), or pass --allow-autovacuum-off"
             )
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    subprocess.run(
-        [args.python, "manage.py", "migrate", "--verbosity", "0"],
-        cwd=PROJECT_DIR,
-        env=project_env(args),
-        check=True,
+    server.recreate_database(args.database)
+    system.create_schema()
+
+
+def measure_peak(
+    args: argparse.Namespace, system: RDBTasks, conn: psycopg.Connection
+) -> dict[str, Any]:
+    """The burst drain's rate from its first claim to its last finish (database clock).
+
+    The harness's own timing includes starting the processes (a second of a
+    drain of a few seconds), which the sustained load does not pay again.
+    """
+    log(f"peak: {args.peak_tasks:,} tasks, runworkers --processes {args.processes} --burst")
+    drain = measure.measure_drain(
+        system,
+        conn,
+        tasks=args.peak_tasks,
+        workers=args.processes,
+        chunk=1000,
+        log=system.context.logs_dir / "peak.log",
     )
-
-
-def sample(conn: psycopg.Connection, since: float, until: float) -> dict[str, Any]:
-    """One interval: finished per second, backlog, start delays, the table's size."""
-    finished = conn.execute(
-        f"SELECT count(*) FROM {TABLE} WHERE finished_at >= to_timestamp(%s) "
-        "AND finished_at < to_timestamp(%s)",
-        [since, until],
-    ).fetchone()[0]
-    delays = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT extract(epoch FROM started_at - enqueued_at) FROM {TABLE} "
-            "WHERE finished_at >= to_timestamp(%s) AND finished_at < to_timestamp(%s) "
-            "ORDER BY finished_at DESC LIMIT 5000",
-            [since, until],
-        ).fetchall()
-    ]
-    backlog = conn.execute(
-        f"SELECT count(*) FROM {TABLE} WHERE status = %s", [TaskStatus.READY.value]
-    ).fetchone()[0]
-    size, dead, analyzed = conn.execute(
-        f"SELECT pg_total_relation_size('{TABLE}'), n_dead_tup, "
-        "greatest(last_analyze, last_autoanalyze) FROM pg_stat_user_tables "
-        f"WHERE relname = '{TABLE}'"
+    row = conn.execute(
+        f"SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8"
+        f" FROM {TABLE} WHERE status = 'SUCCESSFUL'"
     ).fetchone()
-    delays.sort()
-    return {
-        "finished_per_second": finished / (until - since),
-        "backlog": backlog,
-        "delay_p50_s": percentile(delays, 0.5),
-        "delay_p99_s": percentile(delays, 0.99),
-        "table_mb": size / 2**20,
-        "dead_rows": dead,
-        "last_analyze": analyzed.isoformat(timespec="seconds") if analyzed else None,
-    }
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return float(values[min(len(values) - 1, int(q * len(values)))])
-
-
-def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [
-        f"Sustained load: {args.rate:,} tasks/s enqueued, runworkers --processes "
-        f"{args.processes} (no other flags), {args.minutes:g} min, autovacuum on its defaults",
-        "",
-        "| from (s) | finished/s | share of rate | backlog | start delay p50 / p99 (s) "
-        "| table + indexes (MB) | dead rows | last ANALYZE |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for row in rows:
-        p50, p99 = row["delay_p50_s"], row["delay_p99_s"]
-        delays = "-" if p50 is None else f"{p50:.3f} / {p99:.3f}"
-        lines.append(
-            f"| {row['from_s']:.0f} | {row['finished_per_second']:,.0f} "
-            f"| {row['finished_per_second'] / args.rate:.0%} | {row['backlog']:,} | {delays} "
-            f"| {row['table_mb']:,.0f} | {row['dead_rows']:,} | {row['last_analyze'] or '-'} |"
-        )
-    return "\n".join(lines)
-
-
-def judge(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
-    """What breaks the promise: a slow interval while work waited, or a backlog left."""
-    failures = []
-    for row in rows:
-        if row["from_s"] < args.warmup:
-            continue
-        share = row["finished_per_second"] / args.rate
-        if share < args.floor and row["backlog"] > args.rate:
-            failures.append(
-                f"interval from {row['from_s']:.0f} s finished {share:.0%} of the rate "
-                f"with {row['backlog']:,} waiting"
-            )
-    most = args.max_backlog if args.max_backlog is not None else args.rate * 10
-    if rows and rows[-1]["backlog"] > most:
-        failures.append(f"{rows[-1]['backlog']:,} waiting at the end (at most {most:,})")
-    return failures
-
-
-def run(args: argparse.Namespace) -> int:
-    log(f"creating {DATABASE}")
-    recreate_database(args)
-    env = project_env(args)
-    workers = subprocess.Popen(
-        [
-            args.python,
-            "manage.py",
-            "runworkers",
-            "--processes",
-            str(args.processes),
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=PROJECT_DIR,
-        env=env,
+    assert row is not None
+    done, span = row
+    peak = {**drain.as_dict(), "span_seconds": span, "rate": done / span}
+    log(
+        f"peak: {peak['rate']:,.0f} tasks/s from the first claim to the last finish"
+        f" ({drain.rate:,.0f}/s with the processes' start)"
     )
-    producer = subprocess.Popen(
+    return peak
+
+
+def empty_table(conn: psycopg.Connection) -> None:
+    """Start the load from an empty table, and its counters (autovacuum's) from zero."""
+    truncate(conn, [TABLE])
+    conn.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", [TABLE])
+    settle(conn, [TABLE])
+
+
+def start_producer(args: argparse.Namespace, system: RDBTasks, rate: int) -> subprocess.Popen:
+    seconds = args.intervals * args.interval + 2 * LAG  # past the last row's reading
+    return subprocess.Popen(
         [
-            args.python,
+            system.interpreter,
             str(Path(__file__).resolve()),
             "--produce",
-            "--minutes",
-            str(args.minutes),
             "--rate",
-            str(args.rate),
+            str(rate),
+            "--seconds",
+            str(seconds),
         ],
         cwd=PROJECT_DIR,
-        env=env,
+        env={**system.env(), "PYTHONPATH": str(REPO_DIR)},
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def sample_load(
+    args: argparse.Namespace,
+    conn: psycopg.Connection,
+    group: WorkerGroup,
+    producer: subprocess.Popen,
+    produced: ProducerLog,
+) -> tuple[list[dict[str, Any]], float]:
+    """The interval rows, from when the producer's first call was about to start."""
+    if not produced.first.wait(120) or not produced.points:
+        raise RuntimeError("the producer did not start")
+    started = produced.points[0][0]
+    sampler = Sampler(conn, workers_session=group.processes[0].pid)
+    sampler.start()
     rows: list[dict[str, Any]] = []
-    started = time.time()
-    try:
-        with psycopg.connect(
-            host=args.pg_host,
-            port=args.pg_port,
-            user=args.pg_user,
-            dbname=DATABASE,
-            autocommit=True,
-        ) as conn:
-            since = started
-            while producer.poll() is None:
-                time.sleep(max(0.0, since + args.interval - time.time()))
-                until = time.time()
-                row = {"from_s": since - started, **sample(conn, since, until)}
-                rows.append(row)
-                log(
-                    f"{row['from_s']:5.0f} s: {row['finished_per_second']:7,.0f}/s, "
-                    f"backlog {row['backlog']:,}, delay p50 {row['delay_p50_s']}, "
-                    f"table {row['table_mb']:,.0f} MB, dead {row['dead_rows']:,}"
-                )
-                since = until
-                if workers.poll() is not None:
-                    raise RuntimeError("runworkers exited")
-        produced = json.loads(producer.stdout.read() or "{}") if producer.stdout else {}
-    finally:
-        for process in (producer, workers):
-            if process.poll() is None:
-                process.terminate()
-        for process in (producer, workers):
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    report = render(rows, args)
-    print()
-    print(report)
-    output = (
-        args.output or BENCH_DIR / "results" / f"sustained-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    lag = min(LAG, args.interval / 4)
+    next_probe = started + args.probe
+    for k in range(1, args.intervals + 1):
+        since, until = started + (k - 1) * args.interval, started + k * args.interval
+        # Probes go on to the reading, a little after the interval's end.
+        while True:
+            if not group.running():
+                raise RuntimeError(f"runworkers exited; see {group.log_path}")
+            if producer.poll() is not None and producer.returncode != 0:
+                raise RuntimeError(f"the producer exited with {producer.returncode}")
+            wake = min(next_probe, until + lag)
+            time.sleep(max(0.0, wake - time.time()))
+            if wake == next_probe:
+                sampler.probe()
+                next_probe += args.probe
+            else:
+                break
+        enqueued = produced.enqueued_by(until) - produced.enqueued_by(since)
+        row = {"from_s": since - started, **sampler.interval(since, until, enqueued)}
+        rows.append(row)
+        log(
+            f"{row['from_s']:6.0f} s: enqueued {row['enqueued_per_second']:7,.0f}/s, "
+            f"finished {row['finished_per_second']:7,.0f}/s, depth {row['depth_max']:,}, "
+            f"delay p50 {fmt_ms(row['delay_p50_s'])}, table {row['total_mb']:,.0f} MB, "
+            f"dead {row['dead_tuples']:,}, pruned {row['pruned_per_second']:,.0f}/s"
+        )
+    return rows, started
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def describe(args: argparse.Namespace, rate: int, peak: dict[str, Any] | None) -> str:
+    keep = "no retention" if args.keep_seconds is None else f"RDBTASKS_RETENTION {args.keep}"
+    source = f"{args.share:.0%} of a peak of {peak['rate']:,.0f}/s" if peak else "--rate"
+    flags = f" {args.worker_args}" if args.worker_args else " (no other flags)"
+    return (
+        f"Sustained load: {rate:,} tasks/s ({source}) for {args.minutes:g} min, "
+        f"runworkers --processes {args.processes}{flags}, {keep} for every finished status; "
+        f"a row every {args.interval:g} s, the first {args.warmup:g} s not judged"
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    system = make_system(args, stamp)
+    load_before = os.getloadavg()
+    log(f"creating {args.database} (load average {load_before[0]:.1f})")
+    recreate_database(args, system)
+    server = system.context.server
+    with server.connect(args.database) as conn:
+        settings = server_settings(conn)
+        peak = None
+        rate = args.rate
+        if rate is None:
+            peak = measure_peak(args, system, conn)
+            rate = max(1, round(args.share * peak["rate"]))
+        empty_table(conn)
+        keep = {} if args.keep_seconds is None else {"BENCH_RETENTION": args.keep}
+        log(describe(args, rate, peak))
+        commands = system.idle_worker_commands(args.processes)
+        group = WorkerGroup(
+            commands,
+            cwd=system.project_dir,
+            env={**system.env(), **keep},
+            log=system.context.logs_dir / "workers.log",
+        )
+        with group:
+            producer = start_producer(args, system, rate)
+            assert producer.stdout is not None
+            produced = ProducerLog(producer.stdout)
+            try:
+                rows, started = sample_load(args, conn, group, producer, produced)
+                producer.wait(60)
+            finally:
+                if producer.poll() is None:
+                    producer.terminate()
+                    producer.wait(30)
+            produced.join(10)
+    max_backlog = args.max_backlog if args.max_backlog is not None else rate * 10
+    verdict = judge(
+        rows,
+        warmup=args.warmup,
+        rate=rate,
+        tolerance=args.tolerance,
+        delay_slack_s=args.delay_slack_ms / 1000,
+        floor=args.floor,
+        max_backlog=max_backlog,
+    )
+    title = describe(args, rate, peak)
+    print()
+    print(title)
+    print()
+    print(render_intervals(rows, started))
+    print()
+    print("Each index's size (MB):")
+    print()
+    print(render_indexes(rows))
+    print()
+    print(render_verdict(verdict))
+    output = args.output or BENCH_DIR / "results" / f"sustained-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
-    judged = rows[:-1] if len(rows) > 1 else rows  # the last interval ends with the producer
-    failures = judge(judged, args)
-    finished = [r["finished_per_second"] for r in judged if r["from_s"] >= args.warmup]
     output.write_text(
         json.dumps(
             {
-                "rate": args.rate,
+                "title": title,
+                "started_at": started,
+                "rate": rate,
+                "share": None if args.rate is not None else args.share,
+                "peak": peak,
                 "processes": args.processes,
-                "minutes": args.minutes,
-                "producer": produced,
+                "worker_commands": commands,
+                "retention": None if args.keep_seconds is None else args.keep,
+                "config": {
+                    key: value
+                    for key, value in vars(args).items()
+                    if key not in ("produce", "seconds") and not isinstance(value, Path)
+                },
+                "server": settings,
+                "producer": produced.summary,
                 "intervals": rows,
-                "median_finished_per_second": statistics.median(finished) if finished else None,
-                "failures": failures,
+                "verdict": verdict,
+                "load_average_before": load_before,
                 "load_average_after": os.getloadavg(),
             },
             indent=2,
         )
     )
-    log(f"producer: {produced}; results in {output}")
-    for failure in failures:
-        log(f"FAILED: {failure}")
-    return 1 if failures else 0
+    log(f"producer: {produced.summary}; results in {output}; logs in {system.context.logs_dir}")
+    return 0 if verdict["passed"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:

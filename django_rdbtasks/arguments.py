@@ -22,9 +22,9 @@ _encode = json.JSONEncoder(allow_nan=False).encode
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def encode_arguments_and_values(
+def encode_arguments(
     args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
+) -> tuple[str, str, list[Any], dict[str, Any]]:
     """Arguments as JSON text that decodes to equal values, and those values.
 
     Tuples become lists as in the framework; anything that would come back
@@ -45,6 +45,14 @@ def encode_arguments_and_values(
             "Task arguments must be JSON-serializable: "
             f"{culprit or 'one is not'} ({str(exc).rstrip('.')})."
         ) from exc
+    return args_json, kwargs_json, values, keywords
+
+
+def encode_arguments_and_values(
+    args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
+    """``encode_arguments``, the values as one ``(args, kwargs)`` pair."""
+    args_json, kwargs_json, values, keywords = encode_arguments(args, kwargs)
     return args_json, kwargs_json, (values, keywords)
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -16,31 +14,34 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 from django.db.models import F
 
-from .arguments import encode_arguments_and_values
+from .arguments import encode_arguments
 from .compat import (
-    TASK_REFRESH_ATTRS,
     BaseTaskBackend,
     InvalidTask,
     Task,
-    TaskError,
     TaskResult,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     framework_signals,
 )
 from .db import dialect_for
 from .db.cursors import kept_cursor
 from .db.functions import DbNow
-from .db.rows import NewTask
+from .db.rows import NewBatch, NewTask, new_ids
 from .exceptions import InvalidTaskPath
 from .keys import task_key
-from .limits import Limit, limit_for, limit_spec, queue_limits_option, validate_limit
+from .limits import limit_for, limit_spec, queue_limits_option, validate_limit
 from .loading import check_loadable, load_task
 from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
 from .observability import tracing
 from .pooling import pooling_checks
+from .rdbtask import RDBTask
 from .reads import read_database_checks
+from .results import RDBTaskResult, ready_result, stamp_enqueued_at
+from .stored import result_from_row, unloadable_task
+
+# What this module has always offered, wherever it is defined now.
+__all__ = ["RDBTask", "RDBTaskBackend", "RDBTaskResult", "bulk_enqueue"]
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
@@ -67,62 +68,6 @@ KNOWN_OPTIONS = frozenset(
         "QUEUE_LIMITS",
     }
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RDBTask(Task):
-    """A framework ``Task`` with this backend's options.
-
-    ``max_attempts`` counts every run, the first included; ``backoff`` is the
-    base of the exponential delay between retries, in seconds. Either left as
-    ``None`` takes the backend's ``OPTIONS``.
-    """
-
-    max_attempts: int | None = None
-    backoff: float | None = None
-    #: At most one READY or RUNNING task per key: a format string over the
-    #: task's arguments (``"invoice:{invoice_id}"``) or a callable taking them.
-    dedup_key: str | Callable[..., str] | None = None
-    #: Run the body inside ``once(<task path>, key)``: its effects commit with a
-    #: JobRecord for the key, so a second run with the same key does nothing.
-    once_key: str | Callable[..., str] | None = None
-    #: Never run two of this task at once, cluster-wide: ``ConcurrencyLimit(1)``.
-    singleton: bool = False
-    #: A cluster-wide ``ConcurrencyLimit`` or ``RateLimit`` the claim enforces
-    #: (limits.py); None: the queue's (``OPTIONS["QUEUE_LIMITS"]``), if any.
-    limit: Limit | None = None
-    #: Seconds a run may take: then it is asked to stop (``context.should_stop()``);
-    #: if it does not within ``OPTIONS["TIMEOUT_GRACE"]``, its process is recycled.
-    #: Either way the run fails with ``TaskTimeout`` (retried if attempts remain).
-    timeout: float | None = None
-
-
-# django-stubs declare TaskResult a plain dataclass; at run time it is frozen.
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RDBTaskResult(TaskResult):  # type: ignore[misc]
-    """The framework's ``TaskResult`` plus the progress a running task reported."""
-
-    progress: float | None = None
-    progress_message: str = ""
-
-    def __post_init__(self) -> None:
-        # The framework's normalises args and kwargs to JSON values here. Ours
-        # are so already: normalised and checked at enqueue, or read back
-        # from a JSON column; doing it again costs every enqueue.
-        pass
-
-    def refresh(self) -> None:
-        self._refresh_from(self.task.get_backend().get_result(self.id))
-
-    async def arefresh(self) -> None:
-        self._refresh_from(await self.task.get_backend().aget_result(self.id))
-
-    def _refresh_from(self, fresh: TaskResult) -> None:
-        # What the framework refreshes, plus the progress; one read, not two.
-        for attr in TASK_REFRESH_ATTRS:
-            object.__setattr__(self, attr, getattr(fresh, attr))
-        object.__setattr__(self, "progress", getattr(fresh, "progress", None))
-        object.__setattr__(self, "progress_message", getattr(fresh, "progress_message", ""))
 
 
 class RDBTaskBackend(BaseTaskBackend):
@@ -268,7 +213,7 @@ class RDBTaskBackend(BaseTaskBackend):
     ) -> tuple[NewTask, tuple[list[Any], dict[str, Any]]]:
         """The row to insert, and the arguments as the task will receive them."""
         self._refuse_bad_options()
-        args_json, kwargs_json, decoded = encode_arguments_and_values(args, kwargs)
+        args_json, kwargs_json, values, keywords = encode_arguments(args, kwargs)
         dedup = getattr(task, "dedup_key", None)
         limit = limit_for(task, self.queue_limits)  # computed before anything is written
         new = NewTask(
@@ -285,24 +230,34 @@ class RDBTaskBackend(BaseTaskBackend):
             dedup_key=None if dedup is None else task_key(dedup, task, args, kwargs),
             limit=limit_spec(limit, task, args, kwargs) if limit is not None else None,
         )
-        return new, decoded
+        return new, (values, keywords)
 
-    def _insert(self, tasks: Sequence[NewTask]) -> Any:
+    def _insert(
+        self, tasks: Sequence[NewTask] | NewBatch, meanwhile: Callable[[], object] | None = None
+    ) -> Any:
         connection = connections[self.database]
         dialect = dialect_for(connection)
         # None unless the caller is being traced (the tracing extra).
         span = tracing.enqueue_span(tasks) if tracing.ENABLED else None
         if span is None:
-            return self._insert_rows(connection, dialect, tasks)
+            return self._insert_rows(connection, dialect, tasks, meanwhile)
         with span:
             span.mark(tasks)  # its context goes into the rows' trace_context
-            return self._insert_rows(connection, dialect, tasks)
+            return self._insert_rows(connection, dialect, tasks, meanwhile)
 
-    def _insert_rows(self, connection: Any, dialect: Any, tasks: Sequence[NewTask]) -> Any:
+    def _insert_rows(
+        self,
+        connection: Any,
+        dialect: Any,
+        tasks: Sequence[NewTask] | NewBatch,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> Any:
         # The rows and their NOTIFY commit with the caller's transaction if one
         # is open, so a rollback takes the tasks with it; else in their own.
         # One statement is atomic by itself and needs no transaction around it.
         cursor = kept_cursor(connection, dialect, prepare=self.prepare)
+        if isinstance(tasks, NewBatch):  # a bulk enqueue's, in its transaction
+            return dialect.insert_batch(cursor, tasks, self.notify, meanwhile)
         limited = [t for t in tasks if t.limit is not None]
         if dialect.insert_is_one_statement and not limited:
             return dialect.insert_tasks(cursor, tasks, self.notify)
@@ -321,20 +276,7 @@ class RDBTaskBackend(BaseTaskBackend):
         decoded: tuple[list[Any], dict[str, Any]] | None = None,
     ) -> TaskResult:
         args, kwargs = decoded or (json.loads(new.args_json), json.loads(new.kwargs_json))
-        return RDBTaskResult(
-            task=task,
-            id=str(new.id),
-            status=TaskResultStatus.READY,
-            enqueued_at=enqueued_at,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=args,
-            kwargs=kwargs,
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        return ready_result(task, str(new.id), enqueued_at, args, kwargs, self.alias)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self._validate_once(task)
@@ -395,17 +337,88 @@ class RDBTaskBackend(BaseTaskBackend):
         *,
         batch_size: int = 5000,
     ) -> list[TaskResult]:
-        """Enqueue many runs of one task in one transaction, a batch per statement."""
+        """Enqueue many runs of one task in one transaction, a batch per statement.
+
+        Every call's arguments are checked before anything is written. Tasks
+        with a dedup key are inserted one by one (each may meet its key, even
+        one an earlier call of the same batch made).
+        """
         self._validate_once(task)
         if getattr(task, "dedup_key", None) is not None:
-            return [self.enqueue(task, args, kwargs) for args, kwargs in calls]
-        prepared = [self._prepare(task, args, kwargs) for args, kwargs in calls]
-        new = [item for item, _ in prepared]
-        enqueued_at = None
+            prepared = [self._prepare(task, args, kwargs) for args, kwargs in calls]
+            with transaction.atomic(using=self.database, savepoint=False):
+                return [self._enqueue_one(task, new, decoded) for new, decoded in prepared]
+        self._refuse_bad_options()
+        if limit_for(task, self.queue_limits) is not None:
+            return self._bulk_enqueue_limited(task, calls, batch_size)
+        # Each column of the calls a list of its own: a bulk enqueue makes no
+        # object per task that outlives the call but its result and values
+        # (every one that does costs the garbage collector's passes again).
+        args_json: list[str] = []
+        kwargs_json: list[str] = []
+        values: list[list[Any]] = []
+        keywords: list[dict[str, Any]] = []
+        for args, kwargs in calls:
+            encoded = encode_arguments(args, kwargs)
+            args_json.append(encoded[0])
+            kwargs_json.append(encoded[1])
+            values.append(encoded[2])
+            keywords.append(encoded[3])
+        results: list[TaskResult] = []
         with transaction.atomic(using=self.database, savepoint=False):
-            for start in range(0, len(new), batch_size):
-                enqueued_at = self._insert(new[start : start + batch_size])
-        results = [self._new_result(task, item, enqueued_at, decoded) for item, decoded in prepared]
+            for start in range(0, len(values), batch_size):
+                end = start + batch_size
+                batch = NewBatch(
+                    task_path=task.module_path,
+                    queue_name=task.queue_name,
+                    backend_name=self.alias,
+                    priority=task.priority,
+                    max_attempts=self.max_attempts_for(task),
+                    run_after=task.run_after,
+                    ids=new_ids(min(end, len(values)) - start),
+                    args_json=args_json[start:end],
+                    kwargs_json=kwargs_json[start:end],
+                )
+                results += self._enqueue_batch(task, batch, values[start:end], keywords[start:end])
+        for result in results:
+            self.send_signal("task_enqueued", result)
+        return results
+
+    def _enqueue_batch(
+        self,
+        task: Task,
+        batch: NewBatch,
+        values: list[list[Any]],
+        keywords: list[dict[str, Any]],
+    ) -> list[TaskResult]:
+        """One statement of a bulk enqueue; its results made while the database writes it."""
+        made: list[TaskResult] = []
+
+        def make() -> None:
+            alias = self.alias
+            made.extend(
+                ready_result(task, result_id, None, args, kwargs, alias)
+                for result_id, args, kwargs in zip(batch.ids, values, keywords, strict=True)
+            )
+
+        # Stamped with the rows' clock once they are in, before anyone sees them.
+        stamp_enqueued_at(made, self._insert(batch, meanwhile=make))
+        return made
+
+    def _bulk_enqueue_limited(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], batch_size: int
+    ) -> list[TaskResult]:
+        # Each row's key is computed from its arguments, and the rows' slots
+        # are made with them (db/limits.py): a NewTask per row.
+        prepared = [self._prepare(task, args, kwargs) for args, kwargs in calls]
+        results = []
+        with transaction.atomic(using=self.database, savepoint=False):
+            for start in range(0, len(prepared), batch_size):
+                chunk = prepared[start : start + batch_size]
+                enqueued_at = self._insert([new for new, _ in chunk])
+                results += [
+                    self._new_result(task, new, enqueued_at, values) for new, values in chunk
+                ]
         for result in results:
             self.send_signal("task_enqueued", result)
         return results
@@ -426,57 +439,7 @@ class RDBTaskBackend(BaseTaskBackend):
         return self.result_from_row(row, task)
 
     def result_from_row(self, row: TaskRow, task: Task) -> TaskResult:
-        # The task as it was enqueued, so that the result equals the one
-        # enqueue() returned: run_after is what the producer asked for (None
-        # when not deferred), not the column the queue orders by, which is
-        # the enqueue time then and moves with every retry's backoff. Not
-        # validated again: a queue since removed from QUEUES must not make
-        # an existing row unreadable.
-        task = _replace_unvalidated(
-            task,
-            priority=row.priority,
-            queue_name=row.queue_name,
-            run_after=row.requested_run_after,
-            backend=self.alias,
-        )
-        errors = [
-            TaskError(
-                exception_class_path=entry["exception_class_path"],
-                traceback=entry.get("traceback", ""),
-            )
-            for entry in row.errors
-        ]
-        # The framework knows four statuses; report ours as the nearest one.
-        status = row.status
-        if status == TaskStatus.CANCELLED:
-            status = TaskResultStatus.FAILED
-            if not errors or not errors[-1].exception_class_path.endswith("TaskCancelled"):
-                errors.append(
-                    TaskError(
-                        exception_class_path="django_rdbtasks.exceptions.TaskCancelled",
-                        traceback="Cancelled before it finished.",
-                    )
-                )
-        elif status == TaskStatus.WAITING:
-            status = TaskResultStatus.READY
-        result = RDBTaskResult(
-            progress=row.progress,
-            progress_message=row.progress_message,
-            task=task,
-            id=str(row.id),
-            status=TaskResultStatus(status),
-            enqueued_at=row.enqueued_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            last_attempted_at=row.last_attempted_at,
-            args=row.args,
-            kwargs=row.kwargs,
-            backend=self.alias,
-            errors=errors,
-            worker_ids=row.worker_ids,
-        )
-        object.__setattr__(result, "_return_value", row.return_value)
-        return result
+        return result_from_row(row, task, self.alias)
 
     # -- operators -----------------------------------------------------------------
 
@@ -527,46 +490,6 @@ class RDBTaskBackend(BaseTaskBackend):
         failure must be sent while its exception is being handled: the
         framework's receiver logs ``sys.exc_info()`` (see ``worker.reporting``)."""
         getattr(framework_signals, name).send(sender=type(self), task_result=result)
-
-
-def _replace_unvalidated(task: Task, **changes: Any) -> Task:
-    """``dataclasses.replace()`` without ``__post_init__``, the framework's validation."""
-    copy = object.__new__(type(task))
-    for item in dataclasses.fields(task):
-        object.__setattr__(copy, item.name, changes.get(item.name, getattr(task, item.name)))
-    return copy
-
-
-_unloadable: dict[tuple[str, str], Task] = {}
-
-
-def unloadable_task(path: str, alias: str) -> Task:
-    """A stand-in for a task this process cannot load, so its rows' results still read.
-
-    Its ``module_path`` is ``path``; calling it raises ``InvalidTaskPath``.
-    One per path, so two reads of a result compare equal.
-    """
-    key = (path, alias)
-    known = _unloadable.get(key)
-    if known is not None:
-        return known
-    module_name, _, name = path.rpartition(".")
-
-    def unloadable(*args: Any, **kwargs: Any) -> Any:
-        raise InvalidTaskPath(f"{path!r} cannot be loaded in this process.")
-
-    unloadable.__module__ = module_name
-    unloadable.__name__ = unloadable.__qualname__ = name
-    stand_in = object.__new__(RDBTask)
-    for item in dataclasses.fields(RDBTask):
-        if item.default is not dataclasses.MISSING:
-            object.__setattr__(stand_in, item.name, item.default)
-    object.__setattr__(stand_in, "func", unloadable)
-    object.__setattr__(stand_in, "backend", alias)
-    if len(_unloadable) >= 1024:
-        _unloadable.clear()
-    _unloadable[key] = stand_in
-    return stand_in
 
 
 def bulk_enqueue(

@@ -177,7 +177,7 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``RDBTASKS_RETENTION``: finished statuses and ages with a unit, one error each.
 
-    The schedulers prune by it on their own every few minutes, so a bare ``7``
+    The schedulers prune by it on their own every minute, so a bare ``7``
     (seconds? days?) must stop the start, not delete.
     """
     from django.conf import settings

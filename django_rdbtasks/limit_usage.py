@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Count, Max, Q
 
@@ -43,27 +44,34 @@ def key_usage(using: str, limit: int = MAX_KEYS) -> list[KeyUsage]:
     running holder's lease (concurrency), or a period after a start (rate).
     The waiting count reads the READY rows that have a limit key: a scan of
     the READY rows, fine for a page an operator opens, not for every claim.
+    A key whose tasks wait before any worker made its slots (or made the ones
+    a raised limit adds) shows the limit its tasks carry.
     """
-    slots = (
-        LimitSlot.objects.using(using)
+    slots: dict[str, Any] = {
+        str(s["key"]): s
+        for s in LimitSlot.objects.using(using)
         .values("key")
         .annotate(
             slots=Count("id"),
             period=Max("period"),
             in_use=Count("id", filter=Q(free_at__gt=DbNow())),
         )
-    )
-    waiting = dict(
-        Task.objects.using(using)
+    }
+    waiting: dict[str, Any] = {
+        str(w["limit_key"]): w
+        for w in Task.objects.using(using)
         .filter(status=TaskStatus.READY, limit_key__isnull=False)
-        .values_list("limit_key")
-        .annotate(n=Count("id"))
-        .values_list("limit_key", "n")
-    )
-    rows = [
-        KeyUsage(s["key"], s["slots"], s["period"] or 0.0, s["in_use"], waiting.get(s["key"], 0))
-        for s in slots
-        if s["in_use"] or waiting.get(s["key"])
-    ]
+        .values("limit_key")
+        .annotate(n=Count("id"), count=Max("limit_count"), period=Max("limit_period"))
+    }
+    rows = []
+    for key in slots.keys() | waiting.keys():
+        s, w = slots.get(key), waiting.get(key)
+        in_use = s["in_use"] if s else 0
+        if not in_use and not w:
+            continue
+        count = max(s["slots"] if s else 0, (w["count"] or 0) if w else 0)
+        period = (s["period"] if s else None) or (w["period"] if w else None) or 0.0
+        rows.append(KeyUsage(key, count, period, in_use, w["n"] if w else 0))
     rows.sort(key=lambda u: (-u.in_use, -u.waiting, u.key))
     return rows[:limit]

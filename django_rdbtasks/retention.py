@@ -4,10 +4,13 @@ A single ``DELETE … WHERE finished_at < …`` over millions of rows would hold
 its locks (and on MySQL, gap locks on the index) for as long as it runs, and
 bloat one huge transaction. Instead each batch picks at most ``batch_size``
 ids through the ``finished_at`` index and deletes them in a short transaction
-of its own, so workers claiming and completing tasks never wait long.
+of its own, so workers claiming and completing tasks never wait long; the
+rows that hang off them go with them, by relation, not an instance loaded per
+task: on PostgreSQL the whole batch is one statement.
 
 ``prune_by_setting()`` is what a long-running process (the scheduler) calls
-every few minutes to apply ``RDBTASKS_RETENTION``.
+every minute to apply ``RDBTASKS_RETENTION``, and again at once while rows
+are left.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router, transaction
-from django.db.models import Count, Q
+from django.db import connections, router, transaction
+from django.db.models import CASCADE, DO_NOTHING, SET_NULL, Count, Q
+from django.db.models.deletion import get_candidate_relations_to_delete
+from django.db.models.signals import post_delete, pre_delete
 
 from .durations import parse_age
 from .jobs import database_now
@@ -43,12 +49,25 @@ class PruneResult:
     deleted: dict[str, int] = field(default_factory=dict)  # by status
     batches: int = 0
     workers: int = 0
-    #: Stopped by ``time_budget`` or ``max_batches`` with rows left to delete.
+    #: Stopped by ``time_budget`` or ``max_batches`` with rows left to delete, or
+    #: left rows that another transaction held locked.
     incomplete: bool = False
 
     @property
     def total(self) -> int:
         return sum(self.deleted.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Prunable:
+    """Tasks finished in ``statuses`` before ``cutoff`` (a database time)."""
+
+    statuses: list[str]
+    cutoff: dt.datetime
+
+    @property
+    def q(self) -> Q:
+        return Q(status__in=self.statuses, finished_at__lt=self.cutoff)
 
 
 def prunable(
@@ -59,10 +78,19 @@ def prunable(
     now: dt.datetime | None = None,
 ) -> Q:
     """The condition on tasks finished in ``statuses`` more than ``older_than`` ago."""
+    return _prunable(older_than, statuses, using=using, now=now).q
+
+
+def _prunable(
+    older_than: dt.timedelta,
+    statuses: Iterable[str],
+    *,
+    using: str | None,
+    now: dt.datetime | None,
+) -> Prunable:
     statuses = _finished_only(statuses)
     using = using or router.db_for_write(Task)
-    cutoff = (now or database_now(using)) - older_than
-    return Q(status__in=statuses, finished_at__lt=cutoff)
+    return Prunable(statuses, (now or database_now(using)) - older_than)
 
 
 def count_prunable(
@@ -117,12 +145,13 @@ def prune(
     The cutoff is fixed at the start (database clock), so rows finishing while
     this runs are not chased. ``pause`` sleeps between batches to leave the
     database to the workers; ``time_budget`` (seconds) and ``max_batches``
-    bound one call, and the result says whether rows were left. ``now``
+    bound one call, and the result says whether rows were left (rows another
+    transaction holds locked are skipped, not waited for, and count as left). ``now``
     fixes the clock, so a deletion confirmed from a count takes the rows
     counted and none that finished meanwhile.
     """
     using = using or router.db_for_write(Task)
-    condition = prunable(older_than, statuses, using=using, now=now)
+    condition = _prunable(older_than, statuses, using=using, now=now)
     result = PruneResult()
     started = time.monotonic()
     while True:
@@ -132,37 +161,180 @@ def prune(
         if time_budget is not None and time.monotonic() - started >= time_budget:
             result.incomplete = True
             break
-        deleted = _delete_batch(using, condition, batch_size)
-        if not deleted:
+        deleted, candidates = _delete_batch(using, condition, batch_size)
+        if not candidates:
             break
+        if sum(deleted.values()) < candidates:
+            result.incomplete = True  # rows someone else held: left to a later call
+        if not deleted:
+            break  # every one of them held: the next batch would find them again
         result.batches += 1
         for status, n in deleted.items():
             result.deleted[status] = result.deleted.get(status, 0) + n
         if progress is not None:
             progress(result)
-        if sum(deleted.values()) < batch_size:
+        if candidates < batch_size:
             break
         if pause:
             time.sleep(pause)
     return result
 
 
-def _delete_batch(using: str, condition: Q, batch_size: int) -> dict[str, int]:
+def _delete_batch(using: str, condition: Prunable, batch_size: int) -> tuple[dict[str, int], int]:
+    """Delete one batch: the tasks deleted by status, and how many were candidates."""
+    relations = _relations()
+    if connections[using].vendor == "postgresql" and _in_one_statement(relations):
+        return _delete_batch_in_one_statement(using, condition, batch_size, relations)
     tasks = Task.objects.using(using)
     # Oldest first, through the finished_at index: each batch is a short range scan.
-    rows = list(
-        tasks.filter(condition).order_by("finished_at").values_list("pk", "status")[:batch_size]
+    candidates = list(
+        tasks.filter(condition.q).order_by("finished_at").values_list("pk", flat=True)[:batch_size]
     )
-    if not rows:
-        return {}
+    if not candidates:
+        return {}, 0
+    locking = connections[using].features.has_select_for_update_skip_locked
+    with transaction.atomic(using=using):
+        # Still prunable (not requeued meanwhile), and held until deleted. A row
+        # someone else holds (an admin's requeue, say) is left to a later batch
+        # rather than waited for.
+        rows = list(
+            tasks.filter(pk__in=candidates)
+            .filter(condition.q)
+            .select_for_update(skip_locked=locking)
+            .values_list("pk", "status")
+        )
+        if rows:
+            _delete_tasks(using, [pk for pk, _ in rows])
     counts: dict[str, int] = {}
     for _, status in rows:
         counts[status] = counts.get(status, 0) + 1
-    with transaction.atomic(using=using):
-        # .only("pk"): the collector loads instances to cascade (dependencies) and
-        # to null JobRecord.task; it needs no JSON columns for that.
-        tasks.filter(pk__in=[pk for pk, _ in rows]).filter(condition).only("pk").delete()
-    return counts
+    return counts, len(candidates)
+
+
+def _delete_batch_in_one_statement(
+    using: str, condition: Prunable, batch_size: int, relations: list[Any]
+) -> tuple[dict[str, int], int]:
+    """PostgreSQL: the batch's rows, what hangs off them and the tasks, in one statement.
+
+    The same work as the other path (oldest first through the finished_at
+    index, locked and skipped if someone holds them, each relation by its
+    ``on_delete``), without the ids making a round trip through Python: that
+    was most of what the deleting process spent per task. The foreign keys
+    are checked at commit (Django creates them deferred), when every row of
+    the statement is gone.
+    """
+    quote = connections[using].ops.quote_name
+    table = quote(Task._meta.db_table)
+    pk = Task._meta.pk
+    assert pk is not None
+    key = quote(str(pk.column))
+    batch = "(SELECT id FROM batch)"
+    parts = [
+        "candidates AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT 1 FROM "
+        f"{table} WHERE status = ANY(%s) AND finished_at < %s LIMIT %s) AS c)",
+        f"batch AS MATERIALIZED (SELECT {key} AS id FROM {table} WHERE status = ANY(%s)"
+        " AND finished_at < %s ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)",
+    ]
+    for i, relation in enumerate(relations):
+        field = relation.field
+        linked = quote(relation.related_model._meta.db_table)
+        column = quote(field.column)
+        if field.remote_field.on_delete is CASCADE:
+            parts.append(f"r{i} AS (DELETE FROM {linked} WHERE {column} IN {batch})")
+        elif field.remote_field.on_delete is SET_NULL:
+            # A row this statement deletes (it cascades from a task of the batch)
+            # must not be updated too: one statement changes a row once.
+            going = [
+                f" AND {quote(other.field.column)} NOT IN {batch}"
+                for other in relations
+                if other.related_model is relation.related_model
+                and other.field.remote_field.on_delete is CASCADE
+            ]
+            parts.append(
+                f"r{i} AS (UPDATE {linked} SET {column} = NULL WHERE {column} IN {batch}"
+                f"{''.join(going)})"
+            )
+    parts.append(f"gone AS (DELETE FROM {table} WHERE {key} IN {batch} RETURNING status)")
+    sql = (
+        f"WITH {', '.join(parts)} SELECT status, count(*) FROM gone GROUP BY status"
+        " UNION ALL SELECT NULL, n FROM candidates"
+    )
+    window: list[Any] = [condition.statuses, condition.cutoff, batch_size]
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql, [*window, *window])
+        rows = cursor.fetchall()
+    counts = {status: int(n) for status, n in rows if status is not None}
+    # The row without a status is the count of candidates, the held ones included.
+    return counts, next(int(n) for status, n in rows if status is None)
+
+
+def _delete_tasks(using: str, pks: list[Any]) -> None:
+    """Delete these tasks and what hangs off them: a statement per relation.
+
+    What Django's deletion collector does (the rows of a relation that
+    cascades are deleted, those of a SET_NULL one unlinked), without loading an
+    instance of every task first and deleting them a hundred at a time: a
+    fixed number of statements per batch (docs/admin.md, Retention). Where only
+    the collector will do (a receiver of Task's delete signals, a relation with
+    another ``on_delete``), the collector it is.
+    """
+    relations = _relations()
+    if _needs_collector(relations):
+        Task.objects.using(using).filter(pk__in=pks).only("pk").delete()
+        return
+    for relation in relations:
+        field = relation.field
+        linked = relation.related_model._base_manager.using(using).filter(
+            **{f"{field.name}__in": pks}
+        )
+        if field.remote_field.on_delete is CASCADE:
+            linked.delete()  # the collector again, for whatever hangs off these
+        elif field.remote_field.on_delete is SET_NULL:
+            linked.update(**{field.name: None})
+    connection = connections[using]
+    pk = Task._meta.pk
+    assert pk is not None
+    values = [pk.get_db_prep_value(value, connection) for value in pks]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {quote(Task._meta.db_table)} WHERE {quote(str(pk.column))} "
+            f"IN ({', '.join(['%s'] * len(values))})",
+            values,
+        )
+
+
+def _relations() -> list[Any]:
+    """The relations that point at tasks (reverse foreign keys, one-to-ones)."""
+    # Any: the stubs type Options invariantly, and these are reverse relations (.field).
+    return list(get_candidate_relations_to_delete(cast(Any, Task._meta)))
+
+
+def _needs_collector(relations: Iterable[Any]) -> bool:
+    if pre_delete.has_listeners(Task) or post_delete.has_listeners(Task):
+        return True
+    if any(hasattr(field, "bulk_related_objects") for field in Task._meta.private_fields):
+        return True  # a GenericRelation: the collector knows its rows
+    return any(
+        relation.field.remote_field.on_delete not in (CASCADE, SET_NULL, DO_NOTHING)
+        for relation in relations
+    )
+
+
+def _in_one_statement(relations: list[Any]) -> bool:
+    """Whether a statement can do all a batch's deletion: no receiver, and nothing
+    hanging off the rows that cascade (their own relations, their receivers)."""
+    if _needs_collector(relations):
+        return False
+    for relation in relations:
+        if relation.field.remote_field.on_delete is not CASCADE:
+            continue
+        model = relation.related_model
+        if pre_delete.has_listeners(model) or post_delete.has_listeners(model):
+            return False
+        if any(get_candidate_relations_to_delete(model._meta)) or model._meta.private_fields:
+            return False
+    return True
 
 
 def prune_workers(older_than: dt.timedelta = WORKER_RETENTION, *, using: str | None = None) -> int:
@@ -227,7 +399,7 @@ def prune_by_setting(
 ) -> PruneResult | None:
     """Apply ``RDBTASKS_RETENTION`` for at most ``time_budget`` seconds (None: until done).
 
-    Meant to be called every few minutes by a long-running process; any number
+    Meant to be called every minute by a long-running process; any number
     of processes may call it, a leased lock lets one of them work at a time.
     Returns None when another process holds the lock. A backlog (the setting
     was just turned on) is worked off over several calls.

@@ -17,7 +17,7 @@ def test_the_page_lists_each_key_with_its_use_and_waiting():
     assert response.status_code == 200
     page = text(response)
     assert "provider" in page and "customer:a" in page and "customer:b" in page
-    assert "20 per 1" in page  # the rate limit and its window
+    assert "20 per 1 h 0 min" in page  # the rate limit and its window
     assert "2 at once" in page
     assert page.count("rdbtasks-alert") >= 2  # full keys stand out
 

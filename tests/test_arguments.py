@@ -165,3 +165,17 @@ def test_random_nested_arguments_agree_with_the_framework_round_trip():
         encoded_args, encoded_kwargs, values = encode_arguments_and_values(args, kwargs)
         assert [json.loads(encoded_args), json.loads(encoded_kwargs)] == decoded
         assert list(values) == decoded
+
+
+def test_the_json_text_holds_no_tab_newline_or_carriage_return():
+    # PostgreSQL's bulk enqueue writes it into COPY's text format escaping
+    # only backslashes (db/pg_inserts.py): these three would end a value or
+    # a row there.
+    awkward = ["\t", "\n", "\r", "a\r\nb", "\\", "\u2028 \x00 \x7f é 🎉"]
+    args_json, kwargs_json, _ = encode_arguments_and_values(
+        [awkward, {"\t\n": "\r"}], {"k\n": awkward}
+    )
+    for text in (args_json, kwargs_json):
+        assert not {"\t", "\n", "\r"} & set(text), text
+        assert json.loads(text)  # and it is still the same JSON
+    assert json.loads(args_json) == [awkward, {"\t\n": "\r"}]

@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_rdbtasks.backend import RDBTask, RDBTaskBackend, bulk_enqueue
@@ -256,6 +257,75 @@ def test_bulk_enqueue_inserts_all_in_one_transaction():
     with pytest.raises(ArgumentsNotJSON):
         bulk_enqueue(tasks.add, [((1, 1), {}), ((object(), 1), {})])
     assert Task.objects.count() == 2500
+
+
+def test_each_bulk_result_reads_back_equal_its_batchs_clock_included(vendor):
+    # Each batch is a statement of its own, with its own clock: the results
+    # of the first batches carry theirs, not the last one's.
+    results = bulk_enqueue(tasks.add, [((i, i), {}) for i in range(5)], batch_size=2)
+    rows = {str(row.id): row for row in Task.objects.all()}
+    if vendor == "postgresql":  # elsewhere two batches may share a millisecond
+        assert len({row.enqueued_at for row in rows.values()}) == 3, "one clock per batch"
+    for result in results:
+        assert result.enqueued_at == rows[result.id].enqueued_at == rows[result.id].run_after
+        assert tasks.add.get_result(result.id) == result
+
+
+def test_a_bulk_enqueue_rolled_back_with_its_transaction_leaves_no_row():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        bulk_enqueue(tasks.add, [((i, i), {}) for i in range(3)])
+        assert Task.objects.count() == 3  # visible inside the caller's transaction
+        raise RuntimeError("rolled back")
+    assert Task.objects.count() == 0
+
+
+def test_bulk_enqueue_sends_task_enqueued_once_per_task_once_the_rows_are_in():
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        # The row is there when the signal comes, with the result's values.
+        row = Task.objects.get(pk=task_result.id)
+        seen.append((sender, task_result.id, row.enqueued_at == task_result.enqueued_at))
+
+    framework_signals.task_enqueued.connect(receiver, weak=False)
+    try:
+        results = bulk_enqueue(tasks.add, [((i, i), {}) for i in range(4)], batch_size=3)
+    finally:
+        framework_signals.task_enqueued.disconnect(receiver)
+    assert seen == [(RDBTaskBackend, r.id, True) for r in results]
+
+
+def test_bulk_enqueue_writes_what_its_rows_share_and_their_arguments_exactly():
+    # What every row shares is written once per batch (COPY's text on
+    # PostgreSQL, SQL literals on MySQL): quoting and escaping must hold for
+    # it as for the arguments; and 2,000 long rows make several statements.
+    odd = "50% 'off' \\ \"x\" \t tab \n line %s %(k)s é"
+    settings = {
+        "default": {
+            "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
+            "QUEUES": ["default", odd],
+        }
+    }
+    with override_settings(TASKS=settings):
+        task = tasks.add.using(queue_name=odd)
+        calls = [((f"%s %% %(k)s '{i}' \\ \t", "x" * 300), {"k": odd}) for i in range(2000)]
+        results = bulk_enqueue(task, calls)
+        rows = {str(row.id): row for row in Task.objects.all()}
+        assert len(rows) == 2000
+        for result, (args, kwargs) in zip(results, calls, strict=True):
+            row = rows[result.id]
+            assert (row.queue_name, row.args, row.kwargs) == (odd, list(args), kwargs)
+            assert tasks.add.get_result(result.id) == result
+
+
+def test_a_bulk_enqueue_with_dedup_keys_checks_every_call_first_and_keeps_one_per_key():
+    with pytest.raises(ArgumentsNotJSON):
+        bulk_enqueue(tasks.sync_account, [(("acme",), {}), (("globex",), {}), ((object(),), {})])
+    assert Task.objects.count() == 0
+    calls = [(("acme",), {}), (("globex",), {}), ((), {"account": "acme"})]
+    acme, globex, again = bulk_enqueue(tasks.sync_account, calls)
+    assert again.id == acme.id != globex.id
+    assert Task.objects.count() == 2
 
 
 def test_signals_are_sent(django_capture_on_commit_callbacks):

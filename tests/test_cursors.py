@@ -6,9 +6,11 @@ import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.cursors import kept_cursor
+from django_rdbtasks.db.rows import new_ids
 from django_rdbtasks.models import Task
 from tests.testapp import tasks
 
@@ -114,3 +116,37 @@ def test_the_kept_cursor_is_the_dialects_own_kind(vendor):
         # Parameters bound by the server, not quoted into the statement.
         assert isinstance(cursor.cursor, psycopg.Cursor)
         assert not isinstance(cursor.cursor, psycopg.ClientCursor)
+
+
+def test_a_bulk_enqueue_goes_through_the_execute_wrappers_and_is_logged(vendor):
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append((sql.split()[0], context["connection"] is connections["default"]))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        bulk_enqueue(tasks.add, [((i, i), {}) for i in range(3)])
+    with CaptureQueriesContext(connection) as queries:
+        bulk_enqueue(tasks.add, [((i, i), {}) for i in range(3)])
+    logged = [query["sql"] for query in queries.captured_queries]
+    assert Task.objects.count() == 6
+    if vendor == "postgresql":
+        # The rows by COPY, which Django's execute() cannot run: the wrappers
+        # see it all the same, and so does the query log.
+        assert ("COPY", True) in seen, seen
+        assert any(sql.startswith("COPY") for sql in logged), logged
+    else:
+        assert ("INSERT", True) in seen, seen
+        assert any("INSERT INTO" in sql for sql in logged), logged
+
+
+def test_a_bulk_enqueue_that_fails_raises_djangos_error_and_writes_nothing(monkeypatch):
+    (twice,) = new_ids(1)
+    monkeypatch.setattr("django_rdbtasks.backend.new_ids", lambda count: [twice] * count)
+    with pytest.raises(IntegrityError):
+        bulk_enqueue(tasks.add, [((i, i), {}) for i in range(3)])
+    assert Task.objects.count() == 0
+    monkeypatch.undo()
+    bulk_enqueue(tasks.add, [((i, i), {}) for i in range(3)])  # the connection is usable
+    assert Task.objects.count() == 3

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.functions import DbNow
-from django_rdbtasks.db.rows import ClaimRequest, Outcome
+from django_rdbtasks.db.rows import ClaimRequest, NewBatch, Outcome, new_ids
 from django_rdbtasks.models import Task, uuid7
 from django_rdbtasks.states import ClaimMode, OutcomeKind
 from tests.conftest import listen_connection
@@ -389,3 +389,58 @@ def test_a_row_another_session_holds_locked_is_kept_not_waited_for(vendor):
     finally:
         holder.rollback()
         holder.close()
+
+
+def test_a_batch_by_copy_and_by_psycopg2s_json_insert_writes_the_same_rows(vendor):
+    if vendor != "postgresql":
+        pytest.skip("COPY is PostgreSQL's; elsewhere a batch is multi-row INSERTs")
+
+    class WithoutCopy:
+        """A cursor as psycopg 2's: execute and fetch, no ``copy()``."""
+
+        def __init__(self, cursor):
+            self.inner = cursor
+
+        def execute(self, sql, params=None):
+            return self.inner.execute(sql, params)
+
+        def fetchone(self):
+            return self.inner.fetchone()
+
+    dialect = dialect_for(connections["default"])
+    later = timezone.now() + dt.timedelta(minutes=5)
+    for run_after, trace in ((None, None), (later, '{"traceparent": "00-ab-cd-01"}')):
+        batches = [
+            NewBatch(
+                task_path="tests.testapp.tasks.add",
+                queue_name="emails",
+                backend_name="default",
+                priority=-7,
+                max_attempts=4,
+                run_after=run_after,
+                ids=new_ids(2),
+                args_json=[r'[1, "a\\b"]', "[]"],
+                kwargs_json=[r'{"k": "\t"}', "{}"],
+                trace_context=trace,
+            )
+            for _ in range(2)
+        ]
+        with transaction.atomic(), connection.cursor() as cursor:
+            by_copy = dialect.insert_batch(cursor, batches[0], notify=True)
+            by_insert = dialect.insert_batch(WithoutCopy(cursor), batches[1], notify=True)
+        for batch, enqueued_at in ((batches[0], by_copy), (batches[1], by_insert)):
+            rows = list(Task.objects.filter(pk__in=batch.ids).order_by("kwargs"))
+            assert [row.args for row in rows] == [[], [1, "a\\b"]]
+            assert [row.kwargs for row in rows] == [{}, {"k": "\t"}]
+            for row in rows:
+                assert row.enqueued_at == enqueued_at
+                assert row.run_after == (run_after or enqueued_at)
+                assert row.requested_run_after == run_after
+        copied, inserted = (
+            [
+                [getattr(row, c) for c in ENQUEUED_COLUMNS if c not in {"args", "kwargs"}]
+                for row in Task.objects.filter(pk__in=batch.ids)
+            ]
+            for batch in batches
+        )
+        assert copied == inserted

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +22,9 @@ import pytest
 from django.db import connection, transaction
 
 from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.pg_round import ClaimForm
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
-from django_rdbtasks.models import Task
+from django_rdbtasks.models import LimitSlot, Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -34,22 +36,38 @@ WANT = 10
 #: wanted), the rows it picks and claims, the outcomes it writes, with room to
 #: spare; the backlog is 300,000.
 ROWS_READ_BOUND = 1_000
+#: What a round's reads of the READY indexes may read, in pages (the scheduled
+#: rows' entries alone are 500).
+READY_PAGES_BOUND = 100
 
 
 def modes(vendor: str) -> list[ClaimMode]:
     return [ClaimMode.OPTIMISTIC] + ([ClaimMode.SKIP_LOCKED] if vendor != "sqlite" else [])
 
 
-def insert_rows(count: int, status: TaskStatus, queue: str = "default") -> None:
+def insert_rows(
+    count: int,
+    status: TaskStatus,
+    queue: str = "default",
+    limit_key: str | None = None,
+    *,
+    scheduled: bool = False,
+) -> None:
     """``count`` rows of ``status`` in one statement, made by the server itself.
 
     RUNNING rows are a dead holder's: their leases ran out a second ago.
+    ``limit_key``: the rows are under a concurrency limit of 3 of that key.
+    ``scheduled`` (PostgreSQL): due within the next two hours, each at its own
+    time (as deferred tasks are: equal keys would be deduplicated into a few
+    index pages), at priority 10.
     """
     done = status in TaskStatus.finished()
     finished = "CURRENT_TIMESTAMP" if done else "NULL"
     if connection.vendor == "postgresql":
         source = "generate_series(1, %s)"
         new_id, now = "gen_random_uuid()", "STATEMENT_TIMESTAMP() - INTERVAL '1 second'"
+        if scheduled:
+            now = "STATEMENT_TIMESTAMP() + INTERVAL '1 hour' + random() * INTERVAL '1 hour'"
     elif connection.vendor == "mysql":
         source = "seq_1_to_%s"  # MariaDB's sequence engine
         new_id, now = "UUID()", "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"
@@ -66,10 +84,21 @@ def insert_rows(count: int, status: TaskStatus, queue: str = "default") -> None:
             f"INSERT INTO {TABLE} (id, task_path, queue_name, backend_name, priority, args, "
             "kwargs, max_attempts, run_after, enqueued_at, status, version, worker_id, "
             "attempts, history, job_name, has_children, cancel_requested, progress_message, "
-            f"finished_at, lease_expires_at) SELECT {new_id}, 'tests.testapp.tasks.noop', %s, "
-            f"'default', 0, '[]', '{{}}', 1, {now}, {now}, %s, 0, %s, 0, '[]', '', FALSE, FALSE, "
-            f"'', {finished}, {now if status == TaskStatus.RUNNING else 'NULL'} FROM {source} s",
-            [queue, status.value, "dead" if status == TaskStatus.RUNNING else "", count],
+            "finished_at, lease_expires_at, limit_key, limit_count, limit_period) "
+            f"SELECT {new_id}, 'tests.testapp.tasks.noop', %s, "
+            f"'default', {10 if scheduled else 0}, '[]', '{{}}', 1, {now}, {now}, %s, 0, %s, 0, "
+            "'[]', '', FALSE, FALSE, "
+            f"'', {finished}, {now if status == TaskStatus.RUNNING else 'NULL'}, %s, %s, %s "
+            f"FROM {source} s",
+            [
+                queue,
+                status.value,
+                "dead" if status == TaskStatus.RUNNING else "",
+                limit_key,
+                None if limit_key is None else 3,
+                None if limit_key is None else 0.0,
+                count,
+            ],
         )
 
 
@@ -102,12 +131,12 @@ def statistics_frozen() -> Iterator[None]:
                 cursor.execute(f"ALTER TABLE {TABLE} STATS_AUTO_RECALC = DEFAULT")
 
 
-def claim_some(worker_id: str, mode: ClaimMode) -> list[Outcome]:
-    """Claim ``WANT`` rows and say they succeeded: the outcomes of the measured round."""
+def claim_some(worker_id: str, mode: ClaimMode, want: int = WANT) -> list[Outcome]:
+    """Claim ``want`` rows and say they succeeded: the outcomes of the measured round."""
     dialect = dialect_for(connection)
     with transaction.atomic(), connection.cursor() as cursor:
-        rows, _ = dialect.claim(cursor, ClaimRequest(["default"], WANT, worker_id, 60.0, mode))
-    assert len(rows) == WANT
+        rows, _ = dialect.claim(cursor, ClaimRequest(["default"], want, worker_id, 60.0, mode))
+    assert len(rows) == want
     return [
         Outcome(row.id, row.version, OutcomeKind.SUCCESS, entry={"outcome": "ok"}, row=row)
         for row in rows
@@ -166,13 +195,19 @@ def reads_of_the_table(nodes: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
     ]
 
 
-def postgresql_round(outcomes: list[Outcome], mode: ClaimMode) -> list[tuple[str, dict]]:
-    """The nodes of one exchange's plan, executed, then rolled back."""
+def postgresql_round(
+    outcomes: list[Outcome],
+    mode: ClaimMode,
+    form: ClaimForm = ClaimForm.LEAN,
+    want: int = WANT,
+) -> list[tuple[str, dict]]:
+    """The nodes of one exchange's plan in the claim's ``form``, executed, then rolled back."""
     dialect = dialect_for(connection)
+    dialect.claim_forms[("default",)] = form
     with transaction.atomic(), connection.cursor() as cursor:
         explaining = ExplainingCursor(cursor.cursor)
         dialect.exchange(
-            explaining, outcomes, "w", ClaimRequest(["default"], WANT, "w", 60.0, mode)
+            explaining, outcomes, "w", ClaimRequest(["default"], want, "w", 60.0, mode)
         )
         transaction.set_rollback(True)
     [plan] = explaining.plans
@@ -197,45 +232,56 @@ def mysql_rows_read(run: Any) -> int:
 def assert_round_reads_a_bounded_number_of_rows(outcomes: list[Outcome], mode: ClaimMode) -> None:
     vendor = connection.vendor
     if vendor == "postgresql":
-        nodes = postgresql_round(outcomes, mode)
-        on_table = reads_of_the_table(nodes)
-        pkey = f"{TABLE}_pkey"
-        # A bitmap of the ids a round names (its outcomes' rows) is bounded by
-        # them; one of any other index would be of every READY or RUNNING row.
-        bitmaps = [
-            n["Index Name"]
-            for _, n in nodes
-            if n["Node Type"] == "Bitmap Index Scan" and n["Index Name"] != pkey
-        ]
-        assert not bitmaps, f"a bitmap over runnable rows: {bitmaps}"
-        assert not [n for _, n in on_table if n["Node Type"] == "Seq Scan"], on_table
-        read = sum(rows_examined(n) for _, n in on_table)
-        assert read <= ROWS_READ_BOUND, f"{read} rows read: {on_table}"
-        by_pk = {cte for cte, n in on_table if n.get("Index Name") == pkey}
-        # The outcomes' rows and the picked rows are reached by primary key;
-        # the runnable rows are read in the order of their index, with a limit.
-        shape = [(cte, n["Node Type"], n.get("Index Name")) for cte, n in on_table]
-        assert "CTE d0" in by_pk and "CTE claimed" in by_pk, shape
-        if mode == ClaimMode.OPTIMISTIC:
-            assert "CTE pick" in by_pk, shape
-        ready = [n for _, n in on_table if n.get("Index Name") == "rdbtasks_task_ready"]
-        assert ready and all(n["Node Type"] == "Index Scan" for n in ready), ready
+        # Each form of the claim a round may take (db/pg_round.py).
+        for form in ClaimForm:
+            assert_statement_reads_a_bounded_number_of_rows(outcomes, mode, form)
+        return
+    dialect = dialect_for(connection)
+
+    def run() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            result = dialect.exchange(
+                cursor, outcomes, "w", ClaimRequest(["default"], WANT, "w", 60.0, mode)
+            )
+            assert len(result.written) == len(outcomes)
+            transaction.set_rollback(True)
+
+    if vendor == "mysql":
+        read = mysql_rows_read(run)
+        assert read <= ROWS_READ_BOUND, f"{read} rows read by one round"
     else:
-        dialect = dialect_for(connection)
+        run()
 
-        def run() -> None:
-            with transaction.atomic(), connection.cursor() as cursor:
-                result = dialect.exchange(
-                    cursor, outcomes, "w", ClaimRequest(["default"], WANT, "w", 60.0, mode)
-                )
-                assert len(result.written) == len(outcomes)
-                transaction.set_rollback(True)
 
-        if vendor == "mysql":
-            read = mysql_rows_read(run)
-            assert read <= ROWS_READ_BOUND, f"{read} rows read by one round"
-        else:
-            run()
+def assert_statement_reads_a_bounded_number_of_rows(
+    outcomes: list[Outcome], mode: ClaimMode, form: ClaimForm, want: int = WANT
+) -> None:
+    """PostgreSQL: the round's statement in ``form``, from its executed plan."""
+    nodes = postgresql_round(outcomes, mode, form, want)
+    on_table = reads_of_the_table(nodes)
+    pkey = f"{TABLE}_pkey"
+    # A bitmap of the ids a round names (its outcomes' rows) is bounded by
+    # them; one of any other index would be of every READY or RUNNING row.
+    bitmaps = [
+        n["Index Name"]
+        for _, n in nodes
+        if n["Node Type"] == "Bitmap Index Scan" and n["Index Name"] != pkey
+    ]
+    assert not bitmaps, f"{form.name}: a bitmap over runnable rows: {bitmaps}"
+    assert not [n for _, n in on_table if n["Node Type"] == "Seq Scan"], (form.name, on_table)
+    read = sum(rows_examined(n) for _, n in on_table)
+    bound = ROWS_READ_BOUND * max(1, want // WANT)
+    assert read <= bound, f"{form.name}: {read} rows read: {on_table}"
+    by_pk = {cte for cte, n in on_table if n.get("Index Name") == pkey}
+    # The outcomes' rows and the picked rows are reached by primary key;
+    # the runnable rows are read in the order of their index, with a limit.
+    shape = [(cte, n["Node Type"], n.get("Index Name")) for cte, n in on_table]
+    assert "CTE d0" in by_pk and "CTE claimed" in by_pk, (form.name, shape)
+    if mode == ClaimMode.OPTIMISTIC:
+        assert {"CTE pick", "CTE go"} & by_pk, (form.name, shape)
+    ready = [n for _, n in on_table if n.get("Index Name", "").startswith("rdbtasks_task_ready")]
+    scans = {"Index Scan", "Index Only Scan"}
+    assert ready and all(n["Node Type"] in scans for n in ready), (form.name, shape)
 
 
 def assert_renewal_reads_a_bounded_number_of_rows(outcomes: list[Outcome]) -> None:
@@ -276,6 +322,24 @@ def test_a_backlog_the_statistics_never_saw_does_not_slow_a_round(vendor):
         assert_rows_by_id_are_reached_by_primary_key()
 
 
+def test_a_full_batch_from_a_table_the_statistics_know_is_looked_up_by_primary_key(vendor):
+    """A drain's usual round: a hundred wanted from a table ANALYZE saw full of
+    READY rows. The optimistic claim's candidates (four per task wanted) were
+    joined back to the table by a hash join over a scan of all of it (20,000
+    rows for 100 claimed, 17 ms a round); each is now looked up by primary
+    key, in claim order, until the batch is full."""
+    if vendor != "postgresql":
+        pytest.skip("the PostgreSQL round's plan")
+    insert_rows(20_000, TaskStatus.READY)
+    analyze()
+    with statistics_frozen():
+        held = claim_some("w", ClaimMode.OPTIMISTIC, want=100)
+        for form in ClaimForm:
+            assert_statement_reads_a_bounded_number_of_rows(
+                held, ClaimMode.OPTIMISTIC, form, want=100
+            )
+
+
 def assert_rows_by_id_are_reached_by_primary_key() -> None:
     """``among``, as the hand-back and the release of dependants use it."""
     ids = list(Task.objects.filter(status=TaskStatus.READY).values_list("pk", flat=True)[:20])
@@ -312,3 +376,71 @@ def test_another_queues_expired_leases_do_not_slow_a_round(vendor):
         insert_rows(BACKLOG, TaskStatus.RUNNING, queue="abandoned")
         for mode in modes(vendor):
             assert_round_reads_a_bounded_number_of_rows(held[mode], mode)
+
+
+def take_every_slot(key: str, count: int) -> None:
+    """``key``'s ``count`` slots, all held by claims whose leases run for an hour."""
+    with connection.cursor() as cursor:
+        free_at = dialect_for(connection).now_plus_sql("%s")
+        for slot in range(count):
+            cursor.execute(
+                f"INSERT INTO {LimitSlot._meta.db_table} ({connection.ops.quote_name('key')}, "
+                f"slot_no, period, free_at) VALUES (%s, %s, 0, {free_at})",
+                [key, slot, dialect_for(connection).seconds_param(3600)],
+            )
+
+
+def test_a_full_keys_backlog_does_not_slow_a_round(vendor):
+    """A key whose slots are all taken, 300,000 READY rows of it ahead of the rest.
+
+    Each round used to walk them all, a slot probe per row (135 ms a round
+    with 50,000 of them); it now reads a window of them and then the queue's
+    keys, one look-up a key, and still claims what is behind: the other
+    key's rows and the unlimited ones, in order.
+    """
+    insert_rows(20_000, TaskStatus.SUCCESSFUL)
+    insert_rows(len(modes(vendor)) * WANT, TaskStatus.READY)
+    held = {mode: claim_some("w", mode) for mode in modes(vendor)}
+    take_every_slot("concurrency:full", 3)
+    analyze()
+    with statistics_frozen():
+        insert_rows(BACKLOG, TaskStatus.READY, limit_key="concurrency:full")
+        insert_rows(2, TaskStatus.READY, limit_key="concurrency:other")
+        insert_rows(2 * WANT, TaskStatus.READY)
+        for mode in modes(vendor):
+            assert_round_reads_a_bounded_number_of_rows(held[mode], mode)
+        # A real round claims what is behind the backlog, none of the full key.
+        with transaction.atomic(), connection.cursor() as cursor:
+            request = ClaimRequest(["default"], 100, "w2", 60.0)
+            first = dialect_for(connection).exchange(cursor, [], "w2", request)
+        assert first.missing == [("concurrency:other", 3, 0.0)]
+        with transaction.atomic(), connection.cursor() as cursor:
+            dialect_for(connection).limits.make_slots(cursor, first.missing)
+        with transaction.atomic(), connection.cursor() as cursor:
+            second = dialect_for(connection).exchange(cursor, [], "w2", request)
+        claimed = Counter(r.limit_key for r in first.claimed + second.claimed)
+        assert claimed == {"concurrency:other": 2, None: 2 * WANT}
+
+
+def test_tasks_scheduled_for_later_do_not_slow_a_round(vendor):
+    """100,000 READY rows due in an hour, at the highest priority, ahead of the few
+    due now: a round reads the due ones, not every scheduled row (500 pages a round,
+    14 ms, when the read walked the index in its order past them)."""
+    if vendor != "postgresql":
+        pytest.skip("the PostgreSQL round's plan")
+    insert_rows(BACKLOG // 3, TaskStatus.READY, scheduled=True)
+    insert_rows(4 * WANT, TaskStatus.READY)
+    analyze()
+    with statistics_frozen():
+        held = claim_some("w", ClaimMode.OPTIMISTIC)
+        for mode in modes(vendor):
+            for form in ClaimForm:
+                assert_statement_reads_a_bounded_number_of_rows(held, mode, form)
+                # Entries an index scan passes over are in no row count: its pages are.
+                reads = [
+                    n
+                    for _, n in postgresql_round(held, mode, form)
+                    if n.get("Index Name", "").startswith("rdbtasks_task_ready")
+                ]
+                pages = sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in reads)
+                assert pages <= READY_PAGES_BOUND, f"{mode} {form.name}: {pages} pages read"

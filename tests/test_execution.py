@@ -143,3 +143,18 @@ def test_outcome_kinds_say_what_they_do():
     assert not OutcomeKind.RELEASE.spends_attempt and OutcomeKind.RETRY.spends_attempt
     assert OutcomeKind.NOTE.status is None
     assert {k.status for k in OutcomeKind if k.ends_task} == {"SUCCESSFUL", "FAILED", "CANCELLED"}
+
+
+def test_a_transaction_a_task_left_open_ends_with_the_task(transactional_db):
+    """The task's connection is closed (its open transaction rolled back by the
+    server), so the next task on the thread starts clean and nothing it left half
+    done is committed by a later one."""
+    from django.db import connection
+
+    from tests.testapp.models import SideEffect
+
+    outcome, _ = execute(claimed("leaves_transaction_open", "half"))
+    assert outcome.kind == OutcomeKind.SUCCESS
+    assert not connection.in_atomic_block
+    execute(claimed("record", "next"))
+    assert list(SideEffect.objects.values_list("key", flat=True)) == ["next"]

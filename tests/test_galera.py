@@ -32,6 +32,7 @@ from django.conf import settings
 from django_rdbtasks.retrying import is_lost_race
 from django_rdbtasks.states import TaskStatus
 from scripts.clusters.galera import ClusterError, GaleraCluster
+from tests.test_limits import max_overlap
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -311,6 +312,62 @@ def test_sagas_on_three_nodes_compensate_each_step_once_in_reverse_order(
     for supervisor in supervisors:
         log = supervisor.log()
         loud = [line for line in log.splitlines() if " WARNING [" in line]
+        assert loud == [], "\n".join(loud)
+
+
+def test_limits_on_three_nodes_hold_and_new_keys_slots_are_made_once(
+    galera, galera_db, run_workers
+):
+    """Workers on every node meet the same new keys at once.
+
+    Each key's slots are made by whichever workers find them missing: a
+    second node's insert of the same slots loses certification (1213), which
+    is a lost race, dropped; a claim taking a slot another node took is
+    retried. No key ever runs more than its limit, and each has its N slots.
+    """
+    count, tenants = 600, 5
+    manage(
+        galera,
+        galera_db,
+        1,
+        "shell",
+        "-c",
+        "from django_rdbtasks.backend import bulk_enqueue\n"
+        "from tests.testapp import tasks\n"
+        f"bulk_enqueue(tasks.per_tenant, [((f't{{i % {tenants}}}', 0.01), {{}}) "
+        f"for i in range({count})])",
+    )
+    supervisors = [
+        run_workers(
+            *("--processes", "2", "--threads", "2", "--burst", "--no-scheduler"),
+            *("--poll-interval", "0.05"),
+            env=node_env(galera, galera_db, node),
+        )
+        for node in (1, 2, 3)
+    ]
+    for supervisor in supervisors:
+        assert supervisor.wait(timeout=300) == 0, supervisor.log()
+    sync = f"SET SESSION wsrep_sync_wait = 1; USE `{galera_db}`; "
+    runs = galera.query(1, sync + "SELECT `key`, started_at, finished_at FROM testapp_limitedrun")
+    assert len(runs) == count  # each ran once
+    by_tenant: dict[str, list[tuple[dt.datetime, dt.datetime]]] = {}
+    for key, started, finished in runs:
+        span = (dt.datetime.fromisoformat(started), dt.datetime.fromisoformat(finished))
+        by_tenant.setdefault(key, []).append(span)
+    assert {key: max_overlap(spans) <= 3 for key, spans in by_tenant.items()} == {
+        f"t{i}": True for i in range(tenants)
+    }
+    slots = "SELECT `key`, COUNT(*) FROM django_rdbtasks_limitslot GROUP BY `key` ORDER BY 1"
+    # This test's tasks only: the cluster's database is the module's.
+    done = (
+        "SELECT COUNT(*) FROM django_rdbtasks_task WHERE status = 'SUCCESSFUL' "
+        "AND attempts = 1 AND task_path = 'tests.testapp.tasks.per_tenant'"
+    )
+    for node_rows in on_every_node(galera, galera_db, f"{slots}; {done}"):
+        assert node_rows[:tenants] == [[f"concurrency:tenant:t{i}", "3"] for i in range(tenants)]
+        assert node_rows[tenants] == [str(count)]
+    for supervisor in supervisors:
+        loud = [line for line in supervisor.log().splitlines() if " WARNING [" in line]
         assert loud == [], "\n".join(loud)
 
 

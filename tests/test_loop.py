@@ -169,8 +169,19 @@ def test_a_dead_holders_task_runs_again_promptly_behind_a_20000_task_backlog(run
     wait_until(lambda: SideEffect.objects.filter(key="lost").exists(), timeout=120)
     workers.stop()
     row = Task.objects.get(pk=lost.id)
-    reclaimed_after = (row.last_attempted_at - expires).total_seconds()
-    assert reclaimed_after <= poll + 2, reclaimed_after
+    # Every claim made once its lease had run out took it first: the only
+    # backlog tasks claimed between the lease's end and its reclaim are those
+    # of rounds already under way (two processes, one slot each, at most 200
+    # claimed ahead per slot). Counted rather than timed: on a loaded machine
+    # a worker whose queue is full makes its next claim only once half of it
+    # has run, which took 19 s under CI's load.
+    passed_over = (
+        Task.objects.exclude(pk=lost.id)
+        .filter(last_attempted_at__gt=expires, last_attempted_at__lt=row.last_attempted_at)
+        .count()
+    )
+    assert row.last_attempted_at > expires
+    assert passed_over <= 2 * 200, passed_over
     # And it did not wait for the backlog: most of it was still to run.
     ran_before = SideEffect.objects.filter(
         id__lt=SideEffect.objects.get(key="lost").id, key__startswith="q"

@@ -101,3 +101,48 @@ def test_0006_keeps_a_btree_built_beforehand_and_rebuilds_an_invalid_one(at_0005
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'rdbtasks_task_path'::regclass"
         )
         assert cursor.fetchone()[0] is True
+
+
+def one_active_definition() -> str:
+    """How the dedup key's unique index is defined: its SQL where the database says."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [ONE_ACTIVE])
+        elif connection.vendor == "sqlite":
+            # An index of its own, or a constraint in the table's definition.
+            cursor.execute(
+                "SELECT sql FROM sqlite_master WHERE name = %s UNION ALL SELECT "
+                "substr(sql, instr(sql, %s)) FROM sqlite_master WHERE name = %s",
+                [ONE_ACTIVE, f'CONSTRAINT "{ONE_ACTIVE}"', "django_rdbtasks_task"],
+            )
+        else:
+            cursor.execute(
+                "SELECT GROUP_CONCAT(column_name), MIN(non_unique) FROM information_schema"
+                ".statistics WHERE table_schema = DATABASE() AND index_name = %s",
+                [ONE_ACTIVE],
+            )
+        row = cursor.fetchone()
+    return " ".join(str(value) for value in row)
+
+
+ONE_ACTIVE = "rdbtasks_task_one_active"
+
+
+def test_0011_leaves_rows_without_a_dedup_key_out_of_its_unique_index_and_back(vendor):
+    """PostgreSQL and SQLite: partial (no entry for a task without a key); MySQL and
+    MariaDB: the same plain unique index as before. Back to 0010: plain everywhere."""
+    try:
+        now = one_active_definition()
+        if vendor == "mysql":
+            assert now == "active_dedup_key 0"
+        else:
+            assert "UNIQUE" in now.upper() and "WHERE" in now.upper()
+            assert "active_dedup_key IS NOT NULL" in now.replace('"', "")
+        migrate((APP, "0010_limit_indexes"))
+        before = one_active_definition()
+        assert "WHERE" not in before.upper()
+        if vendor == "mysql":
+            assert before == now
+    finally:
+        migrate()
+    assert one_active_definition() == now

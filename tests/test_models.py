@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.models import Task, uuid7
+from django_rdbtasks.states import TaskStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,24 +96,101 @@ def test_finding_runnable_tasks_uses_the_index_not_a_scan():
         assert "SCAN django_rdbtasks_task" not in plan, plan
 
 
-def test_status_index_is_partial_where_possible():
+def index_columns(name):
+    """The columns of the index ``name`` (none if the database has no such index)."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT indexdef FROM pg_indexes WHERE indexname = 'rdbtasks_task_ready'"
-            )
-            assert "WHERE ((status)::text = 'READY'::text)" in cursor.fetchone()[0]
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [name])
         elif connection.vendor == "mysql":
             cursor.execute(
                 "SELECT column_name FROM information_schema.statistics "
-                "WHERE table_schema = DATABASE() AND index_name = 'rdbtasks_task_ready' "
-                "ORDER BY seq_in_index"
+                "WHERE table_schema = DATABASE() AND index_name = %s ORDER BY seq_in_index",
+                [name],
             )
-            columns = [row[0].lower() for row in cursor.fetchall()]
-            assert columns == ["status", "queue_name", "priority", "run_after"]
+            return [row[0].lower() for row in cursor.fetchall()]
         else:
-            cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'rdbtasks_task_ready'")
-            assert "WHERE" in cursor.fetchone()[0]
+            cursor.execute("SELECT sql FROM sqlite_master WHERE name = %s", [name])
+        row = cursor.fetchone()
+        return row[0] if row else None
+
+
+def test_status_index_is_partial_where_possible():
+    if connection.vendor == "mysql":
+        # No partial indexes: a leading status column, and the READY rows
+        # with and without a limit in one index each, the unlimited ones the
+        # ``limit_key IS NULL`` range of the key index.
+        assert index_columns("rdbtasks_task_ready") == [
+            "status",
+            "queue_name",
+            "priority",
+            "run_after",
+        ]
+        assert index_columns("rdbtasks_task_ready_key") == [
+            "status",
+            "queue_name",
+            "limit_key",
+            "priority",
+            "run_after",
+        ]
+        assert index_columns("rdbtasks_task_ready_unlimited") == []
+        assert index_columns("rdbtasks_task_ready_limited") == []
+        return
+    assert index_columns("rdbtasks_task_ready") is None  # replaced by the three below
+    unlimited = index_columns("rdbtasks_task_ready_unlimited")
+    limited = index_columns("rdbtasks_task_ready_limited")
+    by_key = index_columns("rdbtasks_task_ready_key")
+    if connection.vendor == "postgresql":
+        ready = "((status)::text = 'READY'::text)"
+        assert f"WHERE ((limit_key IS NULL) AND {ready})" in unlimited
+        assert f"WHERE ((limit_key IS NOT NULL) AND {ready})" in limited
+        assert "(queue_name, limit_key, priority DESC, run_after)" in by_key
+    for sql in (unlimited, limited, by_key):
+        assert "WHERE" in sql and "READY" in sql
+
+
+def test_the_finished_index_holds_only_finished_rows_where_it_can():
+    finished = index_columns("rdbtasks_task_finished")
+    if connection.vendor == "mysql":
+        assert finished == ["finished_at", "status", "queue_name"]  # no partial indexes
+        return
+    assert "(finished_at, status, queue_name)" in finished.replace('"', "")
+    assert "WHERE" in finished and "finished_at IS NOT NULL" in finished.replace('"', "")
+
+
+def test_unfinished_is_every_task_not_yet_finished():
+    for status in ("READY", "RUNNING", "WAITING", "SUCCESSFUL", "FAILED", "CANCELLED"):
+        Task.objects.create(task_path="a.b", status=status)
+    Task.objects.create(task_path="a.b", limit_key="concurrency:k", limit_count=1)
+    unfinished = Task.objects.unfinished()
+    assert sorted(unfinished.values_list("status", flat=True)) == [
+        "READY", "READY", "RUNNING", "WAITING",
+    ]  # fmt: skip
+    assert set(unfinished) == set(Task.objects.exclude(status__in=TaskStatus.finished()))
+
+
+def test_the_unfinished_and_the_finished_by_age_are_read_off_indexes():
+    """With the finished index partial, neither read scans the table."""
+    Task.objects.bulk_create(
+        [
+            Task(task_path="a.b", status="SUCCESSFUL", finished_at=timezone.now())
+            for _ in range(20_000)
+        ],
+        batch_size=2000,
+    )
+    Task.objects.bulk_create([Task(task_path="a.b", status=s) for s in ("READY", "RUNNING")])
+    _analyze()
+    hour_ago = timezone.now() - dt.timedelta(hours=1)
+    reads = {
+        "unfinished": Task.objects.unfinished().order_by("-pk")[:100],
+        "finished by age": Task.objects.finished().filter(finished_at__lt=hour_ago).values("pk"),
+    }
+    for name, queryset in reads.items():
+        plan = queryset.explain()
+        if connection.vendor == "postgresql":
+            assert "Seq Scan" not in plan, (name, plan)
+    if connection.vendor == "sqlite":  # its planner walks the pkey for the order of the first
+        plan = reads["finished by age"].explain()
+        assert "rdbtasks_task_finished" in plan, plan
 
 
 def test_task_paths_are_the_distinct_paths_in_order_read_off_their_index():

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 
+from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.models import Task
 from tests.testapp import tasks
@@ -52,15 +53,17 @@ def test_from_the_second_enqueue_the_call_is_prepared_and_nothing_else():
     assert Task.objects.count() == 5
 
 
-def test_a_rollback_drops_the_prepared_call_and_the_next_enqueue_prepares_it_again():
+def test_a_rollback_drops_the_prepared_call_and_its_second_run_after_prepares_it_again():
     tasks.add.enqueue(1, 1)
     tasks.add.enqueue(2, 1)
     with pytest.raises(ZeroDivisionError), transaction.atomic():
         tasks.add.enqueue(3, 1)
         raise ZeroDivisionError
+    assert prepared() == []
     tasks.add.enqueue(4, 1)
+    tasks.add.enqueue(5, 1)
     assert [ENQUEUE_CALL in statement for statement in prepared()] == [True]
-    assert sorted(Task.objects.values_list("args", flat=True)) == [[1, 1], [2, 1], [4, 1]]
+    assert sorted(Task.objects.values_list("args", flat=True)) == [[1, 1], [2, 1], [4, 1], [5, 1]]
 
 
 def test_a_statement_deallocated_behind_psycopgs_back_is_run_again_unprepared():
@@ -85,25 +88,57 @@ def test_inside_a_transaction_a_deallocated_statement_fails_the_transaction_and_
     assert sorted(Task.objects.values_list("args", flat=True)) == [[1, 1], [2, 1], [4, 1]]
 
 
-def test_an_enqueue_inside_a_transaction_prepares_nothing_so_a_failed_one_leaves_nothing():
-    # The deduplicated enqueue runs in a transaction of its own and expects a
-    # unique key to fail: a run that prepared and then failed would leave the
-    # statement on the server with psycopg unaware of it.
-    for _ in range(5):
-        tasks.sync_account.enqueue("acme")
-    assert Task.objects.count() == 1
+def test_inside_a_transaction_the_call_is_prepared_from_its_second_run():
+    # A project that enqueues only inside transactions (ATOMIC_REQUESTS, a
+    # task that enqueues) gets the prepared call too.
     with transaction.atomic():
         tasks.add.enqueue(1, 1)
+        assert prepared() == []
         tasks.add.enqueue(2, 1)
-    assert prepared() == []
-    # Prepared outside a transaction, then used inside one.
-    tasks.add.enqueue(3, 1)
-    (statement,) = prepared()
-    with transaction.atomic():
-        tasks.add.enqueue(4, 1)
-        tasks.add.enqueue(5, 1)
+        (statement,) = prepared()
+        tasks.add.enqueue(3, 1)
+    assert ENQUEUE_CALL in statement
     assert prepared() == [statement]
-    assert Task.objects.count() == 6
+    assert Task.objects.count() == 3
+
+
+def enqueue_calls() -> list[str]:
+    return [statement for statement in prepared() if ENQUEUE_CALL in statement]
+
+
+def test_a_preparing_run_that_fails_leaves_no_statement_psycopg_does_not_know():
+    # A deduplicated enqueue expects its key to fail: a run that prepared the
+    # call and then failed must leave psycopg knowing the statement the server
+    # holds, not prepare another at every failure (psycopg prepares only a
+    # statement it has counted a good run of). Inside a transaction, each
+    # failure rolls back to a savepoint, which keeps prepared statements.
+    with transaction.atomic():
+        for _ in range(5):
+            tasks.sync_account.enqueue("acme")
+        assert len(enqueue_calls()) == 1, prepared()
+    # Each in a transaction of its own: a failure rolls it back, and psycopg
+    # deallocates all it prepared.
+    for _ in range(5):
+        tasks.sync_account.enqueue("acme")
+    assert len(enqueue_calls()) <= 1, prepared()
+    for number in range(3):  # in and out of transactions, one statement
+        tasks.add.enqueue(number, 1)
+        with transaction.atomic():
+            tasks.add.enqueue(number, 2)
+    assert len(enqueue_calls()) == 1, prepared()
+    assert Task.objects.count() == 7
+
+
+def test_of_the_statements_the_enqueues_cursor_runs_only_the_single_enqueues_is_prepared():
+    # A bulk enqueue's (COPY, and the read of its clock) and a limit's run
+    # on the same cursor, always inside a transaction: never prepared.
+    for _ in range(3):
+        bulk_enqueue(tasks.add, [((1, 1), {})] * 3)
+        bulk_enqueue(tasks.rated, [((1,), {})] * 2)
+    tasks.add.enqueue(1, 1)
+    tasks.add.enqueue(2, 1)
+    assert len(prepared()) == 1 and enqueue_calls() == prepared(), prepared()
+    assert Task.objects.count() == 17
 
 
 def test_transaction_pooling_prepares_nothing():

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import datetime as dt
 import subprocess
+import threading
+import time
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.db.models.signals import post_delete
+from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks import retention
 from django_rdbtasks.locks import LeasedLock
-from django_rdbtasks.models import JobRecord, Task, TaskDependency, TaskStatus, Worker
+from django_rdbtasks.models import (
+    JobRecord,
+    Task,
+    TaskDependency,
+    TaskStatus,
+    Worker,
+    Workflow,
+    WorkflowStep,
+)
 from django_rdbtasks.retention import prune, prune_by_setting, prune_workers, read_retention
+from django_rdbtasks.states import StepRole
 from tests.browser.support import make_task, make_worker, now
 
 pytestmark = pytest.mark.django_db
@@ -68,6 +82,121 @@ def test_prune_takes_dependencies_and_unlinks_job_records() -> None:
     assert not TaskDependency.objects.exists()
     record.refresh_from_db()
     assert record.task is None  # the ledger entry stays: its key must not run again
+
+
+def test_prune_takes_workflow_steps_and_unlinks_their_compensations() -> None:
+    workflow = Workflow.objects.create(name="order")
+    step = _old("SUCCESSFUL", 10)
+    undo = make_task(TaskStatus.READY)
+    WorkflowStep.objects.create(task=step, workflow=workflow, name="charge")
+    WorkflowStep.objects.create(
+        task=undo, workflow=workflow, name="refund", role=StepRole.COMPENSATION, undoes=step
+    )
+    assert prune(7 * DAY).total == 1
+    assert list(WorkflowStep.objects.values_list("task_id", "undoes_id")) == [(undo.pk, None)]
+    assert Workflow.objects.filter(pk=workflow.pk).exists()
+
+
+def test_prune_takes_a_step_and_its_compensation_in_one_batch() -> None:
+    """The compensation's row both goes (its task) and points at a task that goes (undoes)."""
+    workflow = Workflow.objects.create(name="order")
+    step, undo = _old("SUCCESSFUL", 10), _old("SUCCESSFUL", 10)
+    WorkflowStep.objects.create(task=step, workflow=workflow, name="charge")
+    WorkflowStep.objects.create(
+        task=undo, workflow=workflow, name="refund", role=StepRole.COMPENSATION, undoes=step
+    )
+    with transaction.atomic():  # the foreign keys are checked at this commit, deferred
+        assert prune(7 * DAY).total == 2
+    assert not WorkflowStep.objects.exists()
+    assert not Task.objects.exists()
+
+
+def _old_copies(count: int, days: float = 10) -> None:
+    """``count`` old SUCCESSFUL tasks, made in one statement (copies of one)."""
+    template = _old("SUCCESSFUL", days)
+    fields = {
+        f.attname: getattr(template, f.attname)
+        for f in Task._meta.concrete_fields
+        if f.attname != "id" and not f.generated
+    }
+    Task.objects.bulk_create([Task(**fields) for _ in range(count - 1)])
+
+
+def test_a_batch_is_the_same_few_statements_whatever_its_size() -> None:
+    """Django's deletion collector loaded every task and deleted them 100 at a time."""
+
+    def statements(count: int) -> int:
+        _old_copies(count)
+        with CaptureQueriesContext(connection) as queries:
+            result = prune(DAY, batch_size=1000)
+        assert (result.total, result.batches) == (count, 1)
+        assert not Task.objects.exists()
+        return len(queries)
+
+    assert statements(150) == statements(900)
+
+
+def test_on_postgresql_a_batch_is_one_statement(vendor) -> None:
+    """Its tasks, what hangs off them, and the count: no id goes through Python."""
+    if vendor != "postgresql":
+        pytest.skip("one statement with data-modifying CTEs is PostgreSQL's")
+    _old_copies(300)
+    with CaptureQueriesContext(connection) as queries:
+        assert prune(DAY).total == 300
+    writes = [q["sql"] for q in queries if "DELETE" in q["sql"] or "UPDATE" in q["sql"]]
+    assert len(writes) == 1, writes
+
+
+def test_receivers_of_task_deletes_hear_of_every_pruned_task() -> None:
+    """With a receiver the collector deletes, as it sends the signals."""
+    old = [_old("SUCCESSFUL", 10) for _ in range(3)]
+    heard: list = []
+
+    def receiver(sender, instance, **kwargs) -> None:
+        heard.append(instance.pk)
+
+    post_delete.connect(receiver, sender=Task)
+    try:
+        assert prune(7 * DAY).total == 3
+    finally:
+        post_delete.disconnect(receiver, sender=Task)
+    assert sorted(heard) == sorted(t.pk for t in old)
+    assert not Task.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune_leaves_a_row_another_transaction_holds_rather_than_wait(vendor) -> None:
+    if vendor == "sqlite":
+        pytest.skip("SQLite locks the database, not rows: writers take turns")
+    held, free = _old("SUCCESSFUL", 10), _old("SUCCESSFUL", 10)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Task.objects.select_for_update().get(pk=held.pk)
+                locked.set()
+                release.wait(20)  # a prune that waits for it waits this long
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        started = time.monotonic()
+        result = prune(7 * DAY)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(30)
+    assert waited < 10
+    assert result.deleted == {"SUCCESSFUL": 1} and result.incomplete  # the held row is left
+    assert list(Task.objects.values_list("pk", flat=True)) == [held.pk]
+    assert not Task.objects.filter(pk=free.pk).exists()
+    again = prune(7 * DAY)
+    assert again.deleted == {"SUCCESSFUL": 1} and not again.incomplete
+    assert not Task.objects.exists()
 
 
 def test_count_prunable() -> None:
@@ -152,7 +281,7 @@ def test_prune_by_setting_lets_one_process_work_at_a_time(settings) -> None:
     ],
 )
 def test_a_bad_retention_setting_deletes_nothing(settings, value, message) -> None:
-    """What the schedulers call every few minutes refuses the setting, deleting nothing."""
+    """What the schedulers call every minute refuses the setting, deleting nothing."""
     settings.RDBTASKS_RETENTION = value
     old = _old("SUCCESSFUL", 400)
     with pytest.raises(ImproperlyConfigured, match=message):

@@ -13,8 +13,9 @@ from django.db.models import F
 
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.jobs import JobSpec, database_now, tick_key
-from django_rdbtasks.models import Job, JobRecord, Task
+from django_rdbtasks.models import Job, JobRecord, Task, TaskStatus
 from django_rdbtasks.worker.scheduler import Scheduler
+from tests.browser.support import make_task, now
 from tests.conftest import wait_until, worker_children
 from tests.testapp.models import SideEffect
 
@@ -233,3 +234,34 @@ def test_running_scheduler_declares_every_interval():
         thread.join(30)
     assert not thread.is_alive()
     assert _retired() == set()
+
+
+def _finished_long_ago(count):
+    """``count`` SUCCESSFUL tasks finished ten days ago, in one statement."""
+    template = make_task(TaskStatus.SUCCESSFUL, at=now() - dt.timedelta(days=10))
+    fields = {
+        f.attname: getattr(template, f.attname)
+        for f in Task._meta.concrete_fields
+        if f.attname != "id" and not f.generated
+    }
+    Task.objects.bulk_create([Task(**fields) for _ in range(count - 1)])
+
+
+def test_retention_left_unfinished_goes_on_at_the_next_round(settings):
+    """A call that runs out of time is followed by another at the next round, not a period
+    later: at thousands of tasks a second, a period's finished rows outlast one call."""
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "1d"}
+    _finished_long_ago(4500)  # five batches; a 20 ms budget leaves some after the first
+    scheduler = Scheduler(jobs={}, retention_budget=0.02)
+    scheduler.step()
+    left = Task.objects.count()
+    assert 0 < left < 4500
+    rounds = 1
+    while Task.objects.exists() and rounds < 50:
+        scheduler.step()
+        rounds += 1
+    assert not Task.objects.exists() and rounds <= 6
+    # All deleted: the next application waits for its period again.
+    _finished_long_ago(10)
+    scheduler.step()
+    assert Task.objects.count() == 10

@@ -5,7 +5,7 @@ import threading
 
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
-from django_rdbtasks.worker.slots import ClaimAhead, Slot
+from django_rdbtasks.worker.slots import FLUSH_AFTER, ClaimAhead, Slot, Wake
 
 NOW = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
 
@@ -132,3 +132,45 @@ def test_a_hand_back_counts_until_the_keeper_has_written_it():
     assert slot.handing_back()
     slot.hand_back_written()
     assert not slot.handing_back()
+
+
+def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_slot():
+    """An enqueue notified while the runner is busy is claimed at once, not at the next poll."""
+    slot = Slot(0, "w")
+    wake = Wake()
+    wake.watch([slot])
+    slot.add([row(1)])
+    slot.take_next()  # the runner is busy: the round thread waits on the slot
+    generation = slot.generation
+    woke = threading.Event()
+
+    def round_thread():
+        slot.wait_changed(generation, 60.0)
+        woke.set()
+
+    waiter = threading.Thread(target=round_thread)
+    waiter.start()
+    try:
+        wake.set()
+        # Without the poke it would sleep its whole minute.
+        assert woke.wait(30)
+        assert wake.is_set()
+    finally:
+        slot.close()
+        waiter.join(60)
+
+
+def test_outcomes_wait_for_their_batch_only_while_the_runner_has_more():
+    slot = Slot(0, "w")
+    slot.add([row(1), row(2)])
+    first = slot.take_next()
+    slot.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    # Task 2 is still to run: outcome 1 waits for it, up to FLUSH_AFTER.
+    assert 0 < slot.flush_in() <= FLUSH_AFTER
+    assert not slot.should_flush()
+    second = slot.take_next()
+    assert not slot.should_flush()
+    slot.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
+    # Nothing left to run: no later outcome would join them, write them now
+    # (the next enqueue's round is then a claim alone).
+    assert slot.should_flush()

@@ -255,3 +255,15 @@ def test_a_dedup_hit_ends_its_enqueue_span_in_error_and_returns_the_active_task(
         spans[0].context.trace_id,
         spans[0].context.span_id,
     )
+
+
+def test_a_run_skips_its_span_only_where_it_could_change_nothing(monkeypatch, provider):
+    """No SDK configured (the API's proxy provider): an untraced row's run gets no
+    span, a traced row's still does (its context is what the task propagates); with
+    a recording provider every run gets one."""
+    from django_rdbtasks.observability import tracing
+
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    assert not tracing.provider_records()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    assert tracing.provider_records()

@@ -257,3 +257,15 @@ def test_worker_keeps_its_connection_whatever_conn_max_age():
     drain(batch=1)
     identities = {row.return_value for row in Task.objects.all()}
     assert len(identities) == 1
+
+
+def test_max_tasks_counts_what_ran_not_what_was_handed_back():
+    """Tasks claimed behind a long one and handed back unstarted leave the budget
+    as it was: the process recycles after running its --max-tasks, not fewer."""
+    tasks.record_then_sleep.using(priority=10).enqueue("slow", 0.3)
+    for i in range(8):
+        tasks.record.enqueue(f"m{i}")
+    worker = Worker(burst=True, max_tasks=4, batch=4)
+    assert worker.run(install_signals=False) == EXIT_RECYCLE
+    assert SideEffect.objects.count() == 4
+    assert Task.objects.filter(status="READY").count() == 5

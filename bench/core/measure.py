@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from systems.base import System
 
+from . import counters
 from .pg import CREATE_STARTED_TABLE, scalar, settle, truncate
 from .procs import WorkerGroup
 
@@ -45,16 +46,37 @@ class DrainRun:
     #: User + system CPU of the worker processes and everything they forked, start-up
     #: included: less moved by a busy machine than the rate, which waits on the CPU.
     worker_cpu_seconds: float = 0.0
+    #: Busy CPU time of the whole machine over ``seconds`` (all CPUs: the PostgreSQL
+    #: server's included, and anything else running); None without /proc/stat.
+    machine_cpu_seconds: float | None = None
+    #: CPU time of the PostgreSQL server's processes over ``seconds``; None where they
+    #: are not visible (a server on another machine).
+    server_cpu_seconds: float | None = None
+    #: WAL the server wrote from the start to the workers' exit (the whole server's).
+    wal_bytes: int | None = None
+    #: Transactions committed in the system's database (read-only ones included),
+    #: less the harness's own polls.
+    transactions: int | None = None
+    #: Transactions committed in other databases meanwhile: if any, ``wal_bytes`` may
+    #: include someone else's writes.
+    other_transactions: int | None = None
 
     @property
     def rate(self) -> float:
         return self.tasks / self.seconds
 
     def as_dict(self) -> dict[str, Any]:
+        def per_task(value: float | None, scale: float = 1.0) -> float | None:
+            return None if value is None else value / self.tasks * scale
+
         return {
             **asdict(self),
             "tasks_per_second": self.rate,
             "worker_cpu_us_per_task": self.worker_cpu_seconds / self.tasks * 1e6,
+            "machine_cpu_us_per_task": per_task(self.machine_cpu_seconds, 1e6),
+            "server_cpu_us_per_task": per_task(self.server_cpu_seconds, 1e6),
+            "wal_bytes_per_task": per_task(self.wal_bytes),
+            "transactions_per_task": per_task(self.transactions),
         }
 
 
@@ -65,11 +87,19 @@ class EnqueueRun:
     bulk_count: int
     bulk_seconds: float
     chunk: int
+    #: The ordinary one-task call, ``chunk`` calls inside each transaction.
+    transaction_count: int = 0
+    transaction_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "single_per_second": self.single_count / self.single_seconds,
+            "transaction_per_second": (
+                self.transaction_count / self.transaction_seconds
+                if self.transaction_seconds
+                else None
+            ),
             "bulk_per_second": self.bulk_count / self.bulk_seconds,
         }
 
@@ -159,51 +189,102 @@ def enqueue_bulk(system: System, tasks: int, chunk: int) -> float:
 def time_drain(
     system: System, conn: psycopg.Connection, tasks: int, workers: int, log: Path
 ) -> DrainRun:
-    """Start the workers and time them until no task of the ``tasks`` queued is left."""
+    """Start the workers and time them until no task of the ``tasks`` queued is left.
+
+    Besides the time, what the drain cost: the workers' CPU, the machine's CPU over
+    the same time, and the WAL and transactions until the workers' sessions ended
+    (see ``counters``).
+    """
     left = scalar(conn, system.unfinished_sql)
     if left != tasks:
         raise RuntimeError(f"{system.key}: {left} tasks queued before the drain, expected {tasks}")
     timeout = 60 + tasks / 20  # far beyond the slowest peer's rate
     first_done: float | None = None
-    # The harness forks nothing else meanwhile: what its reaped children used is the workers'.
-    cpu_before = _children_cpu()
-    start = time.perf_counter()
-    last_left, last_progress = left, start
-    with WorkerGroup(
-        system.drain_commands(workers), cwd=system.project_dir, env=system.env(), log=log
-    ) as group:
-        while True:
-            left = scalar(conn, system.unfinished_sql)
-            elapsed = time.perf_counter() - start
-            if first_done is None and left < tasks:
-                first_done = elapsed
-            if left == 0:
-                break
-            if left < last_left:
-                last_left, last_progress = left, time.perf_counter()
-            elif time.perf_counter() - last_progress > DRAIN_STALL:
-                raise RuntimeError(
-                    f"{system.key}: no task finished for {DRAIN_STALL:g} s, {left} left; see {log}"
-                )
-            if not group.running() and scalar(conn, system.unfinished_sql) > 0:
-                raise RuntimeError(
-                    f"{system.key}: workers exited with {left} tasks left; see {log}"
-                )
-            if elapsed > timeout:
-                raise RuntimeError(
-                    f"{system.key}: drain timed out with {left} tasks left; see {log}"
-                )
-            time.sleep(drain_poll_interval(tasks, left, elapsed))
-        # Burst-mode workers exit by themselves: let them, rather than signal them mid-exit.
-        group.wait_exit(10.0)
-    cpu = _children_cpu() - cpu_before
+    harness_pid = conn.info.backend_pid
+    with system.context.server.connect("postgres") as stats:
+        counters.flush_own_statistics(conn)
+        server_before = counters.read_server(stats, system.database)
+        # The harness forks nothing else meanwhile: what its reaped children used is the
+        # workers'.
+        cpu_before = _children_cpu()
+        machine_before = counters.machine_busy_seconds()
+        server_cpu_before = counters.server_busy_seconds(harness_pid)
+        # The harness's polls are not the drain's: its session's CPU is taken off.
+        polls_cpu_before = counters.session_busy_seconds(harness_pid)
+        start = time.perf_counter()
+        last_left, last_progress = left, start
+        polls = 0  # the harness's own transactions in the system's database
+        machine_after: float | None = None
+        server_cpu_after: float | None = None
+        polls_cpu_after: float | None = None
+        with WorkerGroup(
+            system.drain_commands(workers), cwd=system.project_dir, env=system.env(), log=log
+        ) as group:
+            while True:
+                left = scalar(conn, system.unfinished_sql)
+                polls += 1
+                elapsed = time.perf_counter() - start
+                if first_done is None and left < tasks:
+                    first_done = elapsed
+                if left == 0:
+                    machine_after = counters.machine_busy_seconds()
+                    server_cpu_after = counters.server_busy_seconds(harness_pid)
+                    polls_cpu_after = counters.session_busy_seconds(harness_pid)
+                    break
+                if left < last_left:
+                    last_left, last_progress = left, time.perf_counter()
+                elif time.perf_counter() - last_progress > DRAIN_STALL:
+                    raise RuntimeError(
+                        f"{system.key}: no task finished for {DRAIN_STALL:g} s, {left} left;"
+                        f" see {log}"
+                    )
+                if not group.running():
+                    left = scalar(conn, system.unfinished_sql)
+                    polls += 1
+                    if left > 0:
+                        raise RuntimeError(
+                            f"{system.key}: workers exited with {left} tasks left; see {log}"
+                        )
+                if elapsed > timeout:
+                    raise RuntimeError(
+                        f"{system.key}: drain timed out with {left} tasks left; see {log}"
+                    )
+                time.sleep(drain_poll_interval(tasks, left, elapsed))
+            # Burst-mode workers exit by themselves: let them, rather than signal them
+            # mid-exit.
+            group.wait_exit(10.0)
+        cpu = _children_cpu() - cpu_before
+        counters.wait_sessions_gone(stats, system.database, harness_pid)
+        counters.flush_own_statistics(conn)
+        server_after = counters.read_server(stats, system.database)
+        wal = counters.wal_bytes(stats, server_before.wal_lsn, server_after.wal_lsn)
     failed = scalar(conn, system.failed_sql)
     if failed:
         # A no-op task that fails is a broken set-up, and a rate that counts failures is no rate.
         raise RuntimeError(
             f"{system.key}: {failed} of {tasks} no-op tasks failed; see {log} and the table"
         )
-    return DrainRun(tasks, workers, elapsed, first_done if first_done is not None else elapsed, cpu)
+    return DrainRun(
+        tasks,
+        workers,
+        elapsed,
+        first_done if first_done is not None else elapsed,
+        cpu,
+        machine_cpu_seconds=(
+            None
+            if machine_before is None or machine_after is None
+            else machine_after - machine_before
+        ),
+        server_cpu_seconds=(
+            None
+            if None in (server_cpu_before, server_cpu_after, polls_cpu_before, polls_cpu_after)
+            else (server_cpu_after - server_cpu_before) - (polls_cpu_after - polls_cpu_before)
+        ),
+        wal_bytes=wal,
+        # Less the harness's polls and its last statistics flush.
+        transactions=server_after.transactions - server_before.transactions - polls - 1,
+        other_transactions=server_after.other_transactions - server_before.other_transactions,
+    )
 
 
 def _children_cpu() -> float:
@@ -238,6 +319,21 @@ def time_single_enqueues(system: System, conn: psycopg.Connection, count: int) -
     reset(system, conn)
     settle(conn, [])
     seconds = float(system.drive("enqueue", "--mode", "single", "--count", str(count))["seconds"])
+    reset(system, conn)
+    return seconds
+
+
+def time_transaction_enqueues(
+    system: System, conn: psycopg.Connection, count: int, chunk: int
+) -> float:
+    """Seconds to enqueue ``count`` tasks by ordinary calls, ``chunk`` per transaction."""
+    reset(system, conn)
+    settle(conn, [])
+    seconds = float(
+        system.drive(
+            "enqueue", "--mode", "transaction", "--count", str(count), "--chunk", str(chunk)
+        )["seconds"]
+    )
     reset(system, conn)
     return seconds
 
@@ -353,29 +449,3 @@ def wait_for_probes(
                 f"{system.key}: the tasks did not all start in {timeout:g} s; see {log}"
             )
         time.sleep(POLL_INTERVAL)
-
-
-def measure_backlog_drain(
-    system: Any,
-    conn: psycopg.Connection,
-    *,
-    backlog: int,
-    tasks: int,
-    workers: int,
-    chunk: int,
-    log: Path,
-) -> DrainRun:
-    """A drain of ``tasks`` with ``backlog`` finished rows already in the table.
-
-    ``system`` must have ``insert_backlog`` (django-rdbtasks does). Its first
-    backlog row is a task a worker really ran, which the rest copy.
-    """
-    reset(system, conn)
-    system.drive("enqueue", "--mode", "single", "--count", "1")
-    time_drain(system, conn, 1, 1, log)
-    system.insert_backlog(conn, backlog - 1)
-    # VACUUM too: old finished rows of a live table have long been vacuumed.
-    settle(conn, system.job_tables, vacuum=True)
-    enqueue_bulk(system, tasks, chunk)
-    settle(conn, system.job_tables)
-    return time_drain(system, conn, tasks, workers, log)

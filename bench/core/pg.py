@@ -16,7 +16,16 @@ class PgServer:
     password: str = ""
 
     def connect(self, dbname: str) -> psycopg.Connection:
-        """An autocommit connection: the harness's reads must see other sessions' commits."""
+        """An autocommit connection: the harness's reads must see other sessions' commits.
+
+        Its queries run in its own backend alone, never in parallel workers:
+        the measurements leave the harness's backend out of the server's CPU,
+        and a poll's count over a big table, done in parallel, would put
+        helper processes' CPU into it (a third of a drain's on a table of a
+        million rows). Its VACUUM may still use parallel workers: they end
+        before a phase begins, and without them the vacuum between turns
+        left the next enqueue writing ten times the WAL (not looked into).
+        """
         return psycopg.connect(
             host=self.host,
             port=self.port,
@@ -24,6 +33,7 @@ class PgServer:
             password=self.password or None,
             dbname=dbname,
             autocommit=True,
+            options="-c max_parallel_workers_per_gather=0",
         )
 
     def env(self, dbname: str) -> dict[str, str]:
@@ -64,7 +74,13 @@ class PgServer:
             version = conn.execute("SHOW server_version").fetchone()[0]
             settings = {
                 name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]
-                for name in ("fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
+                for name in (
+                    "fsync",
+                    "synchronous_commit",
+                    "wal_sync_method",
+                    "shared_buffers",
+                    "autovacuum",
+                )
             }
         return {"server_version": version, **settings}
 

@@ -10,6 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: What a drain cost per task, each a median over the repeats in the summary: the
+#: worker processes' CPU, the PostgreSQL server's CPU, the whole machine's CPU, the
+#: WAL written and the transactions committed (see core/counters.py).
+DRAIN_COSTS = (
+    "worker_cpu_us_per_task",
+    "server_cpu_us_per_task",
+    "machine_cpu_us_per_task",
+    "wal_bytes_per_task",
+    "transactions_per_task",
+)
+
 
 @dataclass
 class SystemResults:
@@ -42,9 +53,11 @@ class SystemResults:
         limit = commit_limit or {}
         return {
             "drain_tasks_per_second": drain,
-            "drain_worker_cpu_us_per_task": {
-                workers: median_of(runs, "worker_cpu_us_per_task")
-                for workers, runs in self.drain.items()
+            **{
+                f"drain_{figure}": {
+                    workers: median_of(runs, figure) for workers, runs in self.drain.items()
+                }
+                for figure in DRAIN_COSTS
             },
             # The drain rate over pgbench's with as many clients as worker processes.
             "drain_share_of_commit_limit": {
@@ -60,6 +73,7 @@ class SystemResults:
                 for rows, by_workers in self.backlog.items()
             },
             "enqueue_single_per_second": median_of(self.enqueue, "single_per_second"),
+            "enqueue_transaction_per_second": median_of(self.enqueue, "transaction_per_second"),
             "enqueue_bulk_per_second": median_of(self.enqueue, "bulk_per_second"),
             "latency_p50_ms": median_of(self.latency, "p50_ms"),
             "latency_p99_ms": median_of(self.latency, "p99_ms"),
@@ -277,7 +291,7 @@ def render(
         )
     parts.append(
         render_table(
-            f"Drain: {config['tasks']:,} no-op tasks queued, then N worker processes"
+            f"Drain: {drain_size(config)} no-op tasks queued, then N worker processes"
             f" (tasks/s, {repeat})",
             worker_headers,
             {
@@ -289,6 +303,7 @@ def render(
             extra=extra,
         )
     )
+    parts.append(render_drain_costs(results, summaries, workers, repeat))
     costs = render_variant_costs(results, summaries, workers, repeat)
     if costs:
         parts.append(costs)
@@ -316,10 +331,15 @@ def render(
     parts.append(
         render_table(
             f"Enqueue (tasks/s, {repeat}): {config['single']:,} one per transaction;"
+            f" {config['bulk']:,} by one-task calls, {config['chunk']:,} per transaction;"
             f" {config['bulk']:,} in bulk calls of {config['chunk']:,}",
-            ["one per transaction", "bulk"],
+            ["one per transaction", f"{config['chunk']:,} per transaction", "bulk"],
             {
-                key: [s["enqueue_single_per_second"], s["enqueue_bulk_per_second"]]
+                key: [
+                    s["enqueue_single_per_second"],
+                    s["enqueue_transaction_per_second"],
+                    s["enqueue_bulk_per_second"],
+                ]
                 for key, s in summaries.items()
             },
             enqueue_labels,
@@ -341,6 +361,51 @@ def render(
     if mixed:
         parts.append(render_mixed(mixed, config, repeat))
     return _with_errors(parts, results, commit_limit, mixed)
+
+
+def drain_size(config: dict[str, Any]) -> str:
+    """How many tasks each drain had: ``--tasks``, and ``--slow-tasks`` for the slow peers."""
+    tasks, slow = config["tasks"], config.get("slow_tasks", config["tasks"])
+    slow_systems = config.get("slow_systems") or []
+    if slow == tasks or not slow_systems:
+        return f"{tasks:,}"
+    return f"{tasks:,} ({', '.join(slow_systems)}: {slow:,})"
+
+
+def render_drain_costs(
+    results: Sequence[SystemResults],
+    summaries: dict[str, dict[str, Any]],
+    workers: list[int],
+    repeat: str,
+) -> str:
+    """One row per system and worker count: the rate, and what each task cost."""
+    labels: dict[str, str] = {}
+    rows: dict[str, list[float | None]] = {}
+    for result in results:
+        summary = summaries[result.key]
+        for n in workers:
+            key = f"{result.key} {n}"
+            labels[key] = f"{row_label(result)}, {plural(n, 'worker')}"
+            rows[key] = [
+                summary["drain_tasks_per_second"].get(n),
+                *(summary[f"drain_{figure}"].get(n) for figure in DRAIN_COSTS),
+            ]
+    return render_table(
+        f"Drain cost per task ({repeat}): workers' CPU (their processes, start-up included),"
+        " the PostgreSQL server's CPU, the machine's CPU (all CPUs: the workers', the"
+        " server's and anything else running), WAL written, transactions committed",
+        [
+            "tasks/s",
+            "workers' CPU us",
+            "server CPU us",
+            "machine CPU us",
+            "WAL bytes",
+            "transactions",
+        ],
+        rows,
+        labels,
+        digits=[0, 0, 0, 0, 0, 3],
+    )
 
 
 def render_variant_costs(

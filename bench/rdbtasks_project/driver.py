@@ -1,6 +1,7 @@
 """Enqueue driver for django-rdbtasks. Run as ``python driver.py enqueue|latency ...``.
 
-"bulk" is the package's ``bulk_enqueue`` (multi-row inserts, one transaction).
+"bulk" is the package's ``bulk_enqueue`` (multi-row inserts, one transaction);
+"transaction" is ``task.enqueue()`` called once per task inside one ``transaction.atomic()``.
 """
 
 import os
@@ -17,7 +18,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
 django.setup()
 
 from benchapp import tasks  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 from driverlib import Driver, main  # noqa: E402
 
 from django_rdbtasks.backend import bulk_enqueue  # noqa: E402
@@ -27,6 +28,12 @@ NO_CALL: tuple[tuple, dict] = ((), {})
 
 def enqueue_many(count: int) -> None:
     bulk_enqueue(tasks.noop, [NO_CALL] * count, batch_size=count)
+
+
+def enqueue_in_transaction(count: int) -> None:
+    with transaction.atomic():
+        for _ in range(count):
+            tasks.noop.enqueue()
 
 
 def enqueue_mixed(items: Sequence[tuple[int, float]]) -> None:
@@ -45,5 +52,6 @@ if __name__ == "__main__":
             enqueue_keyed=tasks.record_start.enqueue,
             close=connection.close,
             enqueue_mixed=enqueue_mixed,
+            enqueue_in_transaction=enqueue_in_transaction,
         )
     )

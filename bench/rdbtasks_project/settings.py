@@ -30,3 +30,9 @@ TASKS = {
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# bench/sustained.py: finished tasks kept as a user would configure it ("2min"),
+# applied by the scheduler that runworkers starts.
+if os.environ.get("BENCH_RETENTION"):
+    RDBTASKS_RETENTION = dict.fromkeys(
+        ("SUCCESSFUL", "FAILED", "CANCELLED"), os.environ["BENCH_RETENTION"]
+    )

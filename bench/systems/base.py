@@ -41,10 +41,18 @@ class System(ABC):
     failed_sql: ClassVar[str]
     #: What "bulk" enqueue means for this system, for the report.
     bulk_api: ClassVar[str]
+    #: Drained with ``--slow-tasks`` rather than ``--tasks``: a peer whose rate would make
+    #: a drain of ``--tasks`` take minutes (the rates are per second either way).
+    slow: ClassVar[bool] = False
 
     def __init__(self, context: Context) -> None:
         self.context = context
         self.python: Path | None = None
+
+    @classmethod
+    def configurations(cls, context: Context) -> list[System]:
+        """The configurations of it measured side by side, each its own row: one by default."""
+        return [cls(context)]
 
     @property
     def ident(self) -> str:

@@ -25,6 +25,7 @@ class Procrastinate(System):
     unfinished_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
     failed_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'failed'"
     bulk_api = "batch_defer"
+    slow = True
 
     @property
     def project_dir(self) -> Path:
@@ -59,5 +60,6 @@ class Procrastinate(System):
             f"procrastinate worker processes, --concurrency {CONCURRENCY}, async tasks,"
             " log level warning",
             "idle worker wakes on LISTEN/NOTIFY (its default), polling every 5 s as a fallback",
-            "bulk enqueue: batch_defer, 1 call per chunk",
+            "bulk enqueue: batch_defer, 1 call per chunk; in one transaction: defer per job"
+            " on an external psycopg connection (configure(connection=...))",
         ]

@@ -31,6 +31,7 @@ class TasksDB(System):
     unfinished_sql = f"SELECT count(*) FROM {TABLE} WHERE status IN ('READY', 'RUNNING')"
     failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"
     bulk_api = "bulk_create on its model (it has no bulk enqueue API)"
+    slow = True
 
     @property
     def project_dir(self) -> Path:
@@ -71,5 +72,6 @@ class TasksDB(System):
         return [
             "db_worker processes, CONN_MAX_AGE=None (persistent connection), --verbosity 0",
             f"idle worker polls every {DEFAULT_INTERVAL:g} s (db_worker's default --interval)",
-            "bulk enqueue: bulk_create on DBTaskResult, 1 INSERT per chunk (no public bulk API)",
+            "bulk enqueue: bulk_create on DBTaskResult, 1 INSERT per chunk (no public bulk API);"
+            " in one transaction: task.enqueue() per task inside transaction.atomic()",
         ]

@@ -147,7 +147,7 @@ class FinishedFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
         if value == "no":
-            return queryset.filter(finished_at__isnull=True)
+            return cast(TaskQuerySet, queryset).unfinished()
         if value not in AGES and value != OLDER:
             return queryset
         now = request_now(request, queryset.db)

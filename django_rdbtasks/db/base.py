@@ -17,14 +17,15 @@ worker had won it.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .inserts import TaskInserts
 from .limits import LimitSQL
 from .outcomes import OUTCOME_WRITES
+from .ready_reads import ReadyReads
 from .rows import (
     CANDIDATE_COLUMNS,
     CLAIM_COLUMNS,
@@ -33,9 +34,9 @@ from .rows import (
     ClaimedRow,
     ClaimRequest,
     Exchange,
+    NewBatch,
     NewTask,
     Outcome,
-    RowDecoding,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "ClaimedRow",
     "Dialect",
     "Exchange",
+    "NewBatch",
     "NewTask",
     "Outcome",
 ]
@@ -59,7 +61,7 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 CANDIDATE_SPREAD = 4
 
 
-class Dialect(RowDecoding):
+class Dialect(TaskInserts):
     vendor = ""
     #: The database clock, in the form the DateTimeField columns store.
     now_sql = "CURRENT_TIMESTAMP"
@@ -78,7 +80,9 @@ class Dialect(RowDecoding):
     def __init__(self, connection: Any) -> None:
         from ..models import Task
 
-        self.connection = connection
+        #: The connection the dialect was made with (another thread's, maybe:
+        #: see ``connection``).
+        self.first_connection = connection
         qn = connection.ops.quote_name
         self.table = qn(Task._meta.db_table)
         self._pk_field = Task._meta.pk
@@ -88,6 +92,7 @@ class Dialect(RowDecoding):
         self.fence_sql = f"id = %s AND version = %s AND {self.holder('')} = %s"
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
         self.limits = LimitSQL(self)
+        self.ready = ReadyReads(self)
 
     # -- pieces each database spells its own way -------------------------------------
 
@@ -128,6 +133,34 @@ class Dialect(RowDecoding):
         the database and its driver can.
         """
         return connection.create_cursor()
+
+    @property
+    def connection(self) -> Any:
+        """This thread's connection under the dialect's alias.
+
+        A dialect is made once per alias and shared by every thread, with the
+        connection object of the thread that first asked for it; a Django
+        connection may be used only by the thread that made it, and MySQL's
+        asks the server what it is (``mysql_is_mariadb``) the first time, from
+        places as innocent-looking as a UUID's conversion. So every use goes
+        through the calling thread's own.
+        """
+        from django.db import connections
+        from django.utils.connection import ConnectionDoesNotExist
+
+        first = self.first_connection
+        try:
+            return connections[first.alias]
+        except ConnectionDoesNotExist:  # a private alias this thread has not opened
+            return first
+
+    def worker_cursor(self, connection: Any) -> Any:
+        """A cursor for the worker's own statements on ``connection``, used in a ``with``."""
+        return connection.cursor()
+
+    def public_id(self, raw_id: Any) -> str:
+        """A row's id as read by this database's driver, as the task's public id."""
+        return str(self.decode_id(raw_id))
 
     def encode_id(self, value: uuid.UUID) -> Any:
         return self._pk_field.get_db_prep_value(value, self.connection)
@@ -291,65 +324,44 @@ class Dialect(RowDecoding):
     # -- claiming ----------------------------------------------------------------------
 
     def candidates_sql(self, queue_count: int) -> str:
-        """Runnable rows of the queues: expired leases first, then READY in claim order.
+        """The first read of runnable rows: per queue, expired leases, then READY rows.
 
-        One sub-select per queue so each walks its own index range in order:
-        the cost stays proportional to the limit, never to the backlog. Rows
-        whose holder died come first whatever the backlog, so their tasks are
-        running again within a lease and a poll of the death.
+        One sub-select per queue and kind, so each walks its own index range
+        in order: the cost stays proportional to the limit, never to the
+        backlog. Rows whose holder died come first whatever the backlog, so
+        their tasks are running again within a lease and a poll of the death.
+        The rest of the read (limits' slots, the walk of a queue's keys) is
+        ``ReadyReads.read``'s.
         """
-        now = self.now_sql
-        cols = f"{self._cand_cols}, priority, run_after"
-        free = self.limits.available(self.table)
-        parts = [
-            f"SELECT * FROM (SELECT {cols}, 0 AS reclaim FROM {self.table} "
-            f"WHERE status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-            f"AND {free} ORDER BY lease_expires_at LIMIT %s) qe{i}"
-            for i in range(queue_count)
-        ]
-        parts += [
-            f"SELECT * FROM (SELECT {cols}, 1 AS reclaim FROM {self.table} "
-            f"WHERE status = '{READY}' AND queue_name = %s AND run_after <= {now} "
-            f"AND {free} ORDER BY priority DESC, run_after LIMIT %s) q{i}"
-            for i in range(queue_count)
-        ]
-        union = " UNION ALL ".join(parts)
-        return (
-            f"SELECT {self._cand_cols} FROM ({union}) c "
-            "ORDER BY reclaim, priority DESC, run_after LIMIT %s"
-        )
+        return self.ready.first_sql([""] * queue_count)
 
-    @staticmethod
-    def candidates_params(queues: Sequence[str], limit: int) -> list[Any]:
-        """``candidates_sql``'s parameters: each queue's expired leases, then its READY rows."""
-        per_queue = [value for queue in queues for value in (queue, limit)]
-        return [*per_queue, *per_queue, limit]
+    def candidates_params(self, queues: Sequence[str], limit: int) -> list[Any]:
+        """``candidates_sql``'s parameters."""
+        return self.ready.first_params(queues, limit)
 
-    def candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
-        cursor.execute(self.candidates_sql(len(queues)), self.candidates_params(queues, limit))
-        return [self.decode_candidate(row) for row in cursor.fetchall()]
+    def candidates(
+        self,
+        cursor: Any,
+        queues: Sequence[str],
+        limit: int,
+        missing: list[tuple[str, int, float]] | None = None,
+    ) -> list[Candidate]:
+        """Up to ``limit`` runnable rows, expired leases first, then READY by priority.
 
-    def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
-        """Lock runnable rows, expired leases first, skipping rows others hold locked."""
-        now, free = self.now_sql, self.limits.available(self.table)
-        found: list[Candidate] = []
-        # Expired leases queue by queue, each a range of its index in order.
-        expired = f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} AND "
-        expired += free
-        reads = [(f"{expired} ORDER BY lease_expires_at", [queue]) for queue in queues]
-        marks = ", ".join(["%s"] * len(queues))
-        ready = f"status = '{READY}' AND run_after <= {now} AND queue_name IN ({marks}) AND "
-        reads.append((f"{ready}{free} ORDER BY priority DESC, run_after", list(queues)))
-        for where, params in reads:
-            cursor.execute(
-                f"SELECT {self._cand_cols} FROM {self.table} WHERE {where} LIMIT %s "
-                "FOR UPDATE SKIP LOCKED",
-                [*params, limit - len(found)],
-            )
-            found += [self.decode_candidate(r) for r in cursor.fetchall()]
-            if len(found) >= limit:
-                break
-        return found
+        A limited row is offered only as far as its key has free slots
+        (``ready_reads.py``); keys whose slots are missing go to ``missing``.
+        """
+        return self.ready.read(cursor, queues, limit, missing=missing)
+
+    def locked_candidates(
+        self,
+        cursor: Any,
+        queues: Sequence[str],
+        limit: int,
+        missing: list[tuple[str, int, float]] | None = None,
+    ) -> list[Candidate]:
+        """``candidates``, each read locking its rows, skipping rows others hold locked."""
+        return self.ready.read(cursor, queues, limit, lock=self.row_lock_sql, missing=missing)
 
     def lock_unchanged(
         self, cursor: Any, candidates: Sequence[Candidate], want: int
@@ -395,12 +407,22 @@ class Dialect(RowDecoding):
 
         Runs inside the caller's transaction.
         """
+        result = Exchange()
+        self.claim_into(cursor, request, result, exclude)
+        return result.claimed, result.contended
+
+    def claim_into(
+        self, cursor: Any, request: ClaimRequest, result: Exchange, exclude: Iterable[Any] = ()
+    ) -> None:
+        """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
         if request.mode == ClaimMode.SKIP_LOCKED:
-            chosen = self.locked_candidates(cursor, request.queues, request.want)
+            chosen = self.locked_candidates(cursor, request.queues, request.want, result.missing)
             contended = False
         else:
-            read = self.candidates(cursor, request.queues, request.want * CANDIDATE_SPREAD)
+            read = self.candidates(
+                cursor, request.queues, request.want * CANDIDATE_SPREAD, result.missing
+            )
             read = [c for c in read if c.id not in excluded]
             chosen = self.lock_unchanged(cursor, read, request.want) if read else []
             contended = len(chosen) < min(len(read), request.want)
@@ -408,8 +430,9 @@ class Dialect(RowDecoding):
         # A row whose key has no free slot left is not claimed: it stays READY.
         taken, slots = self.limits.take(cursor, chosen)
         contended, chosen = contended or len(taken) < len(chosen), taken
+        result.claimed, result.contended = [], contended
         if not chosen:
-            return [], contended
+            return
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
         self.limits.stamp(cursor, rows, chosen, slots, request.lease)
         by_id = {c.id: c for c in chosen}
@@ -417,7 +440,7 @@ class Dialect(RowDecoding):
             previous = by_id.get(row.id)
             if previous is not None and previous.was_running:
                 row.lost_from = previous
-        return rows, contended or len(rows) < len(chosen)
+        result.claimed, result.contended = rows, contended or len(rows) < len(chosen)
 
     def claim_chosen(
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
@@ -434,8 +457,9 @@ class Dialect(RowDecoding):
         written = self.finish(cursor, writable, worker_id) if writable else {}
         if request is None or request.want <= 0:
             return Exchange(written, busy=busy)
-        claimed, contended = self.claim(cursor, request, exclude=[o.id for o in outcomes])
-        return Exchange(written, claimed, contended, busy=busy)
+        result = Exchange(written, busy=busy)
+        self.claim_into(cursor, request, result, exclude=[o.id for o in outcomes])
+        return result
 
     # -- leases ------------------------------------------------------------------------
 
@@ -514,60 +538,6 @@ class Dialect(RowDecoding):
     def replica_lag(self, cursor: Any) -> float | None:
         """Seconds this server's copy is behind its primary: 0 on a primary, None if unknown."""
         return None  # SQLite has no replicas
-
-    def insert_values(self, task: NewTask, now: Any) -> tuple:
-        requested = (
-            None
-            if task.run_after is None
-            else self.connection.ops.adapt_datetimefield_value(task.run_after)
-        )
-        run_after = now if requested is None else requested
-        return (
-            self.encode_id(task.id),
-            task.task_path,
-            task.queue_name,
-            task.backend_name,
-            task.priority,
-            task.args_json,
-            task.kwargs_json,
-            task.max_attempts,
-            run_after,
-            now,
-            task.status,
-            0,
-            "",
-            0,
-            "[]",
-            task.job_name,
-            task.dedup_key,
-            task.waiting_on,
-            task.on_parent_failure,
-            requested,
-            task.trace_context,
-        )
-
-    #: Whether insert_tasks is a single statement, atomic without a transaction.
-    insert_is_one_statement = False
-
-    def insert_tasks(
-        self, cursor: Any, tasks: Sequence[NewTask], notify: bool = False
-    ) -> dt.datetime:
-        """Insert new READY rows, wake workers on commit if ``notify``.
-
-        Returns the database time the rows were enqueued at.
-
-        Written with plain statements rather than ``bulk_create``: preparing
-        every value of every row through the ORM costs more than the insert.
-        """
-        now = self.current_time(cursor)
-        marks = ", ".join(["%s"] * len(INSERT_COLUMNS))
-        cursor.executemany(
-            f"INSERT INTO {self.table} ({', '.join(INSERT_COLUMNS)}) VALUES ({marks})",
-            [self.insert_values(task, now) for task in tasks],
-        )
-        if notify:
-            self.notify(cursor, {task.queue_name for task in tasks})
-        return self.decode_dt(now)  # type: ignore[return-value]
 
     def save_progress(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -42,3 +44,45 @@ def kept_cursor(connection: Any, dialect: Dialect, *, prepare: bool = False) -> 
     # Django's own wrapping of a fresh cursor (checks the thread, picks the
     # debug wrapper while queries are logged).
     return connection._prepare_cursor(kept[2])
+
+
+def copy_in(
+    cursor: Any,
+    statement: str,
+    blocks: Iterable[str],
+    meanwhile: Callable[[], object] | None = None,
+) -> None:
+    """Run ``statement`` (a ``COPY ... FROM STDIN``) with ``blocks`` of data on a psycopg 3 cursor.
+
+    Each block is sent as soon as it is made, and the server reads it as it
+    comes; ``meanwhile`` runs once all are sent, while the server still works
+    through them, before the COPY's end is waited for.
+
+    ``cursor`` is as ``kept_cursor`` returns it: Django's ``execute()`` cannot
+    run a COPY, so it goes through the connection's execute wrappers here as
+    any statement would (they see the statement, no parameters), its errors
+    become Django's, and Django's debug cursor logs it while queries are logged.
+    """
+
+    def run(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
+        with cursor.copy(sql) as copying:
+            for block in blocks:
+                copying.write(block)
+            if meanwhile is not None:
+                meanwhile()
+
+    db = getattr(cursor, "db", None)
+    if db is None:  # a bare driver cursor
+        run(statement, None, False, {})
+        return
+
+    def wrapped(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
+        db.validate_no_broken_transaction()
+        with db.wrap_database_errors:
+            run(sql, params, many, context)
+
+    # As Django's CursorWrapper._execute_with_wrappers.
+    execute: Callable[..., Any] = wrapped
+    for wrapper in reversed(db.execute_wrappers):
+        execute = functools.partial(wrapper, execute)
+    execute(statement, None, False, {"connection": db, "cursor": cursor})

@@ -1,9 +1,13 @@
 """The statements of cluster-wide limits: slots taken at claim, freed at outcome.
 
 A limited task's row names its key, the key's slot count and a period (0 for
-a concurrency limit). The key has that many ``LimitSlot`` rows, made at
-enqueue. A claim takes a free slot for each limited row it claims, in the
-claim's transaction, and only under the slot row's own lock:
+a concurrency limit). The key has that many ``LimitSlot`` rows, made by the
+workers: the enqueue writes its own rows only, and a claim that finds rows of
+a key whose slots are missing (or fewer than its count) leaves them READY,
+reports the key, and its worker makes the slots in a statement of its own
+(``make_slots``); the next round claims. A claim takes a free slot for each
+limited row it claims, in the claim's transaction, and only under the slot
+row's own lock:
 
 - a slot is free when its ``free_at`` is NULL or past (database clock): the
   decision reads nothing but the slot row, so two claimers can never both
@@ -17,11 +21,12 @@ claim's transaction, and only under the slot row's own lock:
   on one slot are a period apart and any window of a period holds at most
   N starts of the key.
 
-The candidate reads skip rows whose key has no free slot, so a full key costs
-no claim, no attempt and no write; a claim that loses the race for a key's
-last slot leaves its row READY and untouched. PostgreSQL takes the slots in
-its one-statement round (``postgresql.py``); this module is the portable
-form, used by MySQL/MariaDB and SQLite, and the enqueue's part everywhere.
+The candidate reads offer a key's rows only as far as it has free slots, so a
+full key costs no claim, no attempt and no write; a claim that loses the race
+for a key's last slot leaves its row READY and untouched. PostgreSQL takes the
+slots in its one-statement round (``pg_round.py``); this module is the
+portable form, used by MySQL/MariaDB and SQLite (with ``ready_reads.py``),
+and the enqueue's part everywhere.
 """
 
 from __future__ import annotations
@@ -69,12 +74,16 @@ class LimitSQL:
     # -- enqueue -------------------------------------------------------------------------
 
     def attach(self, cursor: Any, tasks: Sequence[NewTask]) -> None:
-        """Store each new row's limit and make its key's slots, in the enqueue's transaction."""
+        """Store each new row's limit, in the enqueue's transaction.
+
+        Only the new rows are written: no slot, nothing another enqueue could
+        be writing too, so an enqueue never waits on another transaction. A
+        key's slots are made by the workers (``make_slots``).
+        """
         by_spec: dict[tuple[str, int, float], list[Any]] = {}
         for task in tasks:
             spec = (task.limit.key, task.limit.count, task.limit.period)
             by_spec.setdefault(spec, []).append(self.dialect.encode_id(task.id))
-        # Sorted: two enqueues making the same new keys take their locks in one order.
         for spec, ids in sorted(by_spec.items()):
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
@@ -83,23 +92,54 @@ class LimitSQL:
                     f"limit_period = %s WHERE id IN ({', '.join(['%s'] * len(chunk))})",
                     [*spec, *chunk],
                 )
-            self.ensure_slots(cursor, *spec)
 
-    def ensure_slots(self, cursor: Any, key: str, count: int, period: float) -> None:
-        """Make the key's slots ``0 .. count - 1`` that do not exist yet."""
-        cursor.execute(
-            f"SELECT COUNT(*) FROM {self.table} WHERE {self._key} = %s AND slot_no < %s",
-            [key, count],
-        )
-        if cursor.fetchone()[0] >= count:
-            return  # the common case: read only, no insert to wait on
-        values = ", ".join(["(%s, %s, %s)"] * count)
-        cursor.execute(
-            self.dialect.insert_ignore_sql.format(
-                table=self.table, columns=f"{self._key}, slot_no, period", values=values
-            ),
-            [value for slot in range(count) for value in (key, slot, period)],
-        )
+    # -- slots made by the workers ---------------------------------------------------------
+
+    def make_slots(self, cursor: Any, missing: Sequence[tuple[str, int, float]]) -> None:
+        """Make the keys' slots ``0 .. count - 1`` that do not exist yet, in one statement.
+
+        Run by a worker whose claim found rows of these keys and not all their
+        slots (a new key, a raised limit, slots deleted), in a transaction of
+        its own: two workers making the same key's slots wait at most for the
+        other's one statement, never on a user's transaction. Keys sorted, so
+        two such statements take their index locks in one order. A slot is
+        its ``(key, slot_no)``, unique: however many make it, there is one.
+        """
+        rows = [
+            (key, slot, period)
+            for key, count, period in sorted(set(missing))
+            for slot in range(count)
+        ]
+        for start in range(0, len(rows), 1000):
+            chunk = rows[start : start + 1000]
+            cursor.execute(
+                self.dialect.insert_ignore_sql.format(
+                    table=self.table,
+                    columns=f"{self._key}, slot_no, period",
+                    values=", ".join(["(%s, %s, %s)"] * len(chunk)),
+                ),
+                [value for row in chunk for value in row],
+            )
+
+    def slot_state(self, cursor: Any, counts: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """Per key: how many of its slots below its count exist, and how many are free now.
+
+        Reads at most ``count`` slot rows a key, by the ``(key, slot_no)`` index.
+        """
+        state = {key: (0, 0) for key in counts}
+        keys = sorted(counts)
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            cursor.execute(
+                f"SELECT s.{self._key}, s.slot_no, CASE WHEN {self.free_sql} THEN 1 ELSE 0 END "
+                f"FROM {self.table} s WHERE s.{self._key} IN ({', '.join(['%s'] * len(chunk))})",
+                chunk,
+            )
+            for key, slot_no, free in cursor.fetchall():
+                if slot_no < counts[key]:
+                    have, free_now = state[key]
+                    state[key] = (have + 1, free_now + free)
+        return state
 
     # -- claim (MySQL/MariaDB, SQLite) -----------------------------------------------------
 

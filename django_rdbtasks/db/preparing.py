@@ -1,7 +1,8 @@
 """PostgreSQL with psycopg 3: the enqueue's statements kept prepared in a server session.
 
 A single enqueue is one statement and one commit; parsing and planning the
-statement anew costs about a sixth of it (measured in bench/enqueue_profile.py).
+statement anew costs about a sixth of it (measured in bench/enqueue_profile.py;
+inside a transaction, without the commit, a third of the server's time).
 Django leaves psycopg's ``prepare_threshold`` at None, which turns prepared
 statements off for the whole connection, because behind a transaction pooler
 the next statement may run in another server session. So this cursor, which
@@ -17,19 +18,22 @@ session is known to be the server's own:
   A pooler (PgBouncer, pgcat, RDS Proxy) hands its clients a process id of its
   own, so behind any pooler, configured or not, nothing is prepared.
 
-A statement is prepared only by an enqueue outside a transaction (its own
-commit), and used prepared inside one once it is. The run that prepares is
-two exchanges, and if the second failed (a deduplicated enqueue meeting its
-key inside its transaction), psycopg would forget the statement the server
-still holds. Outside a transaction a plain enqueue fails only when its
-connection does.
+Inside a transaction as outside one: a project that enqueues only in
+transactions (``ATOMIC_REQUESTS``, a task that enqueues) gets the prepared call
+too, a third less of the server's time per call. The run that prepares is two
+exchanges, and if the second fails (a deduplicated enqueue meeting its key),
+psycopg must still know the statement the server now holds: it does when it
+had counted a good run of the statement before (threshold 1, the first run
+counted), and forgets it only when it prepared a statement never counted
+(threshold 0), which would leave one more statement on the server with every
+such failure.
 
 The connection's ``prepare_threshold`` is set only for the duration of this
 cursor's statement, so the project's other queries are never counted or
 prepared. But a prepared statement on the connection makes psycopg deallocate
 all of them (``DEALLOCATE ALL``, one more round trip) when a transaction is
-rolled back, which also drops any the project made with SQL ``PREPARE``; the
-next enqueue outside a transaction prepares again. If the statement was
+rolled back, which also drops any the project made with SQL ``PREPARE``, and
+forget its counts: the second enqueue after prepares again. If the statement was
 deallocated behind psycopg's back (``DEALLOCATE ALL`` or ``DISCARD ALL`` sent
 as SQL), the cursor stops preparing; outside a transaction the enqueue is run
 again unprepared at once (the failed run did nothing), inside one the error is
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 #: A threshold no statement reaches: psycopg then runs prepared what it has
@@ -61,8 +66,11 @@ def preparing_cursor_class() -> type:
         #: Whether the session is the server's own: None until checked.
         direct: bool | None = None
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, preparable: Collection[str] = (), **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            #: The statements it may prepare (a single enqueue's); it runs
+            #: others too (a bulk enqueue's, a limit's) but never prepares them.
+            self.preparable = frozenset(preparable)
             #: The statements run once on this connection, not prepared then.
             self.run_once: set[Any] = set()
 
@@ -74,19 +82,24 @@ def preparing_cursor_class() -> type:
                 # Asked explicitly, or the project prepares statements itself:
                 # psycopg's own rules apply.
                 return super().execute(query, params, prepare=prepare, **kwargs)
-            if query not in self.run_once:
-                self.run_once.add(query)
+            if query not in self.preparable:
                 return super().execute(query, params, **kwargs)
+            if query not in self.run_once:
+                # Not prepared, but counted: psycopg prepares (threshold 1)
+                # only a statement it has counted a good run of.
+                self.run_once.add(query)
+                connection.prepare_threshold = _NEVER
+                try:
+                    return super().execute(query, params, **kwargs)
+                finally:
+                    connection.prepare_threshold = None
             if self.direct is None:
                 self.direct = self._is_direct()
             if not self.direct:
                 return super().execute(query, params, **kwargs)
-            # Its own transaction: in autocommit (Django's atomic() turns it
-            # off before its first statement opens the transaction).
-            alone = connection.autocommit
-            connection.prepare_threshold = 0 if alone else _NEVER
+            connection.prepare_threshold = 1
             try:
-                return super().execute(query, params, prepare=True if alone else None, **kwargs)
+                return super().execute(query, params, **kwargs)
             except InvalidSqlStatementName:
                 self.direct = False
                 if connection.info.transaction_status != TransactionStatus.IDLE:

@@ -44,7 +44,13 @@ class SQLiteDialect(Dialect):
         # Nothing to lock: the claim's UPDATE compares the versions itself.
         return list(candidates[:want])
 
-    def locked_candidates(self, cursor: Any, queues: Sequence[str], limit: int) -> list[Candidate]:
+    def locked_candidates(
+        self,
+        cursor: Any,
+        queues: Sequence[str],
+        limit: int,
+        missing: list[tuple[str, int, float]] | None = None,
+    ) -> list[Candidate]:
         raise NotImplementedError("SQLite has no SELECT ... FOR UPDATE SKIP LOCKED.")
 
     def claim_chosen(

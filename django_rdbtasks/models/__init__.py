@@ -3,7 +3,17 @@
 from ..states import TaskStatus
 from .jobs import Job, JobQuerySet, JobRecord, MisfirePolicy
 from .limits import LimitSlot
-from .tasks import Dashboard, SearchIndex, StatusIndex, Task, TaskDependency, TaskQuerySet, uuid7
+from .tasks import (
+    Dashboard,
+    PartialIndex,
+    SearchIndex,
+    StatusIndex,
+    Task,
+    TaskDependency,
+    TaskQuerySet,
+    WherePartialMissingIndex,
+    uuid7,
+)
 from .workers import Lock, Worker, WorkerQuerySet
 from .workflows import Workflow, WorkflowStep
 
@@ -15,12 +25,14 @@ __all__ = [
     "LimitSlot",
     "Lock",
     "MisfirePolicy",
+    "PartialIndex",
     "SearchIndex",
     "StatusIndex",
     "Task",
     "TaskDependency",
     "TaskQuerySet",
     "TaskStatus",
+    "WherePartialMissingIndex",
     "Worker",
     "WorkerQuerySet",
     "Workflow",

@@ -44,6 +44,110 @@ class StatusIndex(models.Index):
         return plain.create_sql(model, schema_editor, using=using, **kwargs)
 
 
+class NonNullUnique(models.UniqueConstraint):
+    """Unique among the rows whose fields are not NULL (NULLs never collide anyway).
+
+    Where the database has partial indexes (PostgreSQL, SQLite) a row whose key
+    is NULL has no entry, so the many writes that leave it NULL (every claim
+    and outcome of a task without a dedup key) touch nothing of this index.
+    MySQL and MariaDB have no partial unique constraints: there it is a plain
+    unique constraint, as it was.
+    """
+
+    def __init__(self, *, fields: list[str], name: str) -> None:
+        condition = Q(**{f"{field}__isnull": False for field in fields})
+        super().__init__(fields=fields, name=name, condition=condition)
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        kwargs.pop("condition", None)
+        return path, args, kwargs
+
+    def _plain(self, schema_editor: Any) -> models.UniqueConstraint | None:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return None
+        return models.UniqueConstraint(fields=self.fields, name=self.name)
+
+    def constraint_sql(self, model: Any, schema_editor: Any) -> Any:
+        plain = self._plain(schema_editor)
+        if plain is not None:
+            return plain.constraint_sql(model, schema_editor)
+        return super().constraint_sql(model, schema_editor)
+
+    def create_sql(self, model: Any, schema_editor: Any) -> Any:
+        plain = self._plain(schema_editor)
+        if plain is not None:
+            return plain.create_sql(model, schema_editor)
+        return super().create_sql(model, schema_editor)
+
+    def remove_sql(self, model: Any, schema_editor: Any) -> Any:
+        plain = self._plain(schema_editor)
+        if plain is not None:
+            return plain.remove_sql(model, schema_editor)
+        return super().remove_sql(model, schema_editor)
+
+
+def _no_statement(schema_editor: Any) -> str:
+    """A statement that does nothing, where an index of the model is absent on purpose.
+
+    The schema editor runs whatever ``create_sql`` returns (None would run as
+    the text "None"), so an index some databases do without needs a no-op.
+    """
+    return "DO 0" if schema_editor.connection.vendor == "mysql" else "SELECT 1"
+
+
+class PartialIndex(models.Index):
+    """A partial index where the database has them; nothing where it has not.
+
+    For the indexes that only make sense partial: where the database cannot
+    leave rows out (MySQL, MariaDB), another index of the table serves the
+    same reads (``WherePartialMissingIndex``), and a copy of it over every
+    row would be one more index each write pays for.
+    """
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        return _no_statement(schema_editor)
+
+    def remove_sql(self, model: Any, schema_editor: Any, **kwargs: Any) -> Any:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return super().remove_sql(model, schema_editor, **kwargs)
+        return _no_statement(schema_editor)
+
+
+class PartialWherePossibleIndex(models.Index):
+    """A partial index where the database has them, else over every row.
+
+    For an index whose reads name only the rows of its condition, but that
+    MySQL and MariaDB still need over every row (no other index serves them).
+    """
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        plain = models.Index(fields=self.fields, name=self.name)
+        return plain.create_sql(model, schema_editor, using=using, **kwargs)
+
+
+class WherePartialMissingIndex(StatusIndex):
+    """A ``StatusIndex`` only where partial indexes are missing (MySQL, MariaDB).
+
+    Where the database has partial indexes, ``PartialIndex`` ones serve its
+    reads with fewer rows each, and this one is not made.
+    """
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return _no_statement(schema_editor)
+        return super().create_sql(model, schema_editor, using=using, **kwargs)
+
+    def remove_sql(self, model: Any, schema_editor: Any, **kwargs: Any) -> Any:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return _no_statement(schema_editor)
+        return super().remove_sql(model, schema_editor, **kwargs)
+
+
 class SearchIndex(models.Index):
     """The index behind the admin's search of a text column.
 
@@ -138,6 +242,19 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
     def finished(self) -> TaskQuerySet:
         return self.filter(status__in=TaskStatus.finished())
+
+    def unfinished(self) -> TaskQuerySet:
+        """READY, RUNNING or WAITING: each arm the condition of a partial index.
+
+        So the database reads the few unfinished rows off those indexes
+        (a bitmap OR on PostgreSQL) rather than every row of the table.
+        """
+        return self.filter(
+            Q(status=TaskStatus.READY, limit_key__isnull=True)
+            | Q(status=TaskStatus.READY, limit_key__isnull=False)
+            | Q(status=TaskStatus.RUNNING)
+            | Q(status=TaskStatus.WAITING)
+        )
 
     def task_paths(self) -> list[str]:
         """The table's distinct task paths, in order, read off their index.
@@ -263,7 +380,32 @@ class Task(models.Model):
             ("cancel_task", _("Can cancel tasks")),
         ]
         indexes = [
+            # READY rows, read by the claim in its order, one queue at a time
+            # (docs/claim-protocol.md, "Indexes"). Rows without a limit and rows
+            # with one are apart, so a full key's backlog is never walked to
+            # reach the others; the limited rows are read in the claim's order
+            # (``ready_limited``) and key by key (``ready_key``).
+            PartialIndex(
+                fields=["queue_name", "-priority", "run_after"],
+                condition=Q(status=TaskStatus.READY, limit_key__isnull=True),
+                name="rdbtasks_task_ready_unlimited",
+            ),
+            PartialIndex(
+                fields=["queue_name", "-priority", "run_after"],
+                condition=Q(status=TaskStatus.READY, limit_key__isnull=False),
+                name="rdbtasks_task_ready_limited",
+            ),
+            # On MySQL and MariaDB ``status, queue_name, limit_key, ...``: the
+            # unlimited rows are the range of ``limit_key IS NULL`` (a ref
+            # access), each key's rows the range of its value.
             StatusIndex(
+                fields=["queue_name", "limit_key", "-priority", "run_after"],
+                condition=Q(status=TaskStatus.READY, limit_key__isnull=False),
+                name="rdbtasks_task_ready_key",
+            ),
+            # MySQL and MariaDB: every READY row in the claim's order (the
+            # two partial indexes above are not made there).
+            WherePartialMissingIndex(
                 fields=["queue_name", "-priority", "run_after"],
                 condition=Q(status=TaskStatus.READY),
                 name="rdbtasks_task_ready",
@@ -283,9 +425,13 @@ class Task(models.Model):
             ),
             # Throughput and failures over time, retention by age. Status and
             # queue are keys too, so the dashboard's counts per bucket of time
-            # read the index alone (on PostgreSQL: an index-only scan).
-            models.Index(
-                fields=["finished_at", "status", "queue_name"], name="rdbtasks_task_finished"
+            # read the index alone (on PostgreSQL: an index-only scan). Only
+            # finished rows: every read names a time, and the enqueue and the
+            # claim of a task (two of its three writes) then add no entry.
+            PartialWherePossibleIndex(
+                fields=["finished_at", "status", "queue_name"],
+                condition=Q(finished_at__isnull=False),
+                name="rdbtasks_task_finished",
             ),
             # The admin's list of failed tasks (newest first), retry all failed, requeue.
             StatusIndex(
@@ -308,7 +454,7 @@ class Task(models.Model):
             ),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["active_dedup_key"], name="rdbtasks_task_one_active"),
+            NonNullUnique(fields=["active_dedup_key"], name="rdbtasks_task_one_active"),
         ]
 
     def __str__(self) -> str:
@@ -318,13 +464,20 @@ class Task(models.Model):
     def check(cls, **kwargs: Any) -> list[Any]:
         messages = super().check(**kwargs)
         if all(
-            isinstance(index, StatusIndex | SearchIndex)
+            isinstance(index, StatusIndex | SearchIndex | PartialIndex | PartialWherePossibleIndex)
             for index in cls._meta.indexes
             if index.condition is not None
         ):
             # MySQL and MariaDB have no partial indexes; these index classes
             # build an equivalent there, so "conditions will be ignored" is wrong.
             messages = [m for m in messages if m.id != "models.W037"]
+        if all(
+            isinstance(constraint, NonNullUnique)
+            for constraint in cls._meta.constraints
+            if getattr(constraint, "condition", None) is not None
+        ):
+            # The same for NonNullUnique: a plain unique constraint there.
+            messages = [m for m in messages if m.id != "models.W036"]
         return messages
 
     @property

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from ..db.rows import NewBatch
 from ..states import OutcomeKind
 
 try:
@@ -56,6 +57,10 @@ _ERROR_KINDS = frozenset(
 )
 
 _tracer: Any = trace.get_tracer(SCOPE) if ENABLED else None
+#: Providers that never record: the API's own, until a project configures an SDK.
+_SILENT_PROVIDERS: tuple[type, ...] = (
+    (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if ENABLED else ()
+)
 
 
 def _mark_failed(span: Any, error: BaseException) -> None:
@@ -96,15 +101,18 @@ class EnqueueSpan:
             otel_context.detach(self._token)
             self.span.end()
 
-    def mark(self, tasks: Sequence[NewTask]) -> None:
+    def mark(self, tasks: Sequence[NewTask] | NewBatch) -> None:
         """Put this span's context into the rows about to be inserted."""
         if self.carrier:  # empty if the propagator is configured to write nothing
             text = json.dumps(self.carrier)
+            if isinstance(tasks, NewBatch):
+                tasks.trace_context = text
+                return
             for task in tasks:
                 task.trace_context = text
 
 
-def enqueue_span(tasks: Sequence[NewTask]) -> EnqueueSpan | None:
+def enqueue_span(tasks: Sequence[NewTask] | NewBatch) -> EnqueueSpan | None:
     """A PRODUCER span for inserting ``tasks``, or None when nothing is being traced.
 
     Called for every enqueue: without a recording span it costs a context
@@ -112,7 +120,7 @@ def enqueue_span(tasks: Sequence[NewTask]) -> EnqueueSpan | None:
     """
     if not ENABLED or not trace.get_current_span().is_recording():
         return None
-    first = tasks[0]
+    first = tasks if isinstance(tasks, NewBatch) else tasks[0]
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.operation.name": "enqueue",
@@ -122,7 +130,9 @@ def enqueue_span(tasks: Sequence[NewTask]) -> EnqueueSpan | None:
     if len(tasks) == 1:
         # One message: this span is its creation context.
         attributes["messaging.operation.type"] = "create"
-        attributes["messaging.message.id"] = str(first.id)
+        attributes["messaging.message.id"] = (
+            tasks.ids[0] if isinstance(tasks, NewBatch) else str(tasks[0].id)
+        )
     else:
         # A batch: one publish span, whose context every row carries.
         attributes["messaging.operation.type"] = "publish"
@@ -134,6 +144,17 @@ def enqueue_span(tasks: Sequence[NewTask]) -> EnqueueSpan | None:
 
 
 # -- run -------------------------------------------------------------------------------
+
+
+def provider_records() -> bool:
+    """Whether spans can record: an SDK's tracer provider is configured.
+
+    With none (the API's proxy or no-op provider) a run span of an untraced
+    row would be invalid and change nothing the task can see, so a run skips
+    it. A traced row still gets one: its context (a non-recording span that
+    carries the enqueue's trace) is what task code propagates onward.
+    """
+    return ENABLED and not isinstance(trace.get_tracer_provider(), _SILENT_PROVIDERS)
 
 
 class RunSpan:

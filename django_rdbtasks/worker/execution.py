@@ -10,10 +10,12 @@ can be tested with a fake one and no database.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from traceback import format_exception
@@ -21,8 +23,8 @@ from typing import Any, Protocol
 
 from django.db import connections
 
-from ..backend import RDBTaskBackend, RDBTaskResult
-from ..compat import TaskResult, TaskResultStatus, normalize_json
+from ..backend import RDBTaskBackend
+from ..compat import TASK_BASE_CLASSES, TaskResult, normalize_json
 from ..context import _UNSET, RDBTaskContext
 from ..db.rows import ClaimedRow, Outcome
 from ..exceptions import (
@@ -36,6 +38,7 @@ from ..idempotency import AlreadyDone, current_task, once
 from ..keys import task_key
 from ..loading import TaskNotHere, load_task
 from ..observability import tracing
+from ..results import running_result
 from ..states import AttemptOutcome, OutcomeKind
 from .missing import missing_tasks
 from .store import error_path
@@ -155,9 +158,12 @@ class Executor:
         self.poll_interval = poll_interval
         self.progress_interval = progress_interval
         self.stopping = stopping
+        #: Whether a tracer provider records (an SDK is configured), asked once:
+        #: projects configure it at start-up, before the worker runs.
+        self.record_runs = tracing.ENABLED and tracing.provider_records()
 
     def run(self, running: Running) -> Outcome:
-        if not tracing.ENABLED:
+        if not self.record_runs and not (tracing.ENABLED and running.row.trace_context):
             return self._run(running)
         # A span around the whole run (the tracing extra): linked to the
         # enqueue's span, current while the task runs, ERROR if it failed.
@@ -187,31 +193,34 @@ class Executor:
             return self._failure(running, exc, started, retry=False)
 
         task = self._as_enqueued(task, row)
-        result = RDBTaskResult(
-            task=task,
-            id=self.store.public_id(row.id),
-            status=TaskResultStatus.RUNNING,
-            enqueued_at=row.enqueued_at,
-            started_at=row.started_at,
-            finished_at=None,
-            last_attempted_at=row.claimed_at,
-            args=row.args,
-            kwargs=row.kwargs,
-            backend=self.backend.alias,
-            errors=[],
-            worker_ids=[e.get("worker_id", "") for e in row.history] + [running.worker_id],
+        result = running_result(
+            task,
+            self.store.public_id(row.id),
+            row.enqueued_at,
+            row.started_at,
+            row.claimed_at,
+            row.args,
+            row.kwargs,
+            self.backend.alias,
+            [e.get("worker_id", "") for e in row.history] + [running.worker_id],
         )
         running.result = result
         self.backend.send_signal("task_started", result)
         token = current_task.set((result.id, running.worker_id))
-        control = Control(self.store, running, interval=self.progress_interval)
+        # Only a task that takes a context can report progress or see a stop.
+        control = (
+            Control(self.store, running, interval=self.progress_interval)
+            if task.takes_context
+            else None
+        )
         running.task = task
         running.timeout = getattr(task, "timeout", None)
         running.started = started
         try:
             value = self._call(task, result, row, control)
         except HandOver as handover:
-            control.flush()
+            if control is not None:
+                control.flush()
             return self._handed_over(running, started, handover.delay)
         except AlreadyDone as done:
             outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
@@ -219,7 +228,8 @@ class Executor:
             outcome.entry.update(outcome=AttemptOutcome.ALREADY_DONE, detail=str(done))
             return outcome
         except BaseException as error:  # a task's SystemExit must not end the worker
-            control.flush()
+            if control is not None:
+                control.flush()
             if running.cancel:
                 return self._cancelled(running, started)
             reason = self._timeout_error(running) if running.timed_out else error
@@ -230,12 +240,13 @@ class Executor:
             running.started = None
             current_task.reset(token)
             reset_task_connections()
-        control.flush()
+        if control is not None:
+            control.flush()
         if running.cancel:
             return self._cancelled(running, started)
         if running.timed_out:
             return self._failure(running, self._timeout_error(running), started, task=task)
-        if self.stopping.is_set() and control.stop_observed:
+        if control is not None and control.stop_observed and self.stopping.is_set():
             # It saw the shutdown and returned early: another worker resumes it.
             return self._handed_over(running, started, 0.0)
         try:
@@ -259,16 +270,16 @@ class Executor:
             backend=self.backend.alias,
         )
 
-    def _call(self, task: Any, result: TaskResult, row: ClaimedRow, control: Control) -> Any:
+    def _call(self, task: Any, result: TaskResult, row: ClaimedRow, control: Control | None) -> Any:
         args: list[Any] = list(row.args)
-        if task.takes_context:
+        if control is not None:  # the task takes a context
             args.insert(0, RDBTaskContext(task_result=result, control=control))
         template = getattr(task, "once_key", None)
         if template is None:
-            return task.call(*args, **row.kwargs)
+            return call_task(task, args, row.kwargs)
         key = task_key(template, task, row.args, row.kwargs)
         with once(task.module_path, key, using=self.backend.database):
-            return task.call(*args, **row.kwargs)
+            return call_task(task, args, row.kwargs)
 
     # -- outcomes ----------------------------------------------------------------------
 
@@ -401,17 +412,39 @@ def history_entry(
     """One attempt in the task's history. Both ends come from the database clock:
     the claim's time plus the monotonic duration of the run."""
     row = running.row
+    claimed_at = row.claimed_at
     entry: dict[str, Any] = {
         "attempt": row.attempts,
         "worker_id": running.worker_id,
-        "started_at": _isoformat(row.claimed_at),
-        "finished_at": _isoformat(row.claimed_at + timedelta(seconds=duration)),
+        "started_at": claimed_at.isoformat(),
+        "finished_at": (claimed_at + timedelta(seconds=duration)).isoformat(),
         "outcome": outcome,
     }
     if exc is not None:
         entry["exception_class_path"] = error_path(exc)
         entry["traceback"] = "".join(format_exception(exc))
     return entry
+
+
+#: Tasks whose function is a plain (not ``async``) function, by identity.
+_sync_functions: dict[int, Callable[..., Any]] = {}
+#: The framework's own ``Task.call`` (either API's), which the shortcut stands for.
+_FRAMEWORK_CALLS = frozenset(getattr(cls, "call", None) for cls in TASK_BASE_CLASSES)
+
+
+def call_task(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``task.call(*args, **kwargs)``; for a plain function, that function called directly.
+
+    The framework's ``call`` asks whether the function is a coroutine function
+    every time; the answer never changes, so it is asked once per function.
+    A ``Task`` class with a ``call`` of its own is always called through it.
+    """
+    func: Callable[..., Any] = task.func
+    if _sync_functions.get(id(task)) is func:
+        return func(*args, **kwargs)
+    if type(task).call in _FRAMEWORK_CALLS and not inspect.iscoroutinefunction(func):
+        _sync_functions[id(task)] = func
+    return task.call(*args, **kwargs)
 
 
 def _json_value(task: Any, value: Any) -> Any:
@@ -422,6 +455,8 @@ def _json_value(task: Any, value: Any) -> Any:
     is part of the contract. The message adds the task and where it is defined;
     the framework's own error is its cause.
     """
+    if value is None:
+        return None  # most tasks: nothing to check
     try:
         value = normalize_json(value)
         json.dumps(value, allow_nan=False)
@@ -449,9 +484,9 @@ def reset_task_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.connection is None:
             continue
-        if connection.in_atomic_block or (
-            connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]
-        ):
+        if connection.in_atomic_block:
+            _abandon_atomic(connection)
+        elif connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
             _close_quietly(connection)
         elif connection.errors_occurred:
             if connection.is_usable():
@@ -465,6 +500,24 @@ def close_task_connections() -> None:
     failover, to whichever server accepts writes)."""
     for connection in connections.all(initialized_only=True):
         _close_quietly(connection)
+
+
+def _abandon_atomic(connection: Any) -> None:
+    """A task returned inside an ``atomic()`` block it never left: drop the connection.
+
+    Closing it makes the server roll back what the block wrote. Django would
+    keep the block's state on the connection (and refuse to reconnect inside
+    it), so every later task on this thread would fail: the bookkeeping of
+    the abandoned block is cleared first, as if it had been rolled back.
+    """
+    connection.atomic_blocks = []
+    connection.savepoint_ids = []
+    connection.savepoint_state = 0
+    connection.in_atomic_block = False
+    connection.needs_rollback = False
+    connection.commit_on_exit = True
+    _close_quietly(connection)
+    connection.closed_in_transaction = False
 
 
 def _close_quietly(connection: Any) -> None:

@@ -72,6 +72,7 @@ class LeaseKeeper:
         lease: float,
         timeout_grace: float,
         stopping: Callable[[], bool],
+        unstarted: Callable[[int], None] = lambda count: None,
     ) -> None:
         self.slots = slots
         self._slots_by_id = {slot.worker_id: slot for slot in slots}
@@ -90,6 +91,9 @@ class LeaseKeeper:
         self.renewal_backoff = Backoff()
         self.timeout_grace = timeout_grace
         self.stopping = stopping
+        #: Told how many claims it handed back unstarted: they count for
+        #: nothing against ``--max-tasks``, which counts what ran.
+        self.unstarted = unstarted
         self.next_renewal = time.monotonic() + self.heartbeat_interval
         #: Outcomes taken from slots that could not be written yet, per worker id.
         self._unwritten: dict[str, list[tuple[Outcome, Running]]] = {}
@@ -169,6 +173,7 @@ class LeaseKeeper:
                     continue
                 back = slot.hand_back_if_stuck(now)
                 if back is not None:
+                    self.unstarted(len(back.unstarted))
                     logger.debug(
                         "slot %s: handing back %d tasks waiting behind a long one",
                         slot.worker_id,
@@ -279,7 +284,14 @@ class LeaseKeeper:
             if self._renewal_late_said:
                 self._renewal_late_said = False
                 logger.info("lease renewal answered again")
+            # Only what is still held now: an outcome the slot wrote while the
+            # renewal ran left RUNNING (so was not renewed) but was not lost.
+            with self._lock:
+                unwritten = [r for _, r in self._unwritten.get(slot.worker_id, [])]
+            still_held = {id(r) for r in slot.held() + unwritten}
             for running in held:
+                if id(running) not in still_held:
+                    continue
                 task_id = running.row.id
                 if task_id in cancel and not running.cancel:
                     running.cancel = True

@@ -31,6 +31,7 @@ from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
+from .budget import TaskBudget
 from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
 from .execution import Executor, close_task_connections
 from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
@@ -38,7 +39,7 @@ from .keeper import LEAVE_WITHIN, LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import BUSY_RETRY, ClaimAhead, Slot
+from .slots import BUSY_RETRY, HANDBACK_AFTER, ClaimAhead, Slot, Wake
 from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -47,6 +48,9 @@ __all__ = ["EXIT_RECYCLE", "Worker"]
 
 #: How often the main thread looks at signals, deadlines and the keeper.
 TICK = 0.01
+#: How often a round thread waiting for its busy runner looks again on its own
+#: (a wake-up pokes its slot: this is only the safety net).
+BUSY_POLL = 0.01
 #: A signal this long after the first is a second one (exit at once); sooner,
 #: it is the same request arriving twice (a process group and its supervisor).
 SECOND_SIGNAL_AFTER = 0.2
@@ -127,12 +131,11 @@ class Worker:
 
         self.stopping = threading.Event()  # stop claiming, finish what runs
         self.halt = threading.Event()  # background threads end
-        self.wake = threading.Event()
+        self.wake = Wake()
         self.stop_deadline = float("inf")
         self.counters = Counters()
         self.recycle = False
-        self._claims_left = max_tasks
-        self._budget_lock = threading.Lock()
+        self.budget = TaskBudget(max_tasks)
         self._signal_at: float | None = None
         self._signal_name = ""
 
@@ -200,6 +203,7 @@ class Worker:
                 registry.deregister(done=0, failed=0)
                 return 2
         slots = [Slot(i, f"{self.name}:{i}:{get_random_string(6)}") for i in range(self.threads)]
+        self.wake.watch(slots)
         background = self._background_threads()
         keeper = LeaseKeeper(
             slots=slots,
@@ -212,6 +216,7 @@ class Worker:
             lease=self.lease,
             timeout_grace=self.timeout_grace,
             stopping=self.stopping.is_set,
+            unstarted=self.budget.give_back,
         )
         threads = [
             threading.Thread(
@@ -344,66 +349,139 @@ class Worker:
         )
 
     def _slot_main(self, slot: Slot, alias: str) -> None:
+        """The slot's round thread: writes outcomes and claims while its runner runs tasks."""
         store = ClaimStore(alias, self.database)
         executor = self._executor(store)
         reporter = Reporter(self.backend, self.counters, store.public_id)
         ahead = ClaimAhead(self.batch)
+        runner = threading.Thread(
+            target=self._run_slot,
+            args=(slot, alias, executor, ahead),
+            name=f"rdbtasks-run-{slot.index}",
+        )
+        runner.start()
         try:
-            while not self.stopping.is_set():
-                want = self._take_budget(ahead.want())
-                if want == 0:
-                    self.recycle = True
-                    self.stop()
-                    break
-                self.wake.clear()
-                exchange = self._round(slot, store, reporter, want)
-                self._give_back_budget(want - len(exchange.claimed))
-                if exchange.claimed:
-                    slot.add(exchange.claimed)
-                    self._run_claimed(slot, store, reporter, executor, ahead)
-                elif exchange.written:
-                    # What it just finished may have made more runnable (a
-                    # dependant released after the claim): look again at once.
-                    continue
-                elif exchange.busy or slot.handing_back():
-                    # Outcomes wait for a row another session holds locked, or
-                    # the keeper is writing back tasks it took from this slot
-                    # (a burst must not end before it can claim them again).
-                    self.wake.wait(BUSY_RETRY)
-                elif exchange.contended:
-                    # Runnable rows were there but others won them, or hold
-                    # them locked: look again soon, not at once.
-                    self.wake.wait(random.uniform(0.005, 0.05))
-                elif (
-                    self.burst
-                    and not self._retries_pending(store)
-                    and not self._held_back_by_limits(store)
-                ):
-                    break
-                else:
-                    self.wake.wait(self.poll_interval)
+            self._rounds(slot, store, reporter, ahead, runner)
         finally:
+            slot.close()
+            # Its running task ends first (or the grace period ends the process).
+            runner.join()
             self._finish_slot(slot, store, reporter, executor)
             store.close()
             connections.close_all()
 
-    def _run_claimed(
+    def _run_slot(self, slot: Slot, alias: str, executor: Executor, ahead: ClaimAhead) -> None:
+        """The runner: the slot's tasks, one at a time, until the slot closes or a stop.
+
+        Its own worker connection (made on first use) carries what a running
+        task writes of itself: progress, checkpoints, a lost attempt's record.
+        """
+        open_in_thread(alias)
+        try:
+            while True:
+                running = slot.next_task(self.stopping)
+                if running is None:
+                    return
+                if slot.connections_lost:
+                    # The round thread reconnected after an outage or a
+                    # failover: this thread's connections are as dead, and
+                    # the task must not spend an attempt finding that out.
+                    slot.connections_lost = False
+                    close_task_connections()
+                outcome = executor.run(running)
+                ahead.observe(outcome.duration)
+                slot.finish(outcome, running)
+        finally:
+            connections.close_all()
+
+    def _rounds(
         self,
         slot: Slot,
         store: ClaimStore,
         reporter: Reporter,
-        executor: Executor,
         ahead: ClaimAhead,
+        runner: threading.Thread,
     ) -> None:
-        while not self.stopping.is_set():
-            running = slot.take_next()
-            if running is None:
+        while not self.stopping.is_set() and runner.is_alive():
+            generation = slot.generation
+            want = self._refill(slot, ahead)
+            if want:
+                want = self.budget.take(want)  # 0 once --max-tasks is spent
+                if want == 0 and slot.idle():
+                    self.recycle = True
+                    self.stop()
+                    break
+            if want == 0:
+                if slot.should_flush():
+                    self._round(slot, store, reporter, 0)
+                else:
+                    # Claimed enough ahead, or behind a long task: wait for the
+                    # runner, or until its finished outcomes are due.
+                    slot.wait_changed(generation, min(slot.flush_in(), self.poll_interval))
+                continue
+            self.wake.clear()
+            exchange = self._round(slot, store, reporter, want)
+            self.budget.give_back(want - len(exchange.claimed))
+            if exchange.claimed:
+                slot.add(exchange.claimed)
+                if len(exchange.claimed) < want and not exchange.contended:
+                    # The queue had no more for now: a round at once would
+                    # find nothing and take the server from the task just
+                    # claimed. Until the runner needs more, or a wake-up.
+                    self._wait_busy(slot, slot.generation)
+            elif not slot.idle():
+                # Nothing to claim while the runner still has work: wait for
+                # it to end (or for new tasks), not a round per finished task.
+                self._wait_busy(slot, slot.generation)
+            elif exchange.written:
+                # What it just finished may have made more runnable (a
+                # dependant released after the claim): look again at once.
+                continue
+            elif exchange.busy or slot.handing_back():
+                # Outcomes wait for a row another session holds locked, or
+                # the keeper is writing back tasks it took from this slot
+                # (a burst must not end before it can claim them again).
+                self.wake.wait(BUSY_RETRY)
+            elif exchange.contended:
+                # Runnable rows were there but others won them, or hold
+                # them locked: look again soon, not at once.
+                self.wake.wait(random.uniform(0.005, 0.05))
+            elif (
+                self.burst
+                and not self._retries_pending(store)
+                and not self._held_back_by_limits(store)
+            ):
+                break
+            else:
+                self.wake.wait(self.poll_interval)
+
+    def _refill(self, slot: Slot, ahead: ClaimAhead) -> int:
+        """How many to claim now: topped up to ``ahead.want()`` once half of it is left.
+
+        Nothing while the running task has run for ``HANDBACK_AFTER``: the
+        keeper hands back what waits behind it, and a claim would only be
+        handed back too. And with one wanted at a time (tasks are long), only
+        once the runner is free: a task claimed behind a long one just waits.
+        """
+        target = ahead.want()
+        in_flight = slot.in_flight()
+        if in_flight > target // 2:
+            return 0
+        if in_flight and (target == 1 or slot.running_for(time.monotonic()) >= HANDBACK_AFTER):
+            return 0
+        return target - in_flight
+
+    def _wait_busy(self, slot: Slot, generation: int) -> None:
+        """The runner is busy and the queue had nothing more: until it is idle, or a wake-up."""
+        deadline = time.monotonic() + self.poll_interval
+        while not self.stopping.is_set() and not self.wake.is_set() and not slot.idle():
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return
-            outcome = executor.run(running)
-            ahead.observe(outcome.duration)
-            slot.finish(outcome, running)
+            slot.wait_changed(generation, min(left, slot.flush_in(), BUSY_POLL))
             if slot.should_flush():
-                self._round(slot, store, reporter, 0)
+                return
+            generation = slot.generation
 
     def _round(self, slot: Slot, store: ClaimStore, reporter: Reporter, want: int) -> Exchange:
         """Write what the slot finished and claim ``want`` more; retried through outages."""
@@ -417,10 +495,7 @@ class Worker:
 
         def reconnect() -> None:
             store.close()
-            # This thread's task connections went to the same server as the
-            # claim's: after an outage or a failover they are as dead, and the
-            # next task must not spend an attempt finding that out.
-            close_task_connections()
+            slot.connections_lost = True  # the runner's too (_run_slot)
 
         exchange = retry_database(
             lambda: store.exchange(outcomes, slot.worker_id, request),
@@ -458,20 +533,7 @@ class Worker:
             if not exchange.busy or self.halt.wait(BUSY_RETRY):
                 break
 
-    # -- budgets and burst -------------------------------------------------------------
-
-    def _take_budget(self, want: int) -> int:
-        if self._claims_left is None:
-            return want
-        with self._budget_lock:
-            take = max(0, min(want, self._claims_left))
-            self._claims_left -= take
-            return take
-
-    def _give_back_budget(self, unused: int) -> None:
-        if self._claims_left is not None and unused > 0:
-            with self._budget_lock:
-                self._claims_left += unused
+    # -- burst ----------------------------------------------------------------------
 
     def _held_back_by_limits(self, store: ClaimStore) -> bool:
         """Burst mode: due tasks wait for a limit's slot, to come free (limits.py)."""

@@ -42,31 +42,52 @@ class Reporter:
     def report(
         self, pairs: Sequence[tuple[Outcome, Running]], written: dict[Any, bool | None]
     ) -> None:
+        self._count(pairs, written)
+        log = logger.isEnabledFor(logging.INFO)
         for outcome, running in pairs:
-            self._one(outcome, running, outcome.id in written)
+            self._one(outcome, running, outcome.id in written, log)
         if self.metrics is not None and pairs:
             try:
                 self.metrics.record(pairs, written)
             except Exception as exc:  # a metric must never cost a task its result
                 logger.warning("could not update metrics (%s)", exc)
 
-    def _one(self, outcome: Outcome, running: Running, written: bool) -> None:
+    def _count(
+        self, pairs: Sequence[tuple[Outcome, Running]], written: dict[Any, bool | None]
+    ) -> None:
+        """The counters, once per batch (one lock)."""
+        processed = failed = 0
+        retrying, settled = [], []
+        for outcome, running in pairs:
+            kind = outcome.kind
+            if kind == OutcomeKind.RELEASE:
+                continue
+            processed += 1
+            failed += kind.counts_as_failure
+            if kind == OutcomeKind.RETRY and outcome.id in written:
+                retrying.append(self._task_id(running))
+            elif self.counters.retrying:
+                settled.append(self._task_id(running))
+        counters = self.counters
+        with counters.lock:
+            counters.processed += processed
+            counters.failed += failed
+            counters.retrying.update(retrying)
+            counters.retrying.difference_update(settled)
+
+    def _task_id(self, running: Running) -> str:
+        result = running.result
+        return result.id if result is not None else self.public_id(running.row.id)
+
+    def _one(self, outcome: Outcome, running: Running, written: bool, log: bool) -> None:
         row = running.row
-        task_id = running.result.id if running.result is not None else self.public_id(row.id)
         kind = outcome.kind
         if kind == OutcomeKind.RELEASE:
-            if written:
-                logger.info("task %s %s released unfinished", task_id, row.task_path)
+            if written and log:
+                logger.info("task %s %s released unfinished", self._task_id(running), row.task_path)
             return
-        with self.counters.lock:
-            self.counters.processed += 1
-            if kind.counts_as_failure:
-                self.counters.failed += 1
-            if kind == OutcomeKind.RETRY and written:
-                self.counters.retrying.add(task_id)
-            else:
-                self.counters.retrying.discard(task_id)
         if not written:
+            task_id = self._task_id(running)
             logger.warning(
                 "task %s %s: result discarded, this worker no longer holds the task "
                 "(its lease expired and it was reclaimed)",
@@ -74,7 +95,8 @@ class Reporter:
                 row.task_path,
             )
             return
-        if logger.isEnabledFor(logging.INFO):
+        if log:
+            task_id = self._task_id(running)
             when = ""
             if kind in (OutcomeKind.RETRY, OutcomeKind.POSTPONE, OutcomeKind.HANDOVER):
                 when = f" in {format_seconds(outcome.delay)}" if outcome.delay > 0 else " at once"

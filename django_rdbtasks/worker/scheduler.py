@@ -33,8 +33,14 @@ from .processtree import ParentWatch
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
 
-#: How often a scheduler applies RDBTASKS_RETENTION (a lock lets one host do it).
-RETENTION_EVERY = 300.0
+#: How often a scheduler applies RDBTASKS_RETENTION (a lock lets one host do it):
+#: a call with nothing to delete is a handful of statements.
+RETENTION_EVERY = 60.0
+#: Seconds one application may take, during which the scheduler fires no job.
+#: One that ends with rows left goes on at the next round, after the due jobs:
+#: at thousands of tasks a second a minute's finished rows take longer than
+#: this to delete, and waiting a full period each time the table only grew.
+RETENTION_BUDGET = 10.0
 #: What the scheduler's connections' TCP bounds derive from (a worker's
 #: default lease): a server cut off silently fails a call in seconds.
 CONNECTION_BOUNDS_LEASE = 30.0
@@ -55,8 +61,12 @@ class Scheduler:
         jobs: Mapping[str, JobSpec] | None = None,
         declare_every: float = DECLARE_EVERY,
         supervisor_pid: int | None = None,
+        retention_every: float = RETENTION_EVERY,
+        retention_budget: float = RETENTION_BUDGET,
     ) -> None:
         self.database = database
+        self.retention_every = retention_every
+        self.retention_budget = retention_budget
         self.interval = interval
         self.jobs = jobs
         self.declare_every = declare_every
@@ -105,8 +115,9 @@ class Scheduler:
         if time.monotonic() >= self._next_retention:
             # Set first: a failing prune waits for its next turn rather than
             # being retried every round.
-            self._next_retention = time.monotonic() + RETENTION_EVERY
-            self._apply_retention()
+            self._next_retention = time.monotonic() + self.retention_every
+            if self._apply_retention():
+                self._next_retention = time.monotonic()  # rows left: on at the next round
         return fired
 
     def declare(self) -> None:
@@ -120,14 +131,16 @@ class Scheduler:
             redeclare_jobs(self.database, self.jobs)
         retire_undeclared_jobs(self.database)
 
-    def _apply_retention(self) -> None:
+    def _apply_retention(self) -> bool:
+        """Apply RDBTASKS_RETENTION for a while; whether it stopped with rows left."""
         from django.conf import settings
 
         if not getattr(settings, "RDBTASKS_RETENTION", None):
-            return
+            return False
         from ..retention import prune_by_setting
 
-        prune_by_setting(using=self.database)
+        result = prune_by_setting(using=self.database, time_budget=self.retention_budget)
+        return result is not None and result.incomplete
 
     def stop(self) -> None:
         self.stopping.set()

@@ -1,11 +1,15 @@
-"""A slot: one thread's claimed tasks, from claim to written outcome.
+"""A slot: one runner's claimed tasks, from claim to written outcome.
 
 A slot claims a few tasks ahead of the one it runs, so that short tasks cost
-one round trip per batch instead of three per task. The claimed-ahead tasks
-must never wait behind a long one: the lease keeper hands them back (released,
-attempt unspent) once the task ahead of them has run for ``HANDBACK_AFTER``.
-Everything here is guarded by the slot's lock, because the slot's thread and
-the lease keeper both take from it; each task is taken by exactly one.
+one round trip per batch instead of three per task. Two threads share it: the
+runner runs the tasks one at a time, and the slot's round thread writes their
+outcomes and claims the next ones while the runner works, so neither waits for
+the other while tasks are short. The claimed-ahead tasks must never wait
+behind a long one: the lease keeper hands them back (released, attempt
+unspent) once the task ahead of them has run for ``HANDBACK_AFTER``, and the
+round thread claims nothing more behind it. Everything here is guarded by the
+slot's lock, because the runner, the round thread and the lease keeper all
+take from it; each task is taken by exactly one.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ class ClaimAhead:
 
     A fixed ``--batch`` overrides it. Otherwise it starts at one, grows while
     tasks are short and falls back to one as soon as one is long, so a slot
-    running long tasks claims them one at a time.
+    running long tasks claims them one at a time. At most ``most``: the round
+    thread tops the queue up once half of it is left, so a round claims up to
+    half of it (100: a round's planning is then a hundredth of a task each),
+    while the other half keeps the runner busy.
     """
 
-    def __init__(self, fixed: int | None = None, *, budget: float = 0.05, most: int = 100) -> None:
+    def __init__(self, fixed: int | None = None, *, budget: float = 0.05, most: int = 200) -> None:
         self.fixed = fixed
         self.budget = budget
         self.most = most
@@ -61,11 +68,45 @@ class HandBack:
     finished: list[tuple[Outcome, Running]]
 
 
+class Wake(threading.Event):
+    """The process's wake-up (a task enqueued, a stop), which reaches busy round threads too.
+
+    A round thread whose runner is busy waits on its slot's condition, not on
+    this event: setting it also pokes every watched slot, so an enqueue
+    notified while outcomes wait for their batch is claimed at once, not at
+    the next poll.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._slots: tuple[Slot, ...] = ()
+
+    def watch(self, slots: list[Slot]) -> None:
+        self._slots = tuple(slots)
+
+    def set(self) -> None:
+        super().set()
+        for slot in self._slots:
+            slot.poke()
+
+
 class Slot:
     def __init__(self, index: int, worker_id: str) -> None:
         self.index = index
         self.worker_id = worker_id
         self.lock = threading.Lock()
+        #: Notified whenever tasks are queued, taken or finished.
+        self._changed = threading.Condition(self.lock)
+        #: Counts those changes: a waiter that read it before deciding to wait
+        #: misses none.
+        self.generation = 0
+        #: Threads waiting for a change (nobody to notify: no notify).
+        self._waiting = 0
+        #: No more tasks will be queued: the runner ends once the queue is empty.
+        self._closed = False
+        #: The round thread lost its connection: the runner drops its own
+        #: (the tasks') before it runs the next task. A plain flag.
+        self.connections_lost = False
         self._queue: deque[Running] = deque()
         self._current: Running | None = None
         self._current_since = 0.0
@@ -76,25 +117,96 @@ class Slot:
         #: claim cannot see them (burst mode must not take that for drained).
         self._handed_back_unwritten = False
 
-    # -- the slot's own thread ---------------------------------------------------------
+    def _touch(self) -> None:
+        # Called with the lock held.
+        self.generation += 1
+        if self._waiting:
+            self._changed.notify_all()
+
+    def _wait(self, timeout: float) -> None:
+        # Called with the lock held.
+        self._waiting += 1
+        try:
+            self._changed.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def poke(self) -> None:
+        """Wake whoever waits on the slot, to look again at what it waits for."""
+        with self.lock:
+            self._touch()
+
+    # -- the round thread --------------------------------------------------------------
 
     def add(self, rows: list[ClaimedRow]) -> None:
-        """Queue claimed rows in claim order (a claim's answer comes in no order)."""
-        ordered = sorted(rows, key=lambda r: (r.lost_from is None, -r.priority, r.run_after))
+        """Queue claimed rows in claim order (a claim's answer comes in no order).
+
+        Those already waiting are ordered with them: a task of a higher
+        priority claimed later still runs first.
+        """
         with self.lock:
-            self._queue.extend(Running(row, self.worker_id) for row in ordered)
+            waiting = [*self._queue, *(Running(row, self.worker_id) for row in rows)]
+            waiting.sort(key=_claim_order)
+            self._queue = deque(waiting)
+            self._touch()
+
+    def in_flight(self) -> int:
+        """Tasks queued or running: claimed, outcome not known yet."""
+        with self.lock:
+            return len(self._queue) + (self._current is not None)
+
+    def running_for(self, now: float) -> float:
+        """How long the running task has run (0 when none runs)."""
+        with self.lock:
+            return now - self._current_since if self._current is not None else 0.0
+
+    def idle(self) -> bool:
+        """Nothing queued, nothing running, nothing finished to write."""
+        with self.lock:
+            return not self._queue and self._current is None and not self._finished
+
+    def wait_changed(self, generation: int, timeout: float) -> None:
+        """Wait until something changed since ``generation`` was read, or ``timeout``."""
+        with self.lock:
+            if self.generation == generation:
+                self._wait(timeout)
+
+    def close(self) -> None:
+        """No more tasks will be queued: the runner ends once it has run what is queued."""
+        with self.lock:
+            self._closed = True
+            self._touch()
+
+    # -- the runner --------------------------------------------------------------------
+
+    def next_task(self, stop: threading.Event, poll: float = 0.1) -> Running | None:
+        """The next claimed task to run, waiting for one; None once closed or ``stop`` is set."""
+        with self.lock:
+            while not stop.is_set():
+                running = self._take_next()
+                if running is not None:
+                    return running
+                if self._closed:
+                    return None
+                # Bounded: ``stop`` is an event of its own, not this condition.
+                self._wait(poll)
+            return None
 
     def take_next(self) -> Running | None:
-        """The next claimed task to run (None when there is none)."""
+        """The next claimed task to run (None when there is none), without waiting."""
         with self.lock:
-            while self._queue:
-                running = self._queue.popleft()
-                if running.lost:
-                    continue  # reclaimed by someone else while it waited
-                self._current = running
-                self._current_since = time.monotonic()
-                return running
-            return None
+            return self._take_next()
+
+    def _take_next(self) -> Running | None:
+        while self._queue:
+            running = self._queue.popleft()
+            if running.lost:
+                continue  # reclaimed by someone else while it waited
+            self._current = running
+            self._current_since = time.monotonic()
+            self._touch()
+            return running
+        return None
 
     def finish(self, outcome: Outcome, running: Running) -> None:
         with self.lock:
@@ -102,6 +214,7 @@ class Slot:
             if not self._finished:
                 self._first_finished_at = time.monotonic()
             self._finished.append((outcome, running))
+            self._touch()
 
     def take_finished(self) -> list[tuple[Outcome, Running]]:
         with self.lock:
@@ -119,15 +232,30 @@ class Slot:
 
     def should_flush(self) -> bool:
         """Outcomes have waited long enough for the rest of their batch."""
+        return self.flush_in() <= 0
+
+    def flush_in(self) -> float:
+        """Seconds until the finished outcomes have waited long enough (inf: none waits).
+
+        None longer once the runner has nothing left: no later outcome would
+        join them, and the next round should be a claim alone.
+        """
         with self.lock:
-            return bool(self._finished) and (
-                time.monotonic() - self._first_finished_at >= FLUSH_AFTER
-            )
+            if not self._finished:
+                return float("inf")
+            if not self._queue and self._current is None:
+                return 0.0
+            return self._first_finished_at + FLUSH_AFTER - time.monotonic()
+
+    def has_finished(self) -> bool:
+        with self.lock:
+            return bool(self._finished)
 
     def take_unstarted(self) -> list[Running]:
         with self.lock:
             unstarted = list(self._queue)
             self._queue.clear()
+            self._touch()
             return unstarted
 
     # -- the lease keeper --------------------------------------------------------------
@@ -143,12 +271,14 @@ class Slot:
             self._queue.clear()
             self._finished = []
             self._handed_back_unwritten = True
+            self._touch()
             return taken
 
     def hand_back_written(self) -> None:
         """The keeper has committed everything it took from this slot."""
         with self.lock:
             self._handed_back_unwritten = False
+            self._touch()
 
     def handing_back(self) -> bool:
         """Claims taken from this slot are not yet back in the database."""
@@ -164,6 +294,7 @@ class Slot:
             taken = HandBack(held, self._finished)
             self._queue.clear()
             self._finished = []
+            self._touch()
             return taken
 
     def current(self) -> Running | None:
@@ -177,3 +308,9 @@ class Slot:
             if self._current is not None:
                 held.append(self._current)
             return held
+
+
+def _claim_order(running: Running) -> tuple:
+    """Takeovers of dead holders first, then by priority, then oldest due first."""
+    row = running.row
+    return (row.lost_from is None, -row.priority, row.run_after)

@@ -14,12 +14,13 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from ..db import dialect_for
 from ..db.base import Dialect
 from ..db.outcomes import SETTLES_DEPENDANTS
 from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
+from ..retrying import is_lost_race
 from ..states import OutcomeKind, TaskStatus
 from .connection import close_in_thread, open_in_thread, worker_transaction
 
@@ -32,22 +33,22 @@ class ClaimStore:
         #: opened in the thread that makes the store.
         self.alias = alias
         self.database = database
-        open_in_thread(alias)
+        #: One dialect per alias and database: the same in every thread.
+        self.dialect: Dialect = dialect_for(open_in_thread(alias))
+        self.public_id = self.dialect.public_id
 
     @property
     def connection(self) -> Any:
+        # Looked up in the calling thread: the keeper runs an executor made
+        # with the main thread's store (releasing what it hands back).
         return connections[self.alias]
-
-    @property
-    def dialect(self) -> Dialect:
-        return dialect_for(self.connection)
 
     def close(self) -> None:
         """Drop this thread's connection; the next call reconnects."""
         close_in_thread(self.alias)
 
-    def public_id(self, raw_id: Any) -> str:
-        return str(self.dialect.decode_id(raw_id))
+    def cursor(self) -> Any:
+        return self.dialect.worker_cursor(self.connection)
 
     # -- rounds ------------------------------------------------------------------------
 
@@ -60,20 +61,20 @@ class ClaimStore:
         """
         dialect = self.dialect
         if not dialect.exchange_is_one_statement:
-            with worker_transaction(self.alias), self.connection.cursor() as cursor:
+            with worker_transaction(self.alias), self.cursor() as cursor:
                 # Follow-ups before the claim: a dependant released here can
                 # be claimed in the same round.
                 result = dialect.exchange(cursor, outcomes, worker_id, None)
                 self._follow_up(outcomes, result.written, worker_id)
                 if request is not None and request.want > 0:
-                    exclude = [o.id for o in outcomes]
-                    result.claimed, result.contended = dialect.claim(cursor, request, exclude)
+                    dialect.claim_into(cursor, request, result, [o.id for o in outcomes])
+            self._make_slots(result)
             return result
         # One statement, committed on its own: everything that needs more
         # than the task row (a Job's record, dependants) is finished after it
         # in a transaction of its own, which those tasks' claims still fence.
         quick = [o for o in outcomes if not o.job_name]
-        with self.connection.cursor() as cursor:
+        with self.cursor() as cursor:
             result = dialect.exchange(cursor, quick, worker_id, request)
         rest = [o for o in outcomes if o.job_name] + [
             o
@@ -88,7 +89,29 @@ class ClaimStore:
             result.busy |= finished.busy
         else:
             self._wake_others(outcomes, result.written)
+        self._make_slots(result)
         return result
+
+    def _make_slots(self, result: Exchange) -> None:
+        """The slots the round found missing, made now, in a short transaction of their own.
+
+        Never in a user's transaction (an enqueue writes no slot) nor in the
+        claim's: what they wait for is at most another worker's same short
+        statement. The round's claims are already committed, so a failure
+        here is only logged: the next round finds the keys again. Runnable
+        rows were left for want of these slots: the round says it was
+        contended, so the slot looks again in a few milliseconds.
+        """
+        if not result.missing:
+            return
+        result.contended = True
+        try:
+            with worker_transaction(self.alias), self.connection.cursor() as cursor:
+                self.dialect.limits.make_slots(cursor, result.missing)
+        except DatabaseError as exc:
+            # Galera: another node made them first (a certification conflict).
+            level = logging.DEBUG if is_lost_race(exc) else logging.WARNING
+            logger.log(level, "Could not make limit slots (%s); the next round tries again.", exc)
 
     def finish(self, outcomes: Sequence[Outcome], worker_id: str) -> Exchange:
         """Write outcomes with their follow-ups (job records, dependants) in one transaction.
@@ -98,7 +121,7 @@ class ClaimStore:
         """
         if not outcomes:
             return Exchange()
-        with worker_transaction(self.alias), self.connection.cursor() as cursor:
+        with worker_transaction(self.alias), self.cursor() as cursor:
             claims = [(o.id, o.version) for o in outcomes]
             locked, busy = self.dialect.lock_rows(cursor, claims, worker_id)
             writable = [o for o in outcomes if o.id in locked]
@@ -115,7 +138,7 @@ class ClaimStore:
             if o.kind == OutcomeKind.RELEASE and o.row is not None and o.id in written
         }
         if queues:
-            with self.connection.cursor() as cursor:
+            with self.cursor() as cursor:
                 self.dialect.notify(cursor, queues)
 
     def _follow_up(
@@ -186,10 +209,10 @@ class ClaimStore:
         ``limited``: the ids of the claims that hold a limit's slot (None: any may).
         """
         if self.dialect.exchange_is_one_statement:
-            with self.connection.cursor() as cursor:
+            with self.cursor() as cursor:
                 return self.dialect.renew(cursor, held, worker_id, lease, limited)
         # Several statements: the rows locked first stay locked for the update.
-        with worker_transaction(self.alias), self.connection.cursor() as cursor:
+        with worker_transaction(self.alias), self.cursor() as cursor:
             return self.dialect.renew(cursor, held, worker_id, lease, limited)
 
     def save_progress(
@@ -203,7 +226,7 @@ class ClaimStore:
         checkpoint_changed: bool,
     ) -> bool:
         """Write a running task's progress (and checkpoint), fenced; False if no longer ours."""
-        with self.connection.cursor() as cursor:
+        with self.cursor() as cursor:
             return self.dialect.save_progress(
                 cursor,
                 row.id,
@@ -217,7 +240,7 @@ class ClaimStore:
     def note_lost_attempt(self, row: ClaimedRow, worker_id: str, entry: dict) -> bool:
         """Record a previous holder's lost attempt in the history; the claim is kept."""
         outcome = Outcome(row.id, row.version, OutcomeKind.NOTE, entry=entry, row=row)
-        with self.connection.cursor() as cursor:
+        with self.cursor() as cursor:
             return bool(self.dialect.finish(cursor, [outcome], worker_id))
 
     def held_back_by_limits(self, queues: Sequence[str]) -> bool:

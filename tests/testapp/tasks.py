@@ -264,6 +264,12 @@ def rated(n):
     return n
 
 
+@task(limit=RateLimit(20, period=3600.0, key="provider"))
+def metered(n):
+    """At most 20 starts an hour: a window no slow test run outlasts."""
+    return n
+
+
 @task(limit=ConcurrencyLimit(2, key=lambda customer, **_: f"customer:{customer}"))
 def per_customer(customer, seconds=0.0):
     time.sleep(seconds)
@@ -278,3 +284,12 @@ def solo(context, key, seconds):
         time.sleep(seconds)
     LimitedRun.objects.filter(pk=run.pk).update(finished_at=DbNow())
     return context.attempt
+
+
+@task()
+def leaves_transaction_open(key):
+    """Writes a row and never commits: its transaction must not outlive the task."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    SideEffect.objects.create(key=key)

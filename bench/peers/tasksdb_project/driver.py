@@ -1,7 +1,8 @@
 """Enqueue driver for django-tasks-db (runs in its own virtualenv).
 
 django-tasks-db has no bulk enqueue; "bulk" here is ``bulk_create`` on its
-model with the fields its backend would set, not a public API. Run with
+model with the fields its backend would set, not a public API. "transaction" is
+``task.enqueue()`` once per task inside one ``transaction.atomic()``. Run with
 ``python driver.py enqueue|latency ...`` from this directory.
 """
 
@@ -19,7 +20,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
 django.setup()
 
 from benchapp import tasks  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 from django_tasks.base import Task  # noqa: E402
 from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from driverlib import Driver, main  # noqa: E402
@@ -46,6 +47,12 @@ def enqueue_many(count: int) -> None:
     bulk_create(tasks.noop, [[]] * count)
 
 
+def enqueue_in_transaction(count: int) -> None:
+    with transaction.atomic():
+        for _ in range(count):
+            tasks.noop.enqueue()
+
+
 def enqueue_mixed(items: Sequence[tuple[int, float]]) -> None:
     if len(items) == 1:
         tasks.mixed.enqueue(*items[0])
@@ -62,5 +69,6 @@ if __name__ == "__main__":
             enqueue_keyed=tasks.record_start.enqueue,
             close=connection.close,
             enqueue_mixed=enqueue_mixed,
+            enqueue_in_transaction=enqueue_in_transaction,
         )
     )

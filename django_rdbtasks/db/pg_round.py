@@ -1,0 +1,452 @@
+"""PostgreSQL's round as SQL: the outcomes' CTEs, then the claim's, in one statement.
+
+The claim comes in three forms, from the cheapest (``ClaimForm``):
+
+- **lean**, for queues that hold no limited row: the expired leases and the
+  READY rows without a limit, read in their index order, claimed. No slot
+  step, no limited read. A probe (``lim``: one index descent per queue) says
+  whether a READY row with a limit is there.
+- **window**: the same, plus the limited rows. Per queue, the first rows with
+  a limit in the claim's order are read (``la``: as many as the unlimited
+  read's LIMIT) and kept as far as their key has free slots (``lr``: at most
+  as many rows of a key as it has free slots); the rows then take their
+  slots under the slot rows' locks (``lk``, ``sf``, ``go``, ``taken``;
+  db/limits.py). ``nb`` says whether that window was full yet gave fewer rows
+  than the round wants: keys whose slots are all taken fill it.
+- **walk**: the window form, plus a walk of the keys for queues whose window
+  is so filled: a loose index scan of the queue's keys with READY rows, one
+  index descent a key (``kk``), and a read of each key that has free slots,
+  for as many rows as it has (``kb``, ``rb``). A full key's backlog is never
+  walked, whatever its length.
+
+Every read is made once per queue, as a LATERAL over the queues' array, in
+its index's order with a LIMIT: the statement, and its planning, are the
+same for one queue or ten, and no read's cost grows with a backlog.
+
+A form that cannot know it has the right rows claims nothing and says so
+(the lean form when limited rows are there, the window form when a window is
+filled), and ``PostgreSQLDialect.exchange`` runs the next form at once: the
+claims keep their order (expired leases first, then priority and
+``run_after``, limited or not), and only a round that changes form costs a
+second statement. Each form is planned anew at every round (rounds are not
+prepared), and the planning grows with the form: see docs/limits.md, "Cost".
+
+The statement is written with named placeholders and compiled once to
+positional ones (``compile_named``); ``exchange`` fills them by name.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .outcomes import SETTLES_DEPENDANTS
+from .rows import CLAIM_COLUMNS
+
+if TYPE_CHECKING:
+    from .base import Dialect
+
+READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
+
+#: The rows of a statement's outcomes (or renewals) that no other session holds
+#: locked, locked now: its writes touch only these, so none of them waits.
+#: NO KEY UPDATE is the lock the UPDATE itself takes: it does not conflict with
+#: the KEY SHARE a foreign key's check holds (a JobRecord written by once() in
+#: a transaction still open), so such a row is not taken for busy.
+MINE = (
+    "mine AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%(ids)s::uuid[]) "
+    "FOR NO KEY UPDATE SKIP LOCKED)"
+)
+#: A row of the statement's outcomes (``t``) is one of ``mine``. A semi-join
+#: against the CTE was planned as a nested loop that scans ``mine`` again for
+#: every row (a hundred times a hundred); as an array it is built once and
+#: searched in C. ``IS TRUE`` keeps it a filter: the rows are still reached by
+#: primary key, never through a bitmap of it (tests/test_db_plans.py).
+IN_MINE = "(t.id = ANY(ARRAY(SELECT id FROM mine))) IS TRUE"
+#: Where an outcome's values come from in ``outcome_rows``.
+OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"}
+#: What a claim needs of a row (the reads add what they order it by).
+_COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_count, limit_period"
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+class ClaimForm(enum.IntEnum):
+    """The forms of the claim, cheapest first (see the module's docstring)."""
+
+    LEAN = 0
+    WINDOW = 1
+    WALK = 2
+
+
+#: The claim's queues, one row each, for the reads made per queue (LATERAL).
+_QUEUES = "unnest(%(queues)s::text[]) AS q(name)"
+
+
+def _per_queue(sql: str) -> str:
+    """``sql`` (reading ``q.name``'s rows) for each of the claim's queues."""
+    return f"SELECT r.* FROM {_QUEUES} CROSS JOIN LATERAL ({sql}) AS r"
+
+
+def _missing(keys: list[str]) -> str:
+    """The keys of these slot counts that have fewer slots than their limit."""
+    return (
+        "SELECT DISTINCT limit_key, n, period FROM "
+        f"({' UNION ALL '.join(keys)}) AS k WHERE have < n"
+    )
+
+
+def compile_named(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``%(name)s`` placeholders to ``%s``, and the names in the order they came."""
+    return _NAMED.sub("%s", sql), tuple(_NAMED.findall(sql))
+
+
+def outcome_rows(placeholder: str) -> str:
+    """The outcomes of one kind, as rows: one JSON document is far cheaper to send
+    than five arrays of quoted JSON texts."""
+    return (
+        f"jsonb_to_recordset({placeholder}::jsonb) AS c(id uuid, version bigint, rv jsonb, "
+        "entry jsonb, delay float8)"
+    )
+
+
+class RoundSQL:
+    """Builds the statements of ``PostgreSQLDialect.exchange``."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
+        self.t = dialect.table
+        self.s = dialect.limits.table
+        self.now = dialect.now_sql
+
+    # -- outcomes ------------------------------------------------------------------------
+
+    def busy_cte(self) -> str:
+        """``busy``: the rows of the statement's claims, not in ``mine``, still ours."""
+        # The claims not in ``mine`` first: when none is busy, no row is read.
+        return (
+            "busy AS (SELECT t.id FROM (SELECT * FROM unnest(%(ids)s::uuid[], "
+            "%(versions)s::bigint[]) AS u(id, version) WHERE u.id NOT IN (SELECT id FROM mine)) "
+            f"AS b JOIN {self.t} AS t ON t.id = b.id AND t.version = b.version "
+            f"WHERE {self.d.holder('t')} = %(worker)s)"
+        )
+
+    def statement(
+        self,
+        kinds: Sequence[OutcomeKind],
+        frees: bool,
+        claim: bool,
+        mode: ClaimMode | None,
+        form: ClaimForm,
+    ) -> str:
+        """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
+        then claim in ``form`` if ``claim``. Rows come back marked: ``c``
+        claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
+        key missing slots."""
+        t = self.t
+        ctes: list[str] = [MINE.format(table=t)] if kinds else []
+        done: list[str] = []
+        for i, kind in enumerate(kinds):
+            sets = ", ".join(
+                f"{column} = {value}"
+                for column, value in self.d.outcome_assignments(kind, "t", OUTCOME_VALUES)
+            )
+            guard = " AND NOT t.has_children" if kind in SETTLES_DEPENDANTS else ""
+            ctes.append(
+                f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {outcome_rows(f'%(rows{i})s')} "
+                f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
+                f"AND {self.d.holder('t')} = %(worker)s{guard} RETURNING t.id)"
+            )
+            done.append(f"d{i}")
+        if kinds:
+            ctes.append(self.busy_cte())
+        if frees:
+            # The concurrency slots of the claims these outcomes ended, once
+            # written: till then the task is RUNNING, and counts (db/limits.py).
+            written = " UNION ALL ".join(f"SELECT id FROM {d}" for d in done)
+            ctes.append(
+                f"freed AS (UPDATE {self.s} AS s SET free_at = NULL, "
+                "holder_id = NULL, holder_version = NULL "
+                "FROM unnest(%(ended_ids)s::uuid[], %(ended_versions)s::bigint[]) "
+                f"AS f(id, version) WHERE f.id IN ({written}) "
+                "AND s.holder_id = f.id AND s.holder_version = f.version)"
+            )
+        if not claim:
+            if not done:
+                return "SELECT 'p', NULL, 0 WHERE false"
+            selects = " UNION ALL ".join(
+                [*(f"SELECT 'd', id, 0 FROM {d}" for d in done), "SELECT 'b', id, 0 FROM busy"]
+            )
+            return f"WITH {', '.join(ctes)} {selects}"
+        mode = mode or ClaimMode.OPTIMISTIC
+        claim_ctes, seen, flags, missing = self.claim_ctes(mode, form)
+        ctes += claim_ctes
+        returning = ", ".join(f"t.{c}" for c in CLAIM_COLUMNS)
+        ctes.append(
+            f"claimed AS (UPDATE {t} AS t SET "
+            f"{self.d.claim_assignments('t', '%(claimer)s', '%(lease)s')} FROM go "
+            "WHERE t.id = go.id AND t.version = go.version "
+            f"RETURNING {returning}, go.status AS prev_status, "
+            "go.worker_id AS prev_worker, go.last_attempted_at AS prev_attempted)"
+        )
+        width = len(CLAIM_COLUMNS) + 2  # the columns after the marker and the id
+        blanks = ", ".join(["NULL"] * width)
+        parts = [
+            "SELECT 'c', claimed.* FROM claimed",
+            *(f"SELECT 'd', id, {blanks} FROM {d}" for d in done),
+            *([f"SELECT 'b', id, {blanks} FROM busy"] if kinds else []),
+        ]
+        # How many runnable rows the claim saw (more than it won: others won
+        # or hold the rest), and what it found of limited rows (``flags``).
+        rest = ", ".join(["NULL"] * (width - 2))
+        parts.append(f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {rest}")
+        if missing:
+            # Keys whose slots are missing (a new key, a raised limit): the
+            # worker makes them after the round (db/limits.py, make_slots).
+            rest = ", ".join(["NULL"] * (width - 3))
+            parts.append(
+                "SELECT 'm', NULL, NULL, NULL, jsonb_build_array(limit_key, n, period), "
+                f"{rest} FROM ({missing}) AS m"
+            )
+        head = "WITH RECURSIVE" if form == ClaimForm.WALK else "WITH"
+        return f"{head} {', '.join(ctes)} {' UNION ALL '.join(parts)}"
+
+    # -- the claim -----------------------------------------------------------------------
+
+    def claim_ctes(self, mode: ClaimMode, form: ClaimForm) -> tuple[list[str], str, str, str]:
+        """The CTEs ending in ``go`` (the rows to claim), and three SQL expressions:
+        how many runnable rows were seen, the flags (``limited`` rows are
+        there, a window asks for the ``walk``), and a query of the keys
+        missing slots ('' in the lean form).
+
+        Every read is one per queue, a LATERAL over the queues' array: the
+        statement (and its planning) is the same for one queue or ten.
+        """
+        t, now = self.t, self.now
+        lean = form == ClaimForm.LEAN
+        skip_locked = mode == ClaimMode.SKIP_LOCKED
+        # Skip-locked reads lock as they read, a batch each; optimistic ones
+        # read four times the batch, to lose some to others and still fill it.
+        part = "%(want)s" if skip_locked else "%(pool)s"
+        lock = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
+        ctes = [
+            "lim AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM "
+            f"{_QUEUES} WHERE EXISTS (SELECT 1 FROM {t} WHERE status = '{READY}' "
+            "AND queue_name = q.name AND limit_key IS NOT NULL)) AS limited)"
+        ]
+        # Lean: nothing is read when limited rows are there (the next form runs).
+        gate = " AND NOT (SELECT limited FROM lim)" if lean else ""
+        # Skip-locked: an expired lease of a row this round is finishing is ours.
+        not_finishing = " AND id <> ALL(%(finishing)s::uuid[])" if skip_locked else ""
+        # An expired lease of a limited task takes a slot: the lean form does
+        # not claim it (it holds, below), the others only where a slot is free.
+        free = "" if lean else f" AND {self.d.limits.available(t)}"
+        expired = f"status = '{RUNNING}' AND queue_name = q.name AND lease_expires_at <= {now}"
+        # Each read a range of its index in the index's order with a LIMIT:
+        # its cost is the limit's, never a backlog's (another queue's expired
+        # leases, a full key's READY rows).
+        reads = [
+            _per_queue(
+                f"SELECT {_COLS}, 0 AS reclaim, priority, run_after FROM {t} "
+                f"WHERE {expired}{not_finishing}{free}{gate} "
+                f"ORDER BY lease_expires_at LIMIT {part}{lock}"
+            ),
+            _per_queue(self.due_by_priority(part, lock, gate)),
+        ]
+        missing = ""
+        walk = "false"
+        if not lean:
+            limited_ctes, limited_reads, missing = self.limited_reads(part, lock, form)
+            ctes += limited_ctes
+            reads += limited_reads
+            walk = "EXISTS (SELECT 1 FROM nb WHERE walk)"
+        rows = "ce" if skip_locked else "pool"
+        # The lean form does not claim an expired lease of a limited task (it
+        # takes a slot), the window form does not claim while a window is
+        # filled: the next form claims, in order.
+        if lean:
+            hold = f"EXISTS (SELECT 1 FROM {rows} WHERE limit_key IS NOT NULL)"
+        elif form == ClaimForm.WINDOW:
+            hold = walk
+        else:
+            hold = "false"
+        pick = "go" if lean else "pick"
+        if skip_locked:
+            # Lock while reading: each read skips what others hold, and the
+            # rows read but not picked are let go when the statement ends.
+            ctes += [f"c{i} AS ({sql})" for i, sql in enumerate(reads)]
+            ctes.append("ce AS (SELECT * FROM c0)")
+            union = " UNION ALL ".join(f"SELECT * FROM c{i}" for i in range(len(reads)))
+            ctes.append(
+                f"{pick} AS (SELECT * FROM ({union}) u WHERE NOT ({hold}) "
+                "ORDER BY reclaim, priority DESC, run_after LIMIT %(want)s)"
+            )
+        else:
+            # Optimistic: read without locks, then take the rows still unchanged
+            # (the version compare-and-set), skipping any that someone holds locked.
+            union = " UNION ALL ".join(f"({sql})" for sql in reads)
+            ctes.append(
+                f"pool AS MATERIALIZED (SELECT * FROM ({union}) u "
+                "ORDER BY reclaim, priority DESC, run_after LIMIT %(pool)s)"
+            )
+            # The pool's rows in claim order, each looked up and locked in
+            # turn until the batch is full: four times the batch are read,
+            # only about a batch's rows are looked up again (a join sorted
+            # after it looked up and joined every row of the pool).
+            ctes.append(
+                f"{pick} AS (SELECT t.id, t.version, t.status, t.worker_id, "
+                "t.last_attempted_at, t.limit_key, t.limit_count, t.limit_period, p.reclaim, "
+                "p.priority, p.run_after FROM (SELECT * FROM pool ORDER BY reclaim, "
+                "priority DESC, run_after) AS p CROSS JOIN LATERAL (SELECT id, version, status, "
+                f"worker_id, last_attempted_at, limit_key, limit_count, limit_period FROM {t} "
+                f"WHERE id = p.id AND version = p.version AND {self.d.claimable('')} "
+                "AND id <> ALL(%(finishing)s::uuid[]) FOR UPDATE SKIP LOCKED) AS t "
+                f"WHERE NOT ({hold}) LIMIT %(want)s)"
+            )
+        if not lean:
+            ctes += self.slot_ctes()
+        limited = (
+            f"(SELECT limited FROM lim) OR EXISTS (SELECT 1 FROM {rows} "
+            "WHERE limit_key IS NOT NULL)"
+        )
+        if not lean:
+            # What the lean form's expired reads would hold on (the first
+            # expired leases, limited or not), so that it is not chosen again
+            # for as long as one of them is limited, whether its key is full
+            # or not.
+            limited += (
+                f" OR EXISTS (SELECT 1 FROM {_QUEUES} CROSS JOIN LATERAL (SELECT limit_key "
+                f"FROM {t} WHERE {expired} ORDER BY lease_expires_at LIMIT {part}) AS x "
+                "WHERE x.limit_key IS NOT NULL)"
+            )
+        flags = (
+            f"concat_ws(',', CASE WHEN {limited} THEN 'limited' END, "
+            f"CASE WHEN {walk} THEN 'walk' END)"
+        )
+        return ctes, f"SELECT count(*) FROM {rows}", flags, missing
+
+    def due_by_priority(self, part: str, lock: str, gate: str) -> str:
+        """The queue's (``q.name``) first ``part`` due READY rows without a limit, in claim order.
+
+        One read of the index in its order, ``priority DESC, run_after``, with
+        ``run_after <= now`` as a filter, walks every scheduled row of a
+        priority before it reaches the next one's due rows: with 100,000
+        tasks scheduled for later, 500 pages a round, however few are due.
+        So the queue's priorities are walked instead (``pr``: one index
+        descent each, a few in practice, 201 at most), and each priority's
+        due rows are read as a range that ends at now.
+        """
+        t, now = self.t, self.now
+        ready = f"status = '{READY}' AND queue_name = q.name AND limit_key IS NULL"
+        return (
+            f"WITH RECURSIVE pr(p) AS (SELECT max(priority) FROM {t} WHERE {ready} "
+            f"UNION ALL SELECT (SELECT max(priority) FROM {t} WHERE {ready} "
+            "AND priority < pr.p) FROM pr WHERE pr.p IS NOT NULL) "
+            f"SELECT d.* FROM pr CROSS JOIN LATERAL (SELECT {_COLS}, 1 AS reclaim, priority, "
+            f"run_after FROM {t} WHERE {ready} AND priority = pr.p AND run_after <= {now}{gate} "
+            f"ORDER BY run_after LIMIT {part}{lock}) AS d "
+            f"ORDER BY d.priority DESC, d.run_after LIMIT {part}"
+        )
+
+    def _slot_counts(self, key: str, count: str) -> str:
+        """A key's slots below ``count``: how many there are, and how many are free now."""
+        return (
+            f"SELECT count(*) AS have, count(*) FILTER (WHERE {self.d.limits.free('s')}) "
+            f'AS free FROM {self.s} AS s WHERE s."key" = {key} AND s.slot_no < {count}'
+        )
+
+    def limited_reads(
+        self, part: str, lock: str, form: ClaimForm
+    ) -> tuple[list[str], list[str], str]:
+        """The CTEs and reads of READY rows with a limit, and the query of missing slots."""
+        t, now = self.t, self.now
+        ready = f"status = '{READY}' AND queue_name = {{queue}} AND limit_key IS NOT NULL"
+        head = "limit_key, limit_count, limit_period FROM " + t
+        ctes = [
+            # Each queue's window: its first rows with a limit, in claim order.
+            "la AS MATERIALIZED (SELECT q.name AS queue, r.* FROM "
+            f"{_QUEUES} CROSS JOIN LATERAL (SELECT {_COLS}, priority, run_after FROM {t} "
+            f"WHERE {ready.format(queue='q.name')} AND run_after <= {now} "
+            f"ORDER BY priority DESC, run_after LIMIT {part}{lock}) AS r)",
+            "ka AS MATERIALIZED (SELECT k.limit_key, k.n, k.period, c.have, c.free FROM "
+            "(SELECT limit_key, max(limit_count) AS n, max(limit_period) AS period "
+            "FROM la GROUP BY limit_key) AS k "
+            f"CROSS JOIN LATERAL ({self._slot_counts('k.limit_key', 'k.n')}) AS c)",
+            # A key's rows in a window, as many as it has free slots.
+            "lr AS (SELECT a.* FROM (SELECT la.*, row_number() OVER (PARTITION BY "
+            "la.queue, la.limit_key ORDER BY la.priority DESC, la.run_after) AS rn "
+            "FROM la) AS a JOIN ka ON ka.limit_key = a.limit_key WHERE a.rn <= ka.free)",
+            # A window was full, yet gave fewer rows than wanted: keys whose
+            # slots are all taken fill it. Then its queue's keys are walked.
+            "nb AS MATERIALIZED (SELECT q.name AS queue, "
+            f"(SELECT count(*) FROM la WHERE la.queue = q.name) >= {part} AND "
+            f"(SELECT count(*) FROM lr WHERE lr.queue = q.name) < {part} AS walk "
+            f"FROM {_QUEUES})",
+        ]
+        window = f"SELECT {_COLS}, 1 AS reclaim, priority, run_after FROM lr"
+        keys = ["SELECT limit_key, n, period, have FROM ka"]
+        if form != ClaimForm.WALK:
+            return ctes, [window], _missing(keys)
+        ctes += [
+            # A loose index scan of each walked queue: each key's first row,
+            # one index descent a key, however many rows it holds.
+            f"kk AS ((SELECT nb.queue, f.* FROM nb CROSS JOIN LATERAL (SELECT {head} "
+            f"WHERE {ready.format(queue='nb.queue')} "
+            "ORDER BY limit_key, priority DESC, run_after LIMIT 1) AS f WHERE nb.walk) "
+            f"UNION ALL SELECT k.queue, n.* FROM kk AS k CROSS JOIN LATERAL (SELECT {head} "
+            f"WHERE {ready.format(queue='k.queue')} AND limit_key > k.limit_key "
+            "ORDER BY limit_key, priority DESC, run_after LIMIT 1) AS n)",
+            "kb AS MATERIALIZED (SELECT k.queue, k.limit_key, k.limit_count AS n, "
+            "k.limit_period AS period, c.have, c.free FROM kk AS k CROSS JOIN LATERAL "
+            f"({self._slot_counts('k.limit_key', 'k.limit_count')}) AS c)",
+            "rb AS (SELECT r.* FROM kb AS k CROSS JOIN LATERAL "
+            f"(SELECT {_COLS}, priority, run_after FROM {t} "
+            f"WHERE {ready.format(queue='k.queue')} AND limit_key = k.limit_key "
+            f"AND run_after <= {now} ORDER BY priority DESC, run_after "
+            f"LIMIT LEAST(k.free, {part}){lock}) AS r WHERE k.free > 0)",
+        ]
+        # Walked: a queue's key reads replace its window's rows (they hold them).
+        reads = [
+            f"{window} WHERE lr.queue IN (SELECT queue FROM nb WHERE NOT walk)",
+            f"SELECT {_COLS}, 1 AS reclaim, priority, run_after FROM rb",
+        ]
+        keys.append("SELECT limit_key, n, period, have FROM kb")
+        return ctes, reads, _missing(keys)
+
+    def slot_ctes(self) -> list[str]:
+        """``go``: the rows of ``pick`` to claim, each limited one with a free slot it took.
+
+        The key's free slots are locked, skipping any another session holds;
+        PostgreSQL re-checks a locked row's ``free_at`` at its newest version,
+        so a slot is never taken twice. ``pick``'s rows of a key beyond its
+        free slots are not claimed: they stay READY, untouched. A lapsed slot
+        of a claim the same statement finishes is left to the next round.
+        """
+        s, key, now = self.s, '"key"', self.now
+        return [
+            "lk AS (SELECT limit_key, max(limit_count) AS n FROM pick "
+            "WHERE limit_key IS NOT NULL GROUP BY limit_key)",
+            f"sf AS MATERIALIZED (SELECT s.id, s.{key}, s.slot_no FROM {s} AS s "
+            f"JOIN lk ON s.{key} = lk.limit_key AND s.slot_no < lk.n "
+            f"WHERE {self.d.limits.free('s')} "
+            # Not a slot of a claim this statement finishes, lapsed: ``freed``
+            # writes that row, and one statement must not write a row twice.
+            "AND (s.holder_id IS NULL OR s.holder_id <> ALL(%(finishing)s::uuid[])) "
+            "FOR UPDATE OF s SKIP LOCKED)",
+            "go AS MATERIALIZED (SELECT p.*, sn.id AS slot_id FROM (SELECT pick.*, "
+            "row_number() OVER (PARTITION BY limit_key "
+            "ORDER BY reclaim, priority DESC, run_after) AS rn FROM pick) AS p "
+            f"LEFT JOIN (SELECT id, {key}, row_number() OVER (PARTITION BY {key} "
+            f"ORDER BY slot_no) AS rn FROM sf) AS sn ON sn.{key} = p.limit_key AND sn.rn = p.rn "
+            "WHERE p.limit_key IS NULL OR sn.id IS NOT NULL)",
+            # A concurrency slot is held by the claim until its outcome (or its
+            # lease lapses); a rate slot is free a period after this start.
+            f"taken AS (UPDATE {s} AS s SET "
+            "holder_id = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.id END, "
+            "holder_version = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.version + 1 END, "
+            f"last_started_at = {now}, free_at = {now} + CASE WHEN go.limit_period > 0 "
+            "THEN go.limit_period ELSE %(lease)s END * INTERVAL '1 second' "
+            "FROM go WHERE s.id = go.slot_id)",
+        ]

@@ -1,0 +1,261 @@
+"""The portable claim's reads of runnable rows, limits and all (MySQL/MariaDB, SQLite).
+
+What PostgreSQL does in one statement (``pg_round.py``), in a few:
+
+1. One read per queue and kind, each a range of its index in the index's
+   order with a LIMIT: the expired leases (those of a limited task only where
+   its key has a free slot), the READY rows without a limit, and a *window*
+   of READY rows with one. Where the database has partial indexes the two
+   kinds of READY rows are indexes apart (``rdbtasks_task_ready_unlimited``,
+   ``_limited``); MySQL and MariaDB have none, so there the window is the
+   first READY rows of any kind (``rdbtasks_task_ready``) and the unlimited
+   read comes only when needed (step 3), by ``limit_key IS NULL`` on
+   ``rdbtasks_task_ready_key``.
+2. The slots of the window's keys (``LimitSQL.slot_state``): a key's rows are
+   offered as far as it has free slots; keys missing slots are reported.
+3. Only where a queue's window was full yet offered fewer rows than wanted (a
+   full key's backlog fills it): its keys are walked, one look-up of the
+   next key each (a loose index scan; MySQL and MariaDB do not run one as a
+   recursive query, so it is a loop of short statements), and each key with
+   free slots is read for as many rows as it has. The cost is then per key
+   with READY rows in the queue, never per row of a backlog.
+
+The rows are then ordered as the claim orders them: expired leases first,
+then priority and ``run_after``, limited or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..states import TaskStatus
+from .rows import CANDIDATE_COLUMNS, Candidate
+
+if TYPE_CHECKING:
+    from .base import Dialect
+
+READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
+#: Parts of the first read.
+EXPIRED, UNLIMITED, WINDOW = "expired", "unlimited", "window"
+
+
+@dataclass(slots=True)
+class _Row:
+    candidate: Candidate
+    order: tuple
+
+
+class ReadyReads:
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
+        self.t = dialect.table
+        #: READY rows with and without a limit are in indexes apart.
+        self.split = dialect.connection.features.supports_partial_indexes
+        self.cols = ", ".join(CANDIDATE_COLUMNS)
+
+    # -- the statements ----------------------------------------------------------------
+
+    def _select(self, where: str, order: str, reclaim: int) -> str:
+        return (
+            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after FROM {self.t} "
+            f"WHERE {where} ORDER BY {order} LIMIT %s"
+        )
+
+    def part_sql(self, kind: str) -> str:
+        """One part of the first read, for one queue (parameters: the queue, the limit)."""
+        now = self.d.now_sql
+        if kind == EXPIRED:
+            return self._select(
+                f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
+                f"AND {self.d.limits.available(self.t)}",
+                "lease_expires_at",
+                0,
+            )
+        limit = {UNLIMITED: "AND limit_key IS NULL ", WINDOW: ""}[kind]
+        if kind == WINDOW and self.split:
+            limit = "AND limit_key IS NOT NULL "
+        return self._select(
+            f"status = '{READY}' AND queue_name = %s {limit}AND run_after <= {now}",
+            "priority DESC, run_after",
+            1,
+        )
+
+    def parts(self, queues: Sequence[str]) -> list[tuple[str, int]]:
+        kinds = [EXPIRED, UNLIMITED, WINDOW] if self.split else [EXPIRED, WINDOW]
+        return [(kind, i) for kind in kinds for i in range(len(queues))]
+
+    def first_sql(self, queues: Sequence[str]) -> str:
+        """The first read, all parts in one statement, each part tagged by its number."""
+        return " UNION ALL ".join(
+            f"SELECT p{n}.*, {n} AS part FROM ({self.part_sql(kind)}) AS p{n}"
+            for n, (kind, _) in enumerate(self.parts(queues))
+        )
+
+    def first_params(self, queues: Sequence[str], limit: int) -> list[Any]:
+        return [v for _, i in self.parts(queues) for v in (queues[i], limit)]
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _row(self, raw: Sequence[Any]) -> _Row:
+        n = len(CANDIDATE_COLUMNS)
+        candidate = self.d.decode_candidate(raw[:n])
+        reclaim, priority, run_after = raw[n : n + 3]
+        return _Row(candidate, (reclaim, -priority, self.d.decode_dt(run_after)))
+
+    def _run(self, cursor: Any, sql: str, params: list[Any], lock: str) -> list[_Row]:
+        cursor.execute(f"{sql} {lock}" if lock else sql, params)
+        return [self._row(raw) for raw in cursor.fetchall()]
+
+    def read(
+        self,
+        cursor: Any,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        lock: str = "",
+        missing: list[tuple[str, int, float]] | None = None,
+    ) -> list[Candidate]:
+        """Up to ``limit`` runnable rows of ``queues``, in claim order.
+
+        ``lock``: a locking clause (``FOR UPDATE SKIP LOCKED``) each read
+        takes its rows with; rows read and not returned stay locked until the
+        caller's transaction ends. ``missing``: keys whose slots are missing
+        are added to it, as ``(key, count, period)``.
+        """
+        parts = self.parts(queues)
+        read: list[list[_Row]] = [[] for _ in parts]
+        if lock:
+            # Locking reads one by one; the expired leases come first, and
+            # may be all a round takes.
+            expired = 0
+            for n, (kind, i) in enumerate(parts):
+                if kind != EXPIRED and expired >= limit:
+                    break
+                read[n] = self._run(cursor, self.part_sql(kind), [queues[i], limit], lock)
+                expired += len(read[n]) if kind == EXPIRED else 0
+        else:
+            cursor.execute(self.first_sql(queues), self.first_params(queues, limit))
+            for raw in cursor.fetchall():
+                read[raw[-1]].append(self._row(raw[:-1]))
+        found: list[_Row] = []
+        windows: dict[int, list[_Row]] = {}
+        for n, (kind, i) in enumerate(parts):
+            if kind == WINDOW:
+                windows[i] = read[n]
+            else:
+                found += read[n]
+        offered, walk = self._offer(cursor, windows, limit, missing)
+        for i in windows:
+            if i in walk:
+                found += self._walk(cursor, queues[i], limit, lock, missing)
+                if not self.split:
+                    where = f"status = '{READY}' AND queue_name = %s AND limit_key IS NULL "
+                    where += f"AND run_after <= {self.d.now_sql}"
+                    sql = self._select(where, "priority DESC, run_after", 1)
+                    found += self._run(cursor, sql, [queues[i], limit], lock)
+            else:
+                found += offered[i]
+        seen: set[Any] = set()
+        rows = []
+        for row in sorted(found, key=lambda r: r.order):
+            if row.candidate.id not in seen:
+                seen.add(row.candidate.id)
+                rows.append(row.candidate)
+        return rows[:limit]
+
+    def _offer(
+        self,
+        cursor: Any,
+        windows: dict[int, list[_Row]],
+        limit: int,
+        missing: list[tuple[str, int, float]] | None,
+    ) -> tuple[dict[int, list[_Row]], set[int]]:
+        """The window rows each queue may claim, and the queues whose keys must be walked.
+
+        A key's rows are offered as far as it has free slots (so a key with
+        one free slot does not fill a window either). Rows without a limit
+        (MySQL's windows hold both) are always offered.
+        """
+        counts: dict[str, int] = {}
+        periods: dict[str, float] = {}
+        for rows in windows.values():
+            for r in rows:
+                c = r.candidate
+                if c.limit_key is not None:
+                    counts[c.limit_key] = max(counts.get(c.limit_key, 0), c.limit_count or 0)
+                    periods[c.limit_key] = c.limit_period or 0.0
+        state = self.d.limits.slot_state(cursor, counts) if counts else {}
+        self._report(state, counts, periods, missing)
+        left = {key: free for key, (_, free) in state.items()}
+        offered: dict[int, list[_Row]] = {}
+        walk: set[int] = set()
+        for i, rows in windows.items():
+            offered[i] = []
+            for r in rows:
+                key = r.candidate.limit_key
+                if key is None or left[key] > 0:
+                    offered[i].append(r)
+                    if key is not None:
+                        left[key] -= 1
+            if len(rows) >= limit and len(offered[i]) < limit:
+                walk.add(i)
+        return offered, walk
+
+    @staticmethod
+    def _report(
+        state: dict[str, tuple[int, int]],
+        counts: dict[str, int],
+        periods: dict[str, float],
+        missing: list[tuple[str, int, float]] | None,
+    ) -> None:
+        if missing is None:
+            return
+        for key, (have, _) in state.items():
+            if have < counts[key]:
+                missing.append((key, counts[key], periods[key]))
+
+    def _walk(
+        self,
+        cursor: Any,
+        queue: str,
+        limit: int,
+        lock: str,
+        missing: list[tuple[str, int, float]] | None,
+    ) -> list[_Row]:
+        """Each key of the queue with READY rows, read for as many as it has free slots."""
+        heads: dict[str, tuple[int, float]] = {}
+        ready = f"status = '{READY}' AND queue_name = %s AND limit_key"
+        # The next key after the last, each its key's first row in the
+        # ``ready_key`` index: one descent a key, however many rows it holds.
+        cursor.execute(
+            f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
+            f"WHERE {ready} IS NOT NULL ORDER BY limit_key, priority DESC, run_after LIMIT 1",
+            [queue],
+        )
+        row = cursor.fetchone()
+        while row is not None:
+            heads[row[0]] = (row[1] or 0, row[2] or 0.0)
+            cursor.execute(
+                f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
+                f"WHERE {ready} > %s ORDER BY limit_key, priority DESC, run_after LIMIT 1",
+                [queue, row[0]],
+            )
+            row = cursor.fetchone()
+        counts = {key: count for key, (count, _) in heads.items()}
+        state = self.d.limits.slot_state(cursor, counts) if counts else {}
+        self._report(state, counts, {k: p for k, (_, p) in heads.items()}, missing)
+        wanted = [(key, min(free, limit)) for key, (_, free) in sorted(state.items()) if free > 0]
+        where = f"{ready} = %s AND run_after <= {self.d.now_sql}"
+        sql = self._select(where, "priority DESC, run_after", 1)
+        found: list[_Row] = []
+        if lock:
+            for key, n in wanted:
+                found += self._run(cursor, sql, [queue, key, n], lock)
+            return found
+        for start in range(0, len(wanted), 100):
+            chunk = wanted[start : start + 100]
+            union = " UNION ALL ".join(f"SELECT * FROM ({sql}) AS k{j}" for j in range(len(chunk)))
+            found += self._run(cursor, union, [v for key, n in chunk for v in (queue, key, n)], "")
+        return found

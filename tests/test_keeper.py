@@ -1,0 +1,79 @@
+"""The lease keeper's renewal, with a store that stands for the database (no database)."""
+
+import datetime as dt
+import logging
+
+from django_rdbtasks.db.rows import ClaimedRow, Outcome
+from django_rdbtasks.states import OutcomeKind
+from django_rdbtasks.worker.keeper import LeaseKeeper
+from django_rdbtasks.worker.reporting import Counters
+from django_rdbtasks.worker.slots import Slot
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def row(task_id: str) -> ClaimedRow:
+    return ClaimedRow(
+        task_id, 1, "tests.testapp.tasks.add", [], {}, 1, 3, "default", "default", 0,
+        NOW, NOW, NOW, NOW, [],
+    )  # fmt: skip
+
+
+class Registry:
+    def alive(self, **kwargs):
+        pass
+
+
+def keeper_for(slot: Slot, store) -> LeaseKeeper:
+    keeper = LeaseKeeper(
+        slots=[slot],
+        alias="unused",
+        database="default",
+        executor=None,  # type: ignore[arg-type]
+        reporter=None,  # type: ignore[arg-type]
+        counters=Counters(),
+        registry=Registry(),  # type: ignore[arg-type]
+        lease=30.0,
+        timeout_grace=5.0,
+        stopping=lambda: False,
+    )
+    keeper.store = store
+    return keeper
+
+
+def test_an_outcome_written_while_the_renewal_ran_is_not_taken_for_a_lost_lease(caplog):
+    """The slot wrote the outcome (the row left RUNNING) between the keeper's look at
+    what it holds and the renewal's answer: the claim ended, it was not lost."""
+    slot = Slot(0, "w:0")
+    slot.add([row("done-meanwhile"), row("still-running")])
+    finished = slot.take_next()
+    slot.finish(Outcome(finished.row.id, 1, OutcomeKind.SUCCESS, row=finished.row), finished)
+    running = slot.take_next()
+
+    class Store:
+        def renew(self, claims, worker_id, lease, limited):
+            assert {task_id for task_id, _ in claims} == {"done-meanwhile", "still-running"}
+            slot.take_finished()  # the slot's round writes it now
+            return {"still-running"}, set()
+
+    with caplog.at_level(logging.WARNING, logger="django_rdbtasks.worker"):
+        keeper_for(slot, Store()).renew()
+    assert not finished.lost and not running.lost
+    assert "lease lost" not in caplog.text
+
+
+def test_a_claim_still_held_that_the_renewal_did_not_find_is_lost(caplog):
+    slot = Slot(0, "w:0")
+    slot.add([row("taken-over"), row("kept")])
+    first = slot.take_next()
+    waiting = slot.held()
+
+    class Store:
+        def renew(self, claims, worker_id, lease, limited):
+            return {"kept"}, set()
+
+    with caplog.at_level(logging.WARNING, logger="django_rdbtasks.worker"):
+        keeper_for(slot, Store()).renew()
+    lost = {r.row.id for r in waiting if r.lost}
+    assert lost == {"taken-over"} and first.lost and first.stop_requested
+    assert "task taken-over: lease lost" in caplog.text
