@@ -84,20 +84,21 @@ test: venvs lint
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "No chromium: the browser tests will be skipped (sudo apt-get install -y chromium)"; fi
 	.venv/bin/python scripts/check_databases.py "$(PG_URL)" "$(MYSQL_URL)"
-	@bash -c 'set -o pipefail; \
+	@bash -c 'set -o pipefail; logs=$$(mktemp -d); \
 	  { { RDBTASKS_TEST_DB=test_rdbtasks $(MAKE) --no-print-directory test-line VENV=.venv \
 	      MARKS="not server_restart" URLS="sqlite $(PG_URL)" \
 	    && RDBTASKS_TEST_DB=test_rdbtasks $(MAKE) --no-print-directory test-line VENV=.venv \
 	      MARKS="not slow" URLS="$(MYSQL_URL)"; } \
-	    2>&1 | sed -u "s/^/[django 5.2] /"; } & five=$$!; \
+	    2>&1 | sed -u "s/^/[django 5.2] /" | tee $$logs/five; } & five=$$!; \
 	  { { RDBTASKS_TEST_DB=test_rdbtasks_dj61 $(MAKE) --no-print-directory test-line \
 	      VENV=.venv-dj61 MARKS="not slow" URLS="sqlite $(PG_URL)" \
 	    && RDBTASKS_TEST_DB=test_rdbtasks_dj61 $(MAKE) --no-print-directory test-line \
 	      VENV=.venv-dj61 MARKS="not server_restart" URLS="$(MYSQL_URL)" \
 	    && RDBTASKS_TEST_DB=test_rdbtasks_clusters $(MAKE) --no-print-directory test-clusters; } \
-	    2>&1 | sed -u "s/^/[django 6.1] /"; } & six=$$!; \
+	    2>&1 | sed -u "s/^/[django 6.1] /" | tee $$logs/six; } & six=$$!; \
 	  wait $$five; a=$$?; wait $$six; b=$$?; \
 	  echo "Django 5.2 stream: exit $$a; Django 6.1 stream and clusters: exit $$b"; \
+	  grep -hE "^\[django [0-9.]+\] (=== |FAILED |ERROR )" $$logs/five $$logs/six; rm -rf $$logs; \
 	  [ $$a = 0 ] && [ $$b = 0 ]'
 	for url in "$(PG_URL)" "$(MYSQL_URL)"; do \
 	  DATABASE_URL=$$url .venv/bin/pytest -m server_restart $(PYTEST_ARGS) || exit 1; \
