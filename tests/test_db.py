@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.base import candidate_count
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.db.rows import ClaimRequest, NewBatch, Outcome, new_ids
 from django_rdbtasks.models import Task, uuid7
@@ -444,3 +445,8 @@ def test_a_batch_by_copy_and_by_psycopg2s_json_insert_writes_the_same_rows(vendo
             for batch in batches
         )
         assert copied == inserted
+
+
+def test_an_optimistic_claim_reads_half_again_its_batch_and_at_least_three_more():
+    # A batch of one keeps the reserve it had at four times the batch.
+    assert [candidate_count(want) for want in (1, 6, 10, 400)] == [4, 9, 15, 600]

@@ -42,6 +42,16 @@ def test_claim_ahead_grows_while_tasks_are_short_and_drops_at_once_for_a_long_on
     assert ahead.want() == 1
 
 
+def test_claims_ahead_are_bounded_by_the_budget_not_only_by_most():
+    """No-op tasks come in rounds of hundreds; a millisecond's tasks in fifty."""
+    quick, slower = ClaimAhead(), ClaimAhead()
+    for _ in range(100):
+        quick.observe(0.00005)
+        slower.observe(0.001)
+    assert quick.want() == quick.most == 800
+    assert 45 <= slower.want() <= 50  # 50 ms of work
+
+
 def test_a_fixed_batch_is_kept():
     ahead = ClaimAhead(7)
     ahead.observe(10.0)

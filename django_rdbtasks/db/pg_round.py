@@ -56,9 +56,15 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: NO KEY UPDATE is the lock the UPDATE itself takes: it does not conflict with
 #: the KEY SHARE a foreign key's check holds (a JobRecord written by once() in
 #: a transaction still open), so such a row is not taken for busy.
+#: The ids come as an array built in the statement (an InitPlan), not as the
+#: parameter itself: the planner then cannot count them, and reaches them by
+#: primary key however many a round names. Counted (hundreds, with rounds of
+#: no-op tasks), they made a sequential scan of a table of tens of thousands
+#: of rows look cheaper, and its cost grows with the table
+#: (tests/test_db_plans.py).
 MINE = (
-    "mine AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%(ids)s::uuid[]) "
-    "FOR NO KEY UPDATE SKIP LOCKED)"
+    "mine AS MATERIALIZED (SELECT id FROM {table} WHERE "
+    "id = ANY(ARRAY(SELECT unnest(%(ids)s::uuid[]))) FOR NO KEY UPDATE SKIP LOCKED)"
 )
 #: A row of the statement's outcomes (``t``) is one of ``mine``. A semi-join
 #: against the CTE was planned as a nested loop that scans ``mine`` again for
@@ -129,8 +135,10 @@ class RoundSQL:
         return (
             "busy AS (SELECT t.id FROM (SELECT * FROM unnest(%(ids)s::uuid[], "
             "%(versions)s::bigint[]) AS u(id, version) WHERE u.id NOT IN (SELECT id FROM mine)) "
-            f"AS b JOIN {self.t} AS t ON t.id = b.id AND t.version = b.version "
-            f"WHERE {self.d.holder('t')} = %(worker)s)"
+            # Each looked up by primary key (OFFSET 0: not flattened into a
+            # join, which hundreds of ids made a hash join over the table).
+            f"AS b CROSS JOIN LATERAL (SELECT id FROM {self.t} AS t WHERE t.id = b.id "
+            f"AND t.version = b.version AND {self.d.holder('t')} = %(worker)s OFFSET 0) AS t)"
         )
 
     def statement(
@@ -187,7 +195,9 @@ class RoundSQL:
         ctes.append(
             f"claimed AS (UPDATE {t} AS t SET "
             f"{self.d.claim_assignments('t', '%(claimer)s', '%(lease)s')} FROM go "
-            "WHERE t.id = go.id AND t.version = go.version "
+            # The picked rows by primary key, however many (see MINE).
+            "WHERE t.id = ANY(ARRAY(SELECT id FROM go)) "
+            "AND t.id = go.id AND t.version = go.version "
             f"RETURNING {returning}, go.status AS prev_status, "
             "go.worker_id AS prev_worker, go.last_attempted_at AS prev_attempted)"
         )
@@ -228,7 +238,8 @@ class RoundSQL:
         lean = form == ClaimForm.LEAN
         skip_locked = mode == ClaimMode.SKIP_LOCKED
         # Skip-locked reads lock as they read, a batch each; optimistic ones
-        # read four times the batch, to lose some to others and still fill it.
+        # read more than the batch (candidate_count), to lose some to others and
+        # still fill it.
         part = "%(want)s" if skip_locked else "%(pool)s"
         lock = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
         ctes = [
@@ -292,7 +303,7 @@ class RoundSQL:
                 "ORDER BY reclaim, priority DESC, run_after LIMIT %(pool)s)"
             )
             # The pool's rows in claim order, each looked up and locked in
-            # turn until the batch is full: four times the batch are read,
+            # turn until the batch is full: more than the batch are read,
             # only about a batch's rows are looked up again (a join sorted
             # after it looked up and joined every row of the pool).
             ctes.append(

@@ -14,7 +14,6 @@ from typing import Any
 
 from ..states import OutcomeKind
 from .base import (
-    CANDIDATE_SPREAD,
     CLAIM_COLUMNS,
     RUNNING,
     Candidate,
@@ -23,6 +22,7 @@ from .base import (
     Dialect,
     Exchange,
     Outcome,
+    candidate_count,
 )
 from .pg_cursor import worker_cursor
 from .pg_inserts import NOTIFY_CHANNEL, PostgreSQLInserts
@@ -231,7 +231,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             assert request is not None
             values.update(
                 want=request.want,
-                pool=request.want * CANDIDATE_SPREAD,
+                pool=candidate_count(request.want),
                 finishing=[o.id for o in outcomes],
                 claimer=request.worker_id,
                 lease=request.lease,

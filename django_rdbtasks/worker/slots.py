@@ -37,11 +37,16 @@ class ClaimAhead:
     tasks are short and falls back to one as soon as one is long, so a slot
     running long tasks claims them one at a time. At most ``most``: the round
     thread tops the queue up once half of it is left, so a round claims up to
-    half of it (100: a round's planning is then a hundredth of a task each),
-    while the other half keeps the runner busy.
+    half of it, while the other half keeps the runner busy. The budget, not
+    ``most``, is what bounds a slot's claims ahead (50 ms of work); ``most``
+    is high so that no-op tasks come in rounds of hundreds: a round's planning
+    and its fixed reads cost the server about 3 ms whatever its size, and
+    rounds of up to 400 instead of 100 took a fifth off the server's CPU per
+    task and drained a quarter faster with one process (docs/benchmarks.md,
+    2026-11-27).
     """
 
-    def __init__(self, fixed: int | None = None, *, budget: float = 0.05, most: int = 200) -> None:
+    def __init__(self, fixed: int | None = None, *, budget: float = 0.05, most: int = 800) -> None:
         self.fixed = fixed
         self.budget = budget
         self.most = most
