@@ -696,9 +696,11 @@ def test_racing_processes_never_exceed_a_concurrency_limit(run_workers, vendor, 
         assert max_overlap(list(spans)) <= 3, tenant
     assert sampler.samples > 10 and sampler.peaks
     assert max(sampler.peaks.values()) <= 3, dict(sampler.peaks)
-    # It was a race: limits were reached, by more than one process.
-    assert max_overlap(list(runs.values_list("started_at", "finished_at"))) > 3
-    assert runs.values("pid").distinct().count() > 1
+    # It was a race: more than one process took the same key's slots. (Not
+    # "more than three ran at once": a process claims ahead, slots included,
+    # so on a loaded machine one process could hold every free slot and run
+    # them in turn; CI saw exactly three at once.)
+    assert max(runs.filter(key=t).values("pid").distinct().count() for t in tenants) > 1
 
 
 @pytest.mark.slow
