@@ -12,6 +12,8 @@ import pytest
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_rdbtasks.db import forget_what_claims_learnt
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -164,6 +166,13 @@ def run_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor
+
+
+@pytest.fixture(autouse=True)
+def claims_start_afresh() -> Iterator[None]:
+    """What a test's claims learnt (a form, lost races) is not the next test's."""
+    yield
+    forget_what_claims_learnt()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,8 +1,17 @@
-"""PostgreSQL's statements' parameters, without a database."""
+"""PostgreSQL's dialect: its statements' parameters, and how its claims read under contention."""
 
 import uuid
 
+import pytest
+from django.db import connection, connections, transaction
+
+from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.base import candidate_count
 from django_rdbtasks.db.postgresql import _parameter
+from django_rdbtasks.db.rows import ClaimRequest
+from django_rdbtasks.models import Task
+from django_rdbtasks.states import ClaimMode
+from tests.testapp import tasks
 
 
 def test_ids_and_versions_go_as_one_parameter():
@@ -17,3 +26,52 @@ def test_anything_that_would_need_quoting_is_left_to_the_driver():
     for values in (["concurrency:k1"], ["a b"], ['"'], ["x}"], [""], ["1", ""]):
         assert _parameter(values) is values
     assert _parameter("text") == "text" and _parameter(7) == 7
+
+
+def claim_one(using):
+    """One optimistic round of ``using`` claiming one task: its claims' ids, and the round."""
+    request = ClaimRequest(["default"], 1, "w", 30.0, ClaimMode.OPTIMISTIC)
+    with transaction.atomic(using=using.alias), using.cursor() as cursor:
+        result = dialect_for(using).exchange(cursor, [], "w", request)
+    return [str(row.id) for row in result.claimed], result
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_optimistic_claim_that_lost_races_reads_past_the_rows_others_hold():
+    """Others holding the first rows of the queue (their claims not yet committed)
+    leave an optimistic claim's candidates all taken: it claims nothing and says it
+    lost races. The claims of that queue then read as the skip-locked mode does,
+    past the held rows, and fill their batch from rows nobody holds."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's round")
+    held = [tasks.add.enqueue(i, i) for i in range(candidate_count(1))]
+    free = tasks.add.using(priority=-1).enqueue(9, 9)
+    holder = connections.create_connection("default")
+    claimer = connections.create_connection("default")
+    try:
+        with claimer.cursor() as cursor:  # a claim that waited would fail in 5 s, not hang
+            cursor.execute("SET lock_timeout = '5s'")
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {Task._meta.db_table} WHERE id = ANY(%s::uuid[]) FOR UPDATE",
+                [[t.id for t in held]],
+            )
+        claimed, lost = claim_one(claimer)
+        assert claimed == [] and lost.contended
+        claimed, _ = claim_one(claimer)
+        assert claimed == [free.id]
+        # Nothing else changed: the held rows are READY and untouched.
+        assert set(Task.objects.filter(status="READY").values_list("version", "attempts")) == {
+            (0, 0)
+        }
+        # Without what the lost race taught, the optimistic read is back to the
+        # first rows, all held.
+        Task.objects.filter(pk=free.id).update(status="READY", version=5, worker_id="")
+        dialect_for(claimer).forget_learnt()
+        assert claim_one(claimer)[0] == []
+        holder.rollback()
+        assert claim_one(claimer)[0] == [held[0].id]
+    finally:
+        holder.close()
+        claimer.close()

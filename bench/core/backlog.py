@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 from systems.base import Context
-from systems.rdbtasks import TABLE, RDBTasks, count_ready
+from systems.rdbtasks import TABLE, RDBTasks, ready_sources
 
 from .measure import enqueue_bulk, percentile, time_drain, wait_for_probes
 from .pg import CREATE_STARTED_TABLE, PgServer, settle
@@ -61,9 +61,7 @@ FIGURES = {
 # Counted by a range of the READY indexes (queue, priority, run_after) that ends at
 # now: the scheduled rows lie beyond it, so polling B costs what polling A does.
 DUE_DEFAULT = " AND queue_name = 'default' AND priority = 0 AND run_after <= now()"
-UNFINISHED_SQL = (
-    f"SELECT {count_ready(DUE_DEFAULT)} + (SELECT count(*) FROM {TABLE} WHERE status = 'RUNNING')"
-)
+UNFINISHED = (*ready_sources(DUE_DEFAULT), f"{TABLE} WHERE status = 'RUNNING'")
 
 
 NIL = "00000000-0000-0000-0000-000000000000"
@@ -72,7 +70,7 @@ NIL = "00000000-0000-0000-0000-000000000000"
 class Side(RDBTasks):
     """django-rdbtasks in one of the two databases."""
 
-    unfinished_sql = UNFINISHED_SQL
+    unfinished = UNFINISHED
 
     def __init__(self, context: Context, name: str, database: str, worker_args: list[str]):
         super().__init__(context, name, worker_args)

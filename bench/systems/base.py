@@ -29,6 +29,18 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def count_rows(sources: Sequence[str], cap: int | None = None) -> str:
+    """A sum of counts of ``sources`` (``FROM`` clauses), each read up to ``cap`` rows."""
+    if cap is None:
+        counts = (f"(SELECT count(*) FROM {source})" for source in sources)
+    else:
+        counts = (
+            f"(SELECT count(*) FROM (SELECT 1 FROM {source} LIMIT {cap}) AS c)"
+            for source in sources
+        )
+    return "SELECT " + " + ".join(counts)
+
+
 class System(ABC):
     key: ClassVar[str]  # short name, used on the command line and in the JSON
     label: ClassVar[str]  # name in the table
@@ -36,8 +48,10 @@ class System(ABC):
     database: ClassVar[str]
     #: Tables emptied between runs (their dependants go too, by CASCADE).
     job_tables: ClassVar[list[str]]
-    #: Count of tasks queued or running; a drain ends when it is 0.
-    unfinished_sql: ClassVar[str]
+    #: Where the tasks queued or running are, as ``FROM`` clauses (``table WHERE
+    #: ...``), one a partial index where the system has one; a drain ends when
+    #: they hold no row (``unfinished_sql``).
+    unfinished: ClassVar[tuple[str, ...]]
     failed_sql: ClassVar[str]
     #: What "bulk" enqueue means for this system, for the report.
     bulk_api: ClassVar[str]
@@ -48,6 +62,16 @@ class System(ABC):
     def __init__(self, context: Context) -> None:
         self.context = context
         self.python: Path | None = None
+
+    @property
+    def unfinished_sql(self) -> str:
+        """Count of tasks queued or running."""
+        return count_rows(self.unfinished)
+
+    def unfinished_capped_sql(self, cap: int) -> str:
+        """The count, exact below ``cap`` and at least ``cap`` above it: it reads
+        at most ``cap`` rows of each source, however big the queue."""
+        return count_rows(self.unfinished, cap)
 
     @classmethod
     def configurations(cls, context: Context) -> list[System]:

@@ -30,9 +30,7 @@ class Chancy(System):
     # A worker marks jobs 'running' when it fetches them and writes their end state
     # in batches, once a second (Worker.send_outgoing_interval): a job counts as
     # finished once that update has committed.
-    unfinished_sql = (
-        "SELECT count(*) FROM chancy_jobs WHERE state IN ('pending', 'running', 'retrying')"
-    )
+    unfinished = ("chancy_jobs WHERE state IN ('pending', 'running', 'retrying')",)
     failed_sql = "SELECT count(*) FROM chancy_jobs WHERE state = 'failed'"
     bulk_api = "Chancy.push_many (one INSERT per job, one transaction per call)"
 

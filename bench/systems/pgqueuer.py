@@ -38,7 +38,7 @@ class PgQueuer(System):
     database = "bench_pgqueuer"
     # A finished job's row is deleted from pgqueuer and logged in pgqueuer_log.
     job_tables = ["pgqueuer", "pgqueuer_log", "pgqueuer_statistics"]
-    unfinished_sql = "SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"
+    unfinished = ("pgqueuer WHERE status IN ('queued', 'picked')",)
     # A job that raised is deleted too (on_failure="delete", the default) and logged
     # as 'exception'; 'failed' is a job held for inspection (on_failure="hold").
     failed_sql = (

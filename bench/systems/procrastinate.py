@@ -22,7 +22,7 @@ class Procrastinate(System):
     distribution = "procrastinate"
     database = "bench_procrastinate"
     job_tables = ["procrastinate_jobs", "procrastinate_events"]
-    unfinished_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    unfinished = ("procrastinate_jobs WHERE status IN ('todo', 'doing')",)
     failed_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'failed'"
     bulk_api = "batch_defer"
     slow = True

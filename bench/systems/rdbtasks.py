@@ -22,13 +22,15 @@ READY_ARMS = (
 )
 
 
+def ready_sources(condition: str = "") -> tuple[str, ...]:
+    """The READY rows (and ``condition``) as ``FROM`` clauses, one a partial index."""
+    return tuple(f"{TABLE} WHERE {arm}{condition}" for arm in READY_ARMS)
+
+
 def count_ready(condition: str = "") -> str:
     """A sum of counts of READY rows (and ``condition``), one a partial index."""
-    return (
-        "("
-        + " + ".join(f"(SELECT count(*) FROM {TABLE} WHERE {arm}{condition})" for arm in READY_ARMS)
-        + ")"
-    )
+    counts = (f"(SELECT count(*) FROM {source})" for source in ready_sources(condition))
+    return "(" + " + ".join(counts) + ")"
 
 
 # Logging every task costs CPU in the worker; every system runs with warnings only.
@@ -41,9 +43,7 @@ class RDBTasks(System):
     distribution = "django-rdbtasks"
     database = "bench_rdbtasks"
     job_tables = [TABLE]
-    unfinished_sql = (
-        f"SELECT {count_ready()} + (SELECT count(*) FROM {TABLE} WHERE status = 'RUNNING')"
-    )
+    unfinished = (*ready_sources(), f"{TABLE} WHERE status = 'RUNNING'")
     failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"
     bulk_api = "django_rdbtasks.backend.bulk_enqueue"
 

@@ -28,7 +28,7 @@ class TasksDB(System):
     distribution = "django-tasks-db"
     database = "bench_tasksdb"
     job_tables = [TABLE]
-    unfinished_sql = f"SELECT count(*) FROM {TABLE} WHERE status IN ('READY', 'RUNNING')"
+    unfinished = (f"{TABLE} WHERE status IN ('READY', 'RUNNING')",)
     failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"
     bulk_api = "bulk_create on its model (it has no bulk enqueue API)"
     slow = True

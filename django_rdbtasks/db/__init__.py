@@ -33,3 +33,9 @@ def dialect_for(connection: Any) -> Dialect:
             )
         dialect = _dialects[key] = cls(connection)
     return dialect
+
+
+def forget_what_claims_learnt() -> None:
+    """Every dialect's claims start afresh: one test's contention is not the next's."""
+    for dialect in _dialects.values():
+        dialect.forget_learnt()

@@ -116,6 +116,10 @@ class Dialect(TaskInserts):
         """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
         raise NotImplementedError
 
+    def forget_learnt(self) -> None:
+        """Forget what past rounds taught the claims (PostgreSQL: their forms and
+        contention), so that the next claim starts as a new process's would."""
+
     def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
         """Why this database cannot claim in ``mode`` (None: it can); may query it."""
         return None

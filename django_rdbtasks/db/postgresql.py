@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from ..states import OutcomeKind
+from ..states import ClaimMode, OutcomeKind
 from .base import (
     CLAIM_COLUMNS,
     RUNNING,
@@ -39,6 +40,9 @@ from .pg_sessions import PostgreSQLSessionBounds
 
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
+#: How long the optimistic claims of a set of queues read with SKIP LOCKED after
+#: one came back short through lost races (``PostgreSQLDialect.exchange``).
+LOCKED_READS_SECONDS = 5.0
 
 
 #: What an array literal of ids and versions is made of: nothing to quote.
@@ -119,6 +123,13 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         #: Per set of queues: the form of claim the last round found they
         #: need (pg_round.py), which the next round starts with.
         self.claim_forms: dict[tuple[str, ...], ClaimForm] = {}
+        #: Per set of queues: until when (``time.monotonic``) optimistic
+        #: claims read with SKIP LOCKED, since one lost races.
+        self.locked_reads_until: dict[tuple[str, ...], float] = {}
+
+    def forget_learnt(self) -> None:
+        self.claim_forms.clear()
+        self.locked_reads_until.clear()
 
     def replica_lag(self, cursor: Any) -> float | None:
         # A standby that replayed all it received is current, however long
@@ -168,14 +179,25 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         that suffices, with a walk of the keys while a full key's backlog
         fills the window. A form that finds it does not suffice claims
         nothing, and the next runs at once: the claims keep their order.
+
+        An optimistic claim that comes back short while it saw more runnable
+        rows than it won lost races: the other claimers read the same first
+        rows of the queue, and took them or hold them locked. For the next
+        ``LOCKED_READS_SECONDS`` the claims of these queues read as the
+        skip-locked mode does, skipping rows others hold as they read, so each
+        claimer fills its batch from rows nobody else is taking. The claim is
+        the same compare-and-set of the versions read either way; only which
+        rows it tries changes.
         """
         claim = request is not None and request.want > 0
         queues = tuple(request.queues) if request is not None else ()
         form = self.claim_forms.get(queues, ClaimForm.LEAN) if claim else ClaimForm.LEAN
-        result = self._round(cursor, outcomes, worker_id, request, form)
+        mode = self.read_mode(request, queues)
+        result = self._round(cursor, outcomes, worker_id, request, form, mode)
         if not claim:
             return result
         assert request is not None
+        self.note_contention(request, queues, mode, result)
         while True:
             needed = (
                 ClaimForm.WALK
@@ -188,10 +210,38 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             if needed <= form:
                 return result
             form = needed
-            rest = self._round(cursor, [], worker_id, request, form)
+            rest = self._round(cursor, [], worker_id, request, form, mode)
+            self.note_contention(request, queues, mode, rest)
             result.claimed, result.contended = rest.claimed, rest.contended
             result.missing = sorted({*result.missing, *rest.missing})
             result.limited, result.walk = rest.limited, rest.walk
+
+    def read_mode(self, request: ClaimRequest | None, queues: tuple[str, ...]) -> ClaimMode | None:
+        """How this claim reads its candidates (see ``exchange``)."""
+        if request is None:
+            return None
+        if (
+            request.mode == ClaimMode.OPTIMISTIC
+            and self.locked_reads_until.get(queues, 0.0) > time.monotonic()
+        ):
+            return ClaimMode.SKIP_LOCKED
+        return request.mode
+
+    def note_contention(
+        self,
+        request: ClaimRequest,
+        queues: tuple[str, ...],
+        mode: ClaimMode | None,
+        result: Exchange,
+    ) -> None:
+        """An optimistic claim that lost races: read with SKIP LOCKED for a while."""
+        if (
+            request.mode == ClaimMode.OPTIMISTIC
+            and mode == ClaimMode.OPTIMISTIC
+            and result.contended
+            and len(result.claimed) < request.want
+        ):
+            self.locked_reads_until[queues] = time.monotonic() + LOCKED_READS_SECONDS
 
     def _round(
         self,
@@ -200,13 +250,13 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         worker_id: str,
         request: ClaimRequest | None,
         form: ClaimForm,
+        mode: ClaimMode | None,
     ) -> Exchange:
         by_kind: dict[OutcomeKind, list[Outcome]] = {}
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
         kinds = tuple(sorted(by_kind))
         claim = request is not None and request.want > 0
-        mode = request.mode if request is not None else None
         ordered = sorted(outcomes, key=lambda o: o.id)
         # Only claims that may hold a slot need ``freed``: unlimited users'
         # rounds carry no slot step.
