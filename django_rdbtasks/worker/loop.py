@@ -353,6 +353,7 @@ class Worker:
         store = ClaimStore(alias, self.database)
         executor = self._executor(store)
         reporter = Reporter(self.backend, self.counters, store.public_id)
+        reporter.tell_in_background(f"rdbtasks-report-{slot.index}")
         ahead = ClaimAhead(self.batch)
         runner = threading.Thread(
             target=self._run_slot,
@@ -367,6 +368,7 @@ class Worker:
             # Its running task ends first (or the grace period ends the process).
             runner.join()
             self._finish_slot(slot, store, reporter, executor)
+            reporter.close()
             store.close()
             connections.close_all()
 
