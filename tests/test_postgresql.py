@@ -1,5 +1,6 @@
 """PostgreSQL's dialect: its statements' parameters, and how its claims read under contention."""
 
+import json
 import uuid
 
 import pytest
@@ -7,10 +8,10 @@ from django.db import connection, connections, transaction
 
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.base import candidate_count
-from django_rdbtasks.db.postgresql import _parameter
-from django_rdbtasks.db.rows import ClaimRequest
+from django_rdbtasks.db.postgresql import PostgreSQLDialect, _outcome_rows, _parameter
+from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
-from django_rdbtasks.states import ClaimMode
+from django_rdbtasks.states import ClaimMode, OutcomeKind
 from tests.testapp import tasks
 
 
@@ -26,6 +27,26 @@ def test_anything_that_would_need_quoting_is_left_to_the_driver():
     for values in (["concurrency:k1"], ["a b"], ['"'], ["x}"], [""], ["1", ""]):
         assert _parameter(values) is values
     assert _parameter("text") == "text" and _parameter(7) == 7
+
+
+def test_an_outcome_encoded_ahead_is_sent_as_the_round_would_encode_it():
+    outcomes = [
+        Outcome("01a2184c-11bf-7001-846e-3f4057f98e62", 3, OutcomeKind.SUCCESS, entry={"n": "é"}),
+        Outcome(uuid.uuid4(), 1, OutcomeKind.RETRY, return_value=[1, {"a": None}], delay=2.5),
+    ]
+    by_the_round = _outcome_rows(outcomes)
+    dialect = object.__new__(PostgreSQLDialect)  # no connection: encoding needs none
+    for outcome in outcomes:
+        dialect.encode_outcome(outcome)
+        assert outcome.wire is not None
+    assert _outcome_rows(outcomes) == by_the_round
+    assert json.loads(by_the_round)[1] == {
+        "id": str(outcomes[1].id),
+        "version": 1,
+        "rv": [1, {"a": None}],
+        "entry": None,
+        "delay": 2.5,
+    }
 
 
 def claim_one(using):

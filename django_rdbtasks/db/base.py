@@ -116,6 +116,11 @@ class Dialect(TaskInserts):
         """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
         raise NotImplementedError
 
+    def encode_outcome(self, outcome: Outcome) -> None:
+        """Encode ``outcome`` for the round ahead (``Outcome.wire``), where the
+        round sends it in one piece: a runner thread does it while the slot's
+        round thread waits for the database. Nothing by default."""
+
     def forget_learnt(self) -> None:
         """Forget what past rounds taught the claims (PostgreSQL: their forms and
         contention), so that the next claim starts as a new process's would."""

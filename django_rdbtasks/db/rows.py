@@ -114,6 +114,9 @@ class Outcome:
     error: BaseException | None = None
     #: The claimed row this is about (None only in tests of the SQL).
     row: ClaimedRow | None = None
+    #: The outcome as the round sends it, encoded ahead by the thread that ran
+    #: the task (``Dialect.encode_outcome``), or None: encoded by the round.
+    wire: str | None = None
 
     @property
     def limited(self) -> bool:

@@ -486,7 +486,9 @@ def reset_task_connections() -> None:
             continue
         if connection.in_atomic_block:
             _abandon_atomic(connection)
-        elif connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
+        # Connected (above): the attribute is what get_autocommit() returns,
+        # without its async guard and connection check (a tenth of a no-op task).
+        elif connection.autocommit != connection.settings_dict["AUTOCOMMIT"]:
             _close_quietly(connection)
         elif connection.errors_occurred:
             if connection.is_usable():

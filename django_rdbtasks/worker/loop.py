@@ -27,7 +27,7 @@ from django.utils.crypto import get_random_string
 from ..backend import RDBTaskBackend
 from ..compat import task_backends
 from ..db import dialect_for
-from ..db.rows import ClaimRequest, Exchange
+from ..db.rows import ClaimRequest, Exchange, Outcome
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
@@ -357,7 +357,7 @@ class Worker:
         ahead = ClaimAhead(self.batch)
         runner = threading.Thread(
             target=self._run_slot,
-            args=(slot, alias, executor, ahead),
+            args=(slot, alias, executor, ahead, store.dialect.encode_outcome),
             name=f"rdbtasks-run-{slot.index}",
         )
         runner.start()
@@ -372,7 +372,14 @@ class Worker:
             store.close()
             connections.close_all()
 
-    def _run_slot(self, slot: Slot, alias: str, executor: Executor, ahead: ClaimAhead) -> None:
+    def _run_slot(
+        self,
+        slot: Slot,
+        alias: str,
+        executor: Executor,
+        ahead: ClaimAhead,
+        encode: Callable[[Outcome], None],
+    ) -> None:
         """The runner: the slot's tasks, one at a time, until the slot closes or a stop.
 
         Its own worker connection (made on first use) carries what a running
@@ -392,6 +399,7 @@ class Worker:
                     close_task_connections()
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
+                encode(outcome)  # here, not in the round thread (Dialect.encode_outcome)
                 slot.finish(outcome, running)
         finally:
             connections.close_all()
