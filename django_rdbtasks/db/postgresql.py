@@ -65,18 +65,20 @@ def _parameter(value: Any) -> Any:
     return value
 
 
+#: One encoder for every outcome: ``json.dumps`` with arguments makes a new one a call.
+_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+
+
 def _outcome_json(o: Outcome) -> str:
     # A JSON null becomes SQL NULL in jsonb_to_recordset: None stays "no value".
-    return json.dumps(
+    return _ENCODER.encode(
         {
             "id": str(o.id),
             "version": o.version,
             "rv": o.return_value,
             "entry": o.entry,
             "delay": o.delay,
-        },
-        default=str,
-        separators=(",", ":"),
+        }
     )
 
 

@@ -21,8 +21,6 @@ from datetime import timedelta
 from traceback import format_exception
 from typing import Any, Protocol
 
-from django.db import connections
-
 from ..backend import RDBTaskBackend
 from ..compat import TASK_BASE_CLASSES, TaskResult, normalize_json
 from ..context import _UNSET, RDBTaskContext
@@ -42,6 +40,7 @@ from ..results import running_result
 from ..states import AttemptOutcome, OutcomeKind
 from .missing import missing_tasks
 from .store import error_path
+from .task_connections import reset_task_connections
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -473,57 +472,3 @@ def _json_value(task: Any, value: Any) -> Any:
 
 def _isoformat(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
-
-
-def reset_task_connections() -> None:
-    """Undo what a task may have left on this thread's connections.
-
-    Like Django's request-end cleanup, but the connection stays open whatever
-    ``CONN_MAX_AGE`` says: reconnecting per task would triple the cost.
-    """
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is None:
-            continue
-        if connection.in_atomic_block:
-            _abandon_atomic(connection)
-        # Connected (above): the attribute is what get_autocommit() returns,
-        # without its async guard and connection check (a tenth of a no-op task).
-        elif connection.autocommit != connection.settings_dict["AUTOCOMMIT"]:
-            _close_quietly(connection)
-        elif connection.errors_occurred:
-            if connection.is_usable():
-                connection.errors_occurred = False
-            else:
-                _close_quietly(connection)
-
-
-def close_task_connections() -> None:
-    """Drop this thread's task connections; the next query reconnects (after a
-    failover, to whichever server accepts writes)."""
-    for connection in connections.all(initialized_only=True):
-        _close_quietly(connection)
-
-
-def _abandon_atomic(connection: Any) -> None:
-    """A task returned inside an ``atomic()`` block it never left: drop the connection.
-
-    Closing it makes the server roll back what the block wrote. Django would
-    keep the block's state on the connection (and refuse to reconnect inside
-    it), so every later task on this thread would fail: the bookkeeping of
-    the abandoned block is cleared first, as if it had been rolled back.
-    """
-    connection.atomic_blocks = []
-    connection.savepoint_ids = []
-    connection.savepoint_state = 0
-    connection.in_atomic_block = False
-    connection.needs_rollback = False
-    connection.commit_on_exit = True
-    _close_quietly(connection)
-    connection.closed_in_transaction = False
-
-
-def _close_quietly(connection: Any) -> None:
-    try:
-        connection.close()
-    except Exception:
-        pass

@@ -33,7 +33,7 @@ from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
 from .budget import TaskBudget
 from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
-from .execution import Executor, close_task_connections
+from .execution import Executor
 from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
 from .keeper import LEAVE_WITHIN, LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
@@ -41,6 +41,7 @@ from .registry import Registry
 from .reporting import Counters, Reporter
 from .slots import BUSY_RETRY, HANDBACK_AFTER, ClaimAhead, Slot, Wake
 from .store import ClaimStore
+from .task_connections import close_task_connections
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
