@@ -57,3 +57,14 @@ def test_another_threads_connections_are_left_alone():
     release.set()
     thread.join(10)
     assert seen == {"still_open": True}
+
+
+def test_a_connection_the_task_made_itself_is_the_tasks_to_keep():
+    own = connections.create_connection("default")
+    try:
+        own.set_autocommit(False)
+        own.ensure_connection()
+        reset_task_connections()
+        assert own.connection is not None and not own.get_autocommit()
+    finally:
+        own.close()

@@ -20,8 +20,12 @@ def _note_connected(sender: Any, connection: Any, **kwargs: Any) -> None:
     goes through its thread-critical local twice per alias, each time asking
     asyncio for a running loop: about 8 µs per no-op task, a seventh of what
     its runner spends on it. A connection that was never opened has nothing to
-    undo; one opened on this thread said so here.
+    undo; one opened on this thread said so here. Only Django's own for this
+    thread are kept: one a task made itself (``connections.create_connection``)
+    is the task's to keep open, as before.
     """
+    if not any(own is connection for own in connections.all(initialized_only=True)):
+        return
     connected = getattr(_this_thread, "connected", None)
     if connected is None:
         connected = _this_thread.connected = {}
