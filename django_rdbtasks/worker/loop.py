@@ -27,7 +27,7 @@ from django.utils.crypto import get_random_string
 from ..backend import RDBTaskBackend
 from ..compat import task_backends
 from ..db import dialect_for
-from ..db.rows import ClaimRequest, Exchange, Outcome
+from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
@@ -358,7 +358,7 @@ class Worker:
         ahead = ClaimAhead(self.batch)
         runner = threading.Thread(
             target=self._run_slot,
-            args=(slot, alias, executor, ahead, store.dialect.encode_outcome),
+            args=(slot, alias, executor, ahead),
             name=f"rdbtasks-run-{slot.index}",
         )
         runner.start()
@@ -373,34 +373,25 @@ class Worker:
             store.close()
             connections.close_all()
 
-    def _run_slot(
-        self,
-        slot: Slot,
-        alias: str,
-        executor: Executor,
-        ahead: ClaimAhead,
-        encode: Callable[[Outcome], None],
-    ) -> None:
+    def _run_slot(self, slot: Slot, alias: str, executor: Executor, ahead: ClaimAhead) -> None:
         """The runner: the slot's tasks, one at a time, until the slot closes or a stop.
 
-        Its own worker connection (made on first use) carries what a running
-        task writes of itself: progress, checkpoints, a lost attempt's record.
-        """
-        open_in_thread(alias)
+        Its own worker connection (made on first use) carries what a running task
+        writes of itself: progress, checkpoints, a lost attempt's record."""
+        encode = dialect_for(open_in_thread(alias)).encode_outcome  # Outcome.wire
         try:
             while True:
                 running = slot.next_task(self.stopping)
                 if running is None:
                     return
                 if slot.connections_lost:
-                    # The round thread reconnected after an outage or a
-                    # failover: this thread's connections are as dead, and
-                    # the task must not spend an attempt finding that out.
+                    # The round thread reconnected (an outage, a failover): so must
+                    # this thread, not the task at the cost of an attempt.
                     slot.connections_lost = False
                     close_task_connections()
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
-                encode(outcome)  # here, not in the round thread (Dialect.encode_outcome)
+                encode(outcome)  # here, not in the round thread
                 slot.finish(outcome, running)
         finally:
             connections.close_all()
