@@ -45,7 +45,7 @@ class Reporter:
     order reported: a slot's round thread then goes back to the database at
     once. Its round is what a drain of short tasks waits on, and a signal with
     the framework's receivers and a result brought up to date cost about a
-    tenth of it (docs/benchmarks.md, "Where the time goes").
+    tenth of it (docs/benchmarks.md, "Reads that skip what others hold").
     """
 
     def __init__(self, backend: Any, counters: Counters, public_id: Any) -> None:
@@ -88,9 +88,9 @@ class Reporter:
 
     def _tell_all(self) -> None:
         assert self._told is not None
-        log = logger.isEnabledFor(logging.INFO)
         while (batch := self._told.get()) is not None:
             pairs, written = batch
+            log = logger.isEnabledFor(logging.INFO)
             for outcome, running in pairs:
                 try:
                     self._one(outcome, running, outcome.id in written, log)
