@@ -417,19 +417,19 @@ class Worker:
                 if slot.should_flush():
                     self._round(slot, store, reporter, 0)
                 else:
-                    # Claimed enough ahead, or behind a long task: wait for the
-                    # runner, or until its finished outcomes are due.
+                    # Claimed enough ahead, or behind a long task: until the runner needs more.
                     slot.wait_changed(generation, min(slot.flush_in(), self.poll_interval))
                 continue
             self.wake.clear()
+            # Asked before the round: what a hand-back commits meanwhile, its claim missed.
+            handing_back = slot.handing_back()
             exchange = self._round(slot, store, reporter, want)
             self.budget.give_back(want - len(exchange.claimed))
             if exchange.claimed:
                 slot.add(exchange.claimed)
                 if len(exchange.claimed) < want and not exchange.contended:
-                    # The queue had no more for now: a round at once would
-                    # find nothing and take the server from the task just
-                    # claimed. Until the runner needs more, or a wake-up.
+                    # The queue had no more for now: a round at once would find nothing
+                    # and take the server from the task just claimed. Until needed, or woken.
                     self._wait_busy(slot, slot.generation)
             elif not slot.idle():
                 # Nothing to claim while the runner still has work: wait for
@@ -439,10 +439,10 @@ class Worker:
                 # What it just finished may have made more runnable (a
                 # dependant released after the claim): look again at once.
                 continue
-            elif exchange.busy or slot.handing_back():
-                # Outcomes wait for a row another session holds locked, or
-                # the keeper is writing back tasks it took from this slot
-                # (a burst must not end before it can claim them again).
+            elif exchange.busy or handing_back or slot.handing_back():
+                # Outcomes wait for a row another session holds locked, or the keeper
+                # writes back (or wrote during the round) tasks it took from this
+                # slot: a burst must not end before it can claim them again.
                 self.wake.wait(BUSY_RETRY)
             elif exchange.contended:
                 # Runnable rows were there but others won them, or hold
