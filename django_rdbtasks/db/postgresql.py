@@ -245,12 +245,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         result: Exchange,
     ) -> None:
         """An optimistic claim that lost races: read with SKIP LOCKED for a while."""
-        if (
-            request.mode == ClaimMode.OPTIMISTIC
-            and mode == ClaimMode.OPTIMISTIC
-            and result.contended
-            and len(result.claimed) < request.want
-        ):
+        # Only a read made optimistically can tell (read_mode): a locked read never loses.
+        if mode == ClaimMode.OPTIMISTIC and result.contended and len(result.claimed) < request.want:
             self.locked_reads_until[queues] = time.monotonic() + LOCKED_READS_SECONDS
 
     def _round(

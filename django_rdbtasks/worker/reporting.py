@@ -89,21 +89,24 @@ class Reporter:
     def _tell_all(self) -> None:
         assert self._told is not None
         while (batch := self._told.get()) is not None:
-            pairs, written = batch
-            log = logger.isEnabledFor(logging.INFO)
-            for outcome, running in pairs:
-                try:
-                    self._one(outcome, running, outcome.id in written, log)
-                except Exception:
-                    # A receiver's bug: the other tasks are still told.
-                    logger.exception("a task_finished receiver failed")
+            self._tell(*batch, robust=True)
 
     def _tell(
-        self, pairs: Sequence[tuple[Outcome, Running]], written: dict[Any, bool | None]
+        self,
+        pairs: Sequence[tuple[Outcome, Running]],
+        written: dict[Any, bool | None],
+        robust: bool = False,
     ) -> None:
+        """Each task's log line and signal; ``robust``: a receiver that raises is
+        logged and the other tasks are still told."""
         log = logger.isEnabledFor(logging.INFO)
         for outcome, running in pairs:
-            self._one(outcome, running, outcome.id in written, log)
+            try:
+                self._one(outcome, running, outcome.id in written, log)
+            except Exception:
+                if not robust:
+                    raise
+                logger.exception("a task_finished receiver failed")
 
     def _count(
         self, pairs: Sequence[tuple[Outcome, Running]], written: dict[Any, bool | None]

@@ -18,8 +18,8 @@ def _note_connected(sender: Any, connection: Any, **kwargs: Any) -> None:
     ``reset_task_connections`` runs after every task; asking Django which of
     the thread's connections exist (``connections.all(initialized_only=True)``)
     goes through its thread-critical local twice per alias, each time asking
-    asyncio for a running loop: about 8 µs per no-op task, a seventh of what
-    its runner spends on it. A connection that was never opened has nothing to
+    asyncio for a running loop: about 8 µs per no-op task, a fifth of its
+    runner's busy time. A connection that was never opened has nothing to
     undo; one opened on this thread said so here. Only Django's own for this
     thread are kept: one a task made itself (``connections.create_connection``)
     is the task's to keep open, as before.
