@@ -270,7 +270,7 @@ def test_the_search_uses_its_indexes_on_postgresql() -> None:
     make_task(task_path="tests.testapp.tasks.sync_account")
     found, _ = model_admin.get_search_results(request, TaskModel.objects.all(), "sync_acc")
     plan = plan_without_seqscan(found)
-    assert "rdbtasks_task_path" in plan, plan
+    assert "rdbtasks_task_finished_path" in plan, plan
 
 
 # -- a task's page -------------------------------------------------------------------------------

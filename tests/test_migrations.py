@@ -1,5 +1,5 @@
-"""Migrations that do more than Django's own operations: 0006, the task path's index;
-and 0007, the lease index per queue, both ways."""
+"""Migrations that do more than Django's own operations: 0006 and 0013, the task path's
+index; and 0007, the lease index per queue, both ways."""
 
 import pytest
 from django.db import connection
@@ -101,6 +101,85 @@ def test_0006_keeps_a_btree_built_beforehand_and_rebuilds_an_invalid_one(at_0005
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'rdbtasks_task_path'::regclass"
         )
         assert cursor.fetchone()[0] is True
+
+
+PATH_0012 = (APP, "0012_finished_index_partial")
+PATH_0013 = (APP, "0013_task_path_finished_only")
+FINISHED_PATH = "rdbtasks_task_finished_path"
+
+
+def path_index_definition(name: str) -> str:
+    """PostgreSQL and SQLite: the index's SQL; MySQL and MariaDB: its columns."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [name])
+        elif connection.vendor == "sqlite":
+            cursor.execute("SELECT sql FROM sqlite_master WHERE name = %s", [name])
+        else:
+            cursor.execute(
+                "SELECT GROUP_CONCAT(column_name) FROM information_schema.statistics "
+                "WHERE table_schema = DATABASE() AND index_name = %s",
+                [name],
+            )
+        row = cursor.fetchone()
+    return str(row[0]) if row else ""
+
+
+def test_0013_keeps_only_finished_rows_in_the_path_index_where_it_can_and_back(vendor):
+    try:
+        migrate(PATH_0012)
+        assert set(indexes()) == {"rdbtasks_task_path"}
+        migrate(PATH_0013)
+        assert set(indexes()) == {FINISHED_PATH}
+        definition = path_index_definition(FINISHED_PATH)
+        if vendor == "mysql":
+            # No partial indexes: the same index over every row, renamed.
+            assert definition == "task_path", definition
+        else:
+            assert "WHERE" in definition and "'CANCELLED'" in definition, definition
+            assert "'READY'" not in definition, definition
+        migrate(PATH_0012)
+        assert set(indexes()) == {"rdbtasks_task_path"}
+        assert "WHERE" not in path_index_definition("rdbtasks_task_path")
+    finally:
+        migrate()
+
+
+def test_0013_keeps_an_index_built_beforehand_and_rebuilds_an_invalid_one(vendor):
+    if vendor != "postgresql":
+        pytest.skip("CREATE INDEX CONCURRENTLY is PostgreSQL's")
+    build = (
+        f"CREATE INDEX CONCURRENTLY {FINISHED_PATH} ON django_rdbtasks_task (task_path) "
+        "WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
+    )
+    try:
+        migrate(PATH_0012)
+        with connection.cursor() as cursor:
+            cursor.execute(build)
+            cursor.execute(f"SELECT '{FINISHED_PATH}'::regclass::oid")
+            index_oid = cursor.fetchone()[0]
+        migrate(PATH_0013)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT '{FINISHED_PATH}'::regclass::oid")
+            assert cursor.fetchone()[0] == index_oid  # the one built by hand, kept
+        assert set(indexes()) == {FINISHED_PATH}
+
+        # A concurrent build that failed leaves an invalid index behind.
+        migrate(PATH_0012)
+        with connection.cursor() as cursor:
+            cursor.execute(build.replace(" CONCURRENTLY", ""))
+            cursor.execute(
+                "UPDATE pg_index SET indisvalid = false "
+                f"WHERE indexrelid = '{FINISHED_PATH}'::regclass"
+            )
+        migrate(PATH_0013)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT indisvalid FROM pg_index WHERE indexrelid = '{FINISHED_PATH}'::regclass"
+            )
+            assert cursor.fetchone()[0] is True
+    finally:
+        migrate()
 
 
 def one_active_definition() -> str:

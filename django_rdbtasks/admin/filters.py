@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..db.functions import DbNow
-from ..models import Job, JobRecord, TaskQuerySet, TaskStatus, Worker
+from ..models import Job, JobRecord, TaskQuerySet, TaskStatus, Worker, task_path_in
 from .permissions import access_for, filter_jobs
 from .reading import admin_database
 from .utils import request_now
@@ -115,7 +115,7 @@ class TaskPathFilter(admin.SimpleListFilter):
         return [(p, p) for p in sorted(paths)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(task_path=self.value()) if self.value() else queryset
+        return queryset.filter(task_path_in([self.value()])) if self.value() else queryset
 
 
 class EnqueuedFilter(admin.SimpleListFilter):

@@ -20,7 +20,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..db.functions import DbNow
-from ..models import Task, TaskStatus
+from ..models import Task, TaskStatus, task_path_in
 from .actions import Operation, OperationsMixin, Report
 from .changelist import FastListMixin, NoCountChangeList
 from .display import count_text, last_error
@@ -321,7 +321,7 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
             if folded in path.casefold()
         ]
         if paths:
-            condition |= Q(task_path__in=paths)
+            condition |= task_path_in(paths)
         return queryset.filter(condition), False
 
     # -- views --

@@ -12,6 +12,7 @@ from .tasks import (
     TaskDependency,
     TaskQuerySet,
     WherePartialMissingIndex,
+    task_path_in,
     uuid7,
 )
 from .workers import Lock, Worker, WorkerQuerySet
@@ -37,5 +38,6 @@ __all__ = [
     "WorkerQuerySet",
     "Workflow",
     "WorkflowStep",
+    "task_path_in",
     "uuid7",
 ]

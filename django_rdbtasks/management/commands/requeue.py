@@ -15,7 +15,7 @@ from ...compat import task_backends
 from ...exceptions import InvalidTaskPath
 from ...jobs import database_now
 from ...loading import load_task
-from ...models import Task, TaskStatus
+from ...models import Task, TaskStatus, task_path_in
 from ...retention import parse_age
 
 
@@ -131,7 +131,7 @@ class Command(BaseCommand):
         if options["ids"]:
             tasks = tasks.filter(pk__in=[self._uuid(value) for value in options["ids"]])
         if options["tasks"]:
-            tasks = tasks.filter(task_path__in=options["tasks"])
+            tasks = tasks.filter(task_path_in(options["tasks"]))
         if options["queues"]:
             tasks = tasks.filter(queue_name__in=options["queues"])
         if options["since"] or options["until"]:
