@@ -115,7 +115,8 @@ class TaskPathFilter(admin.SimpleListFilter):
         return [(p, p) for p in sorted(paths)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(task_path_in([self.value()])) if self.value() else queryset
+        value = self.value()
+        return queryset.filter(task_path_in([value])) if value else queryset
 
 
 class EnqueuedFilter(admin.SimpleListFilter):
