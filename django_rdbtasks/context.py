@@ -9,7 +9,8 @@ from typing import Any, NoReturn, Protocol
 from .compat import TaskContext
 from .exceptions import HandOver
 
-_UNSET: Any = object()
+#: "Not given": progress and checkpoint may be None, which a task can mean.
+UNSET: Any = object()
 
 
 class TaskControl(Protocol):
@@ -67,7 +68,7 @@ class RDBTaskContext(TaskContext):  # type: ignore[misc]
         done: int | None = None,
         total: int | None = None,
         message: str = "",
-        checkpoint: Any = _UNSET,
+        checkpoint: Any = UNSET,
         force: bool = False,
     ) -> None:
         """Report how far the task is (a fraction, or done/total) and optionally a checkpoint."""
@@ -75,14 +76,14 @@ class RDBTaskContext(TaskContext):  # type: ignore[misc]
             fraction = done / total
         if fraction is not None:
             fraction = min(1.0, max(0.0, float(fraction)))
-        if checkpoint is not _UNSET:
+        if checkpoint is not UNSET:
             json.dumps(checkpoint, allow_nan=False)  # refuse what cannot be stored, here
         self.control.update(fraction, message, checkpoint, force)
 
     def save_checkpoint(self, checkpoint: Any, *, force: bool = False) -> None:
         """Save where to resume; the next attempt gets it as ``context.checkpoint``."""
         json.dumps(checkpoint, allow_nan=False)
-        self.control.update(_UNSET, "", checkpoint, force)
+        self.control.update(UNSET, "", checkpoint, force)
 
     def hand_over(self, *, delay: float = 0.0) -> NoReturn:
         """Stop now and let any worker continue from the checkpoint, after ``delay`` seconds.

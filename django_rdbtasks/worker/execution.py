@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..backend import RDBTaskBackend
 from ..compat import TASK_BASE_CLASSES, TaskResult, normalize_json
-from ..context import _UNSET, RDBTaskContext
+from ..context import UNSET, RDBTaskContext
 from ..db.rows import ClaimedRow, Outcome
 from ..exceptions import (
     HandOver,
@@ -106,9 +106,9 @@ class Control:
         return False
 
     def update(self, progress: Any, message: str, checkpoint: Any, force: bool) -> None:
-        if progress is not _UNSET:
+        if progress is not UNSET:
             self.progress, self.message = progress, message
-        if checkpoint is not _UNSET:
+        if checkpoint is not UNSET:
             self.checkpoint, self._checkpoint_dirty = checkpoint, True
         self._dirty = True
         if force or time.monotonic() - self._last_write >= self.interval:
