@@ -161,7 +161,7 @@ class Command(BaseCommand):
                 if status not in statuses:
                     self.stderr.write(f"Task {pk} is {status}, not {' or '.join(statuses)}.")
         for path in options["tasks"] or []:
-            if not visible.filter(task_path=path).exists() and not _names_a_task(path):
+            if not visible.filter(task_path_in([path])).exists() and not _names_a_task(path):
                 near = difflib.get_close_matches(path, _known_paths(visible), n=3)
                 hint = f" Did you mean {' or '.join(near)}?" if near else ""
                 problems.append(f"No task has the path {path!r}, and it names no task.{hint}")
