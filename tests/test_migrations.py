@@ -136,8 +136,11 @@ def test_0013_keeps_only_finished_rows_in_the_path_index_where_it_can_and_back(v
             # No partial indexes: the same index over every row, renamed.
             assert definition == "task_path", definition
         else:
-            assert "WHERE" in definition and "'CANCELLED'" in definition, definition
-            assert "'READY'" not in definition, definition
+            assert "WHERE" in definition, definition
+            for status in ("'SUCCESSFUL'", "'FAILED'", "'CANCELLED'"):
+                assert status in definition, definition
+            for status in ("'READY'", "'RUNNING'", "'WAITING'"):
+                assert status not in definition, definition
         migrate(PATH_0012)
         assert set(indexes()) == {"rdbtasks_task_path"}
         assert "WHERE" not in path_index_definition("rdbtasks_task_path")
@@ -163,6 +166,13 @@ def test_0013_keeps_an_index_built_beforehand_and_rebuilds_an_invalid_one(vendor
             cursor.execute(f"SELECT '{FINISHED_PATH}'::regclass::oid")
             assert cursor.fetchone()[0] == index_oid  # the one built by hand, kept
         assert set(indexes()) == {FINISHED_PATH}
+
+        # One built by hand without the condition is built again, with it.
+        migrate(PATH_0012)
+        with connection.cursor() as cursor:
+            cursor.execute(build.split(" WHERE")[0])
+        migrate(PATH_0013)
+        assert "WHERE" in path_index_definition(FINISHED_PATH)
 
         # A concurrent build that failed leaves an invalid index behind.
         migrate(PATH_0012)

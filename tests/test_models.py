@@ -235,7 +235,10 @@ def test_task_paths_and_task_path_in_see_rows_in_every_status():
     # Finished rows are in the path index; the unfinished ones only where the database
     # cannot leave them out, so each status has a path of its own here.
     Task.objects.bulk_create(
-        [Task(task_path=f"app.tasks.{status.value.lower()}", status=status) for status in TaskStatus]
+        [
+            Task(task_path=f"app.tasks.{status.value.lower()}", status=status)
+            for status in TaskStatus
+        ]
         + _one_of_each_status("app.tasks.every")
         + [Task(task_path="app.tasks.limited", status=TaskStatus.READY, limit_key="k")]
     )
@@ -250,9 +253,7 @@ def test_task_paths_and_task_path_in_see_rows_in_every_status():
             status
         ]
     every = Task.objects.filter(task_path_in(["app.tasks.every", "app.tasks.limited"]))
-    assert sorted(every.values_list("status", flat=True)) == sorted(
-        [*TaskStatus, TaskStatus.READY]
-    )
+    assert sorted(every.values_list("status", flat=True)) == sorted([*TaskStatus, TaskStatus.READY])
     assert not Task.objects.filter(task_path_in(["app.tasks.none"])).exists()
 
 

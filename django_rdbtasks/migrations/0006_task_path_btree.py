@@ -49,6 +49,8 @@ class ReplaceTaskPathIndex(migrations.operations.base.Operation):
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = from_state.apps.get_model(app_label, "task")
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
         if schema_editor.connection.vendor != "postgresql":
             schema_editor.rename_index(model, OLD, NEW)
             return
@@ -63,6 +65,8 @@ class ReplaceTaskPathIndex(migrations.operations.base.Operation):
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = from_state.apps.get_model(app_label, "task")
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
         if schema_editor.connection.vendor != "postgresql":
             schema_editor.rename_index(model, NEW, OLD)
             return

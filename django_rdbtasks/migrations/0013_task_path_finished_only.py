@@ -22,7 +22,9 @@ On a large table, build it beforehand without holding writes::
     (task_path) WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED');
 
 The migration then finds it and only drops the old one (an invalid index,
-left by a build that failed, is dropped and built again).
+left by a build that failed, or one without the condition, is dropped and
+built again). Migrating back builds the index over every row the same way,
+with writes held.
 """
 
 from __future__ import annotations
@@ -41,10 +43,14 @@ NEW = django_rdbtasks.models.tasks.PartialWherePossibleIndex(
 )
 
 
-def _valid_index(schema_editor: Any, name: str) -> bool | None:
-    """PostgreSQL: None if there is no such index, else whether it is valid."""
+def _usable_index(schema_editor: Any, name: str) -> bool | None:
+    """PostgreSQL: None if there is no such index, else whether it is valid and partial."""
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name])
+        cursor.execute(
+            "SELECT indisvalid AND indpred IS NOT NULL FROM pg_index "
+            "WHERE indexrelid = to_regclass(%s)",
+            [name],
+        )
         row = cursor.fetchone()
     return None if row is None else bool(row[0])
 
@@ -62,13 +68,17 @@ class FinishedOnlyTaskPathIndex(migrations.operations.base.Operation):
     ) -> None:
         model = from_state.apps.get_model(app_label, "task")
         connection = schema_editor.connection
+        if not self.allow_migrate_model(connection.alias, model):
+            return
         if not connection.features.supports_partial_indexes:
             schema_editor.rename_index(model, OLD, NEW)
             return
-        valid = _valid_index(schema_editor, NEW.name) if connection.vendor == "postgresql" else None
-        if valid is False:
+        usable = (
+            _usable_index(schema_editor, NEW.name) if connection.vendor == "postgresql" else None
+        )
+        if usable is False:
             schema_editor.remove_index(model, NEW)
-        if not valid:
+        if not usable:
             schema_editor.add_index(model, NEW)
         schema_editor.remove_index(model, OLD)
 
@@ -76,6 +86,8 @@ class FinishedOnlyTaskPathIndex(migrations.operations.base.Operation):
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = from_state.apps.get_model(app_label, "task")
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
         if not schema_editor.connection.features.supports_partial_indexes:
             schema_editor.rename_index(model, NEW, OLD)
             return

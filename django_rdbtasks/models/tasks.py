@@ -265,38 +265,43 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return self.filter(unfinished_rows())
 
     def task_paths(self) -> list[str]:
-        """The table's distinct task paths, in order, read off their indexes.
+        """The table's distinct task paths, read off their indexes, sorted.
 
         A loose index scan of ``rdbtasks_task_finished_path``: one look-up of
-        the next path per distinct path, so the cost grows with the number of
+        the next path per distinct path, so its cost grows with the number of
         a project's tasks, not with the number of rows. Where that index holds
-        only finished rows, the paths of the unfinished ones are added from
-        their own indexes. Ignores this queryset's filters: it reads the whole
-        table. (A recursive query would make it one statement, but MySQL and
-        MariaDB scan the whole index for each of its steps.)
+        only finished rows, the paths of the unfinished ones come from their
+        own indexes, read first: a task that finishes meanwhile is then in the
+        index read after (the other way round, a task alone on its path could
+        be in neither read). That read grows with the backlog. Ignores this
+        queryset's filters: it reads the whole table. (A recursive query would
+        make the scan one statement, but MySQL and MariaDB scan the whole
+        index for each of its steps.)
         """
         tasks = self.model._default_manager.using(self.db)
+        paths: set[str] = set()
         partial = connections[self.db].features.supports_partial_indexes
+        if partial:
+            unfinished = tasks.unfinished().order_by().values_list("task_path", flat=True)
+            paths.update(unfinished.distinct())
         rows = (
             (tasks.filter(status__in=FINISHED) if partial else tasks)
             .order_by("task_path")
             .values_list("task_path", flat=True)
         )
-        paths: set[str] = set()
         path = rows.first()
         while path is not None:
             paths.add(path)
             path = rows.filter(task_path__gt=path).first()
-        if partial:
-            unfinished = tasks.unfinished().order_by().values_list("task_path", flat=True)
-            paths.update(unfinished.distinct())
         return sorted(paths)
 
 
 def task_path_in(paths: Iterable[str]) -> Q:
     """The rows of these task paths: finished ones off the path index, the rest
     off the READY, RUNNING and WAITING indexes (``unfinished``'s arms), so no
-    read walks the table where the path index holds only finished rows."""
+    read walks the finished rows where the path index holds only those. (The
+    unfinished arms read every unfinished row: their cost grows with the
+    backlog, not with the table.)"""
     named = Q(task_path__in=list(paths))
     return (named & Q(status__in=FINISHED)) | (named & unfinished_rows())
 
