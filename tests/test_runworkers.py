@@ -74,6 +74,19 @@ def test_burst_exits_zero_once_drained(run_workers):
     assert "succeeded (ran" in workers.log()  # one INFO line per task
 
 
+def test_worker_processes_collect_young_objects_less_often(run_workers):
+    import gc
+
+    from django_rdbtasks.worker.supervisor import YOUNG_GC_THRESHOLD
+
+    result = tasks.gc_thresholds.enqueue()
+    workers = run_workers("--burst")
+    assert workers.wait(timeout=120) == 0, workers.log()
+    young, *older = Task.objects.get(pk=result.id).return_value
+    assert young == YOUNG_GC_THRESHOLD
+    assert older == list(gc.get_threshold()[1:])  # the older generations' as they were
+
+
 def test_sigkilled_worker_task_is_reclaimed_after_its_lease(run_workers):
     result = tasks.slow_first_attempt.enqueue("crash", 60)
     workers = run_workers("--lease", "1", "--poll-interval", "0.2")

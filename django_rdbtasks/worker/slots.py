@@ -28,6 +28,13 @@ HANDBACK_AFTER = 0.05
 FLUSH_AFTER = 0.05
 #: How soon an outcome is tried again when another session held its row locked.
 BUSY_RETRY = 0.1
+#: A slot claims more once what it holds is down to this share of what it wants.
+#: A round of no-op tasks costs the server about as long as the runner takes
+#: to run twice as many (31 µs a task against 15), so a slot that waited for
+#: half to be left ran dry during every round: with one process, topping up
+#: at three quarters drained 15 to 20 % more a second (docs/benchmarks.md,
+#: 2026-11-27 18:45). Long tasks are unaffected: one at a time either way.
+REFILL_AT = 0.75
 
 
 class ClaimAhead:
@@ -36,14 +43,12 @@ class ClaimAhead:
     A fixed ``--batch`` overrides it. Otherwise it starts at one, grows while
     tasks are short and falls back to one as soon as one is long, so a slot
     running long tasks claims them one at a time. At most ``most``: the round
-    thread tops the queue up once half of it is left, so a round claims up to
-    half of it, while the other half keeps the runner busy. The budget, not
-    ``most``, is what bounds a slot's claims ahead (50 ms of work); ``most``
-    is high so that no-op tasks come in rounds of hundreds: a round's planning
-    and its fixed reads cost the server about 3 ms whatever its size, and
-    rounds of up to 400 instead of 100 took a fifth off the server's CPU per
-    task and drained a quarter faster with one process (docs/benchmarks.md,
-    2026-11-27).
+    thread tops the queue up once a quarter of it has run (``REFILL_AT``), so
+    a round claims up to a quarter of it while the rest keeps the runner busy.
+    The budget, not ``most``, is what bounds a slot's claims ahead (50 ms of
+    work); ``most`` is high so that no-op tasks come in rounds of hundreds: a
+    round's planning and its fixed reads cost the server the same whatever
+    its size (docs/benchmarks.md, 2026-11-27).
     """
 
     def __init__(self, fixed: int | None = None, *, budget: float = 0.05, most: int = 800) -> None:

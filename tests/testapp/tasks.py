@@ -97,6 +97,14 @@ def slow_first_attempt(context, key, seconds):
 
 
 @task()
+def gc_thresholds():
+    """The collector's thresholds in the process that ran this task."""
+    import gc
+
+    return list(gc.get_threshold())
+
+
+@task()
 def connection_identity():
     """Which server connection ran this task body."""
     from django.db import connection
