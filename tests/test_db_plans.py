@@ -276,10 +276,14 @@ def assert_statement_reads_a_bounded_number_of_rows(
     bound = ROWS_READ_BOUND * max(1, want // WANT)
     assert read <= bound, f"{form.name}: {read} rows read: {on_table}"
     by_pk = {cte for cte, n in on_table if reached_by(n) == {pkey}}
-    # The outcomes' rows and the picked rows are reached by primary key;
-    # the runnable rows are read in the order of their index, with a limit.
+    by_location = {cte for cte, n in on_table if n["Node Type"] == "Tid Scan"}
+    # The outcomes' and the picked rows are found by primary key and locked
+    # (``mine``, ``pick``/``go``), then written where they were locked (by
+    # ``ctid``: pg_round.IN_MINE); the runnable rows are read in the order of
+    # their index, with a limit.
     shape = [(cte, n["Node Type"], n.get("Index Name")) for cte, n in on_table]
-    assert "CTE d0" in by_pk and "CTE claimed" in by_pk, (form.name, shape)
+    assert "CTE mine" in by_pk, (form.name, shape)
+    assert {"CTE d0", "CTE claimed"} <= by_location, (form.name, shape)
     if mode == ClaimMode.OPTIMISTIC:
         assert {"CTE pick", "CTE go"} & by_pk, (form.name, shape)
     ready = [n for _, n in on_table if n.get("Index Name", "").startswith("rdbtasks_task_ready")]

@@ -63,19 +63,27 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: of rows look cheaper, and its cost grows with the table
 #: (tests/test_db_plans.py).
 MINE = (
-    "mine AS MATERIALIZED (SELECT id FROM {table} WHERE "
+    "mine AS MATERIALIZED (SELECT id, ctid AS at FROM {table} WHERE "
     "id = ANY(ARRAY(SELECT unnest(%(ids)s::uuid[]))) FOR NO KEY UPDATE SKIP LOCKED)"
 )
-#: A row of the statement's outcomes (``t``) is one of ``mine``. A semi-join
-#: against the CTE was planned as a nested loop that scans ``mine`` again for
-#: every row (a hundred times a hundred); as an array it is built once and
-#: searched in C. ``IS TRUE`` keeps it a filter: the rows are still reached by
-#: primary key, never through a bitmap of it (tests/test_db_plans.py).
-IN_MINE = "(t.id = ANY(ARRAY(SELECT id FROM mine))) IS TRUE"
+#: The rows of the statement's outcomes (``t``): those of ``mine``, reached
+#: again by where ``mine`` found and locked them (``ctid``), not through the
+#: primary key. A row locked by this statement cannot move before its UPDATE,
+#: and a lookup by primary key walks past an entry for each dead version of
+#: the row (every write of a task adds one): about nine buffers a row against
+#: one. The ids and versions are still compared. As an array the locations are
+#: built once and searched in C (a semi-join against the CTE was planned as a
+#: nested loop that scans ``mine`` again for every row).
+IN_MINE = "t.ctid = ANY(ARRAY(SELECT at FROM mine))"
 #: Where an outcome's values come from in ``outcome_rows``.
 OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"}
 #: What a claim needs of a row (the reads add what they order it by).
 _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_count, limit_period"
+#: ``_COLS`` read off the table, with where the row is (``at``: the claim's
+#: UPDATE reaches a row it locked by it, as the outcomes do, see IN_MINE).
+_ROW_COLS = f"{_COLS}, ctid AS at"
+#: ``_COLS`` read off a CTE of rows read with ``_ROW_COLS``.
+_KEPT_COLS = f"{_COLS}, at"
 _NAMED = re.compile(r"%\((\w+)\)s")
 
 
@@ -195,8 +203,8 @@ class RoundSQL:
         ctes.append(
             f"claimed AS (UPDATE {t} AS t SET "
             f"{self.d.claim_assignments('t', '%(claimer)s', '%(lease)s')} FROM go "
-            # The picked rows by primary key, however many (see MINE).
-            "WHERE t.id = ANY(ARRAY(SELECT id FROM go)) "
+            # The picked rows where they were locked, however many (see IN_MINE).
+            "WHERE t.ctid = ANY(ARRAY(SELECT at FROM go)) "
             "AND t.id = go.id AND t.version = go.version "
             f"RETURNING {returning}, go.status AS prev_status, "
             "go.worker_id AS prev_worker, go.last_attempted_at AS prev_attempted)"
@@ -260,7 +268,7 @@ class RoundSQL:
         # leases, a full key's READY rows).
         reads = [
             _per_queue(
-                f"SELECT {_COLS}, 0 AS reclaim, priority, run_after FROM {t} "
+                f"SELECT {_ROW_COLS}, 0 AS reclaim, priority, run_after FROM {t} "
                 f"WHERE {expired}{not_finishing}{free}{gate} "
                 f"ORDER BY lease_expires_at LIMIT {part}{lock}"
             ),
@@ -308,10 +316,9 @@ class RoundSQL:
             # after it looked up and joined every row of the pool).
             ctes.append(
                 f"{pick} AS (SELECT t.id, t.version, t.status, t.worker_id, "
-                "t.last_attempted_at, t.limit_key, t.limit_count, t.limit_period, p.reclaim, "
-                "p.priority, p.run_after FROM (SELECT * FROM pool ORDER BY reclaim, "
-                "priority DESC, run_after) AS p CROSS JOIN LATERAL (SELECT id, version, status, "
-                f"worker_id, last_attempted_at, limit_key, limit_count, limit_period FROM {t} "
+                "t.last_attempted_at, t.limit_key, t.limit_count, t.limit_period, t.at, "
+                "p.reclaim, p.priority, p.run_after FROM (SELECT * FROM pool ORDER BY reclaim, "
+                f"priority DESC, run_after) AS p CROSS JOIN LATERAL (SELECT {_ROW_COLS} FROM {t} "
                 f"WHERE id = p.id AND version = p.version AND {self.d.claimable('')} "
                 "AND id <> ALL(%(finishing)s::uuid[]) FOR UPDATE SKIP LOCKED) AS t "
                 f"WHERE NOT ({hold}) LIMIT %(want)s)"
@@ -355,7 +362,7 @@ class RoundSQL:
             f"WITH RECURSIVE pr(p) AS (SELECT max(priority) FROM {t} WHERE {ready} "
             f"UNION ALL SELECT (SELECT max(priority) FROM {t} WHERE {ready} "
             "AND priority < pr.p) FROM pr WHERE pr.p IS NOT NULL) "
-            f"SELECT d.* FROM pr CROSS JOIN LATERAL (SELECT {_COLS}, 1 AS reclaim, priority, "
+            f"SELECT d.* FROM pr CROSS JOIN LATERAL (SELECT {_ROW_COLS}, 1 AS reclaim, priority, "
             f"run_after FROM {t} WHERE {ready} AND priority = pr.p AND run_after <= {now}{gate} "
             f"ORDER BY run_after LIMIT {part}{lock}) AS d "
             f"ORDER BY d.priority DESC, d.run_after LIMIT {part}"
@@ -378,7 +385,7 @@ class RoundSQL:
         ctes = [
             # Each queue's window: its first rows with a limit, in claim order.
             "la AS MATERIALIZED (SELECT q.name AS queue, r.* FROM "
-            f"{_QUEUES} CROSS JOIN LATERAL (SELECT {_COLS}, priority, run_after FROM {t} "
+            f"{_QUEUES} CROSS JOIN LATERAL (SELECT {_ROW_COLS}, priority, run_after FROM {t} "
             f"WHERE {ready.format(queue='q.name')} AND run_after <= {now} "
             f"ORDER BY priority DESC, run_after LIMIT {part}{lock}) AS r)",
             "ka AS MATERIALIZED (SELECT k.limit_key, k.n, k.period, c.have, c.free FROM "
@@ -396,7 +403,7 @@ class RoundSQL:
             f"(SELECT count(*) FROM lr WHERE lr.queue = q.name) < {part} AS walk "
             f"FROM {_QUEUES})",
         ]
-        window = f"SELECT {_COLS}, 1 AS reclaim, priority, run_after FROM lr"
+        window = f"SELECT {_KEPT_COLS}, 1 AS reclaim, priority, run_after FROM lr"
         keys = ["SELECT limit_key, n, period, have FROM ka"]
         if form != ClaimForm.WALK:
             return ctes, [window], _missing(keys)
@@ -413,7 +420,7 @@ class RoundSQL:
             "k.limit_period AS period, c.have, c.free FROM kk AS k CROSS JOIN LATERAL "
             f"({self._slot_counts('k.limit_key', 'k.limit_count')}) AS c)",
             "rb AS (SELECT r.* FROM kb AS k CROSS JOIN LATERAL "
-            f"(SELECT {_COLS}, priority, run_after FROM {t} "
+            f"(SELECT {_ROW_COLS}, priority, run_after FROM {t} "
             f"WHERE {ready.format(queue='k.queue')} AND limit_key = k.limit_key "
             f"AND run_after <= {now} ORDER BY priority DESC, run_after "
             f"LIMIT LEAST(k.free, {part}){lock}) AS r WHERE k.free > 0)",
@@ -421,7 +428,7 @@ class RoundSQL:
         # Walked: a queue's key reads replace its window's rows (they hold them).
         reads = [
             f"{window} WHERE lr.queue IN (SELECT queue FROM nb WHERE NOT walk)",
-            f"SELECT {_COLS}, 1 AS reclaim, priority, run_after FROM rb",
+            f"SELECT {_KEPT_COLS}, 1 AS reclaim, priority, run_after FROM rb",
         ]
         keys.append("SELECT limit_key, n, period, have FROM kb")
         return ctes, reads, _missing(keys)
