@@ -5,7 +5,7 @@ import threading
 
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
-from django_rdbtasks.worker.slots import FLUSH_AFTER, ClaimAhead, Slot, Wake
+from django_rdbtasks.worker.slots import FLUSH_AFTER, HANDBACK_AFTER, ClaimAhead, Slot, Wake
 
 NOW = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
 
@@ -50,6 +50,24 @@ def test_claims_ahead_are_bounded_by_the_budget_not_only_by_most():
         slower.observe(0.001)
     assert quick.want() == quick.most == 800
     assert 45 <= slower.want() <= 50  # 50 ms of work
+
+
+def test_a_slot_tops_up_once_a_quarter_of_what_it_wants_has_run():
+    """Early enough that a round ends before the runner runs dry (REFILL_AT)."""
+    ahead = ClaimAhead(800)
+    assert ahead.to_claim(0, 0.0) == 800
+    assert ahead.to_claim(601, 0.001) == 0
+    assert ahead.to_claim(600, 0.001) == 200  # at half left, the runner ran dry
+    assert ahead.to_claim(400, 0.001) == 400
+
+
+def test_nothing_is_claimed_behind_a_task_that_runs_long_or_one_at_a_time():
+    ahead = ClaimAhead(8)
+    assert ahead.to_claim(3, HANDBACK_AFTER) == 0  # the keeper hands these back
+    assert ahead.to_claim(0, HANDBACK_AFTER) == 8  # nothing runs: claim
+    one = ClaimAhead(1)
+    assert one.to_claim(1, 0.0) == 0
+    assert one.to_claim(0, 0.0) == 1
 
 
 def test_a_fixed_batch_is_kept():

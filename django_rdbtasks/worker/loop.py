@@ -39,7 +39,7 @@ from .keeper import LEAVE_WITHIN, LeaseKeeper
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import BUSY_RETRY, HANDBACK_AFTER, REFILL_AT, ClaimAhead, Slot, Wake
+from .slots import BUSY_RETRY, ClaimAhead, Slot, Wake
 from .store import ClaimStore
 from .task_connections import close_task_connections
 
@@ -458,20 +458,8 @@ class Worker:
                 self.wake.wait(self.poll_interval)
 
     def _refill(self, slot: Slot, ahead: ClaimAhead) -> int:
-        """How many to claim now: topped up to ``ahead.want()`` once down to ``REFILL_AT``.
-
-        Nothing while the running task has run for ``HANDBACK_AFTER``: the keeper
-        hands back what waits behind it, and a claim would only be handed back
-        too. And with one wanted at a time (tasks are long), only once the
-        runner is free: a task claimed behind a long one just waits.
-        """
-        target = ahead.want()
-        in_flight = slot.in_flight()
-        if in_flight > target * REFILL_AT:
-            return 0
-        if in_flight and (target == 1 or slot.running_for(time.monotonic()) >= HANDBACK_AFTER):
-            return 0
-        return target - in_flight
+        """How many to claim now (``ClaimAhead.to_claim``)."""
+        return ahead.to_claim(slot.in_flight(), slot.running_for(time.monotonic()))
 
     def _wait_busy(self, slot: Slot, generation: int) -> None:
         """The runner is busy and the queue had nothing more: until it is idle, or a wake-up."""

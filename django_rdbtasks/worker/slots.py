@@ -63,6 +63,23 @@ class ClaimAhead:
             return self.fixed
         return max(1, min(self.most, int(self.budget / max(self.pace, 1e-6))))
 
+    def to_claim(self, in_flight: int, running_for: float) -> int:
+        """How many to claim now: topped up to ``want()`` once down to ``REFILL_AT`` of it.
+
+        ``in_flight``: the slot's tasks claimed and not finished; ``running_for``:
+        how long its running task has run (0 when none runs). Nothing while that
+        task has run for ``HANDBACK_AFTER``: the keeper hands back what waits
+        behind it, and a claim would only be handed back too. And with one
+        wanted at a time (tasks are long), only once the runner is free: a task
+        claimed behind a long one just waits.
+        """
+        target = self.want()
+        if in_flight > target * REFILL_AT:
+            return 0
+        if in_flight and (target == 1 or running_for >= HANDBACK_AFTER):
+            return 0
+        return target - in_flight
+
     def observe(self, duration: float) -> None:
         if duration > self.pace:
             self.pace = duration  # slow down at once
