@@ -81,6 +81,8 @@ OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"
 _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_count, limit_period"
 #: ``_COLS`` read off the table, with where the row is (``at``: the claim's
 #: UPDATE reaches a row it locked by it, as the outcomes do, see IN_MINE).
+#: The optimistic pool's unlocked reads carry it unused: ``pick`` locks the
+#: row and reads its own.
 _ROW_COLS = f"{_COLS}, ctid AS at"
 #: ``_COLS`` read off a CTE of rows read with ``_ROW_COLS``.
 _KEPT_COLS = f"{_COLS}, at"

@@ -33,7 +33,7 @@ BUSY_RETRY = 0.1
 #: to run twice as many (31 µs a task against 15), so a slot that waited for
 #: half to be left ran dry during every round: with one process, topping up
 #: at three quarters drained 15 to 20 % more a second (docs/benchmarks.md,
-#: 2026-11-27 18:45). Long tasks are unaffected: one at a time either way.
+#: 2026-11-27 18:54). Long tasks are unaffected: one at a time either way.
 REFILL_AT = 0.75
 
 
@@ -44,7 +44,7 @@ class ClaimAhead:
     tasks are short and falls back to one as soon as one is long, so a slot
     running long tasks claims them one at a time. At most ``most``: the round
     thread tops the queue up once a quarter of it has run (``REFILL_AT``), so
-    a round claims up to a quarter of it while the rest keeps the runner busy.
+    the rest keeps the runner busy while the round is at the database.
     The budget, not ``most``, is what bounds a slot's claims ahead (50 ms of
     work); ``most`` is high so that no-op tasks come in rounds of hundreds: a
     round's planning and its fixed reads cost the server the same whatever
