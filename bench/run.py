@@ -413,38 +413,45 @@ class Runner:
         ]
         rounds = max(1, self.args.enqueue_rounds)
         share = max(1, self.args.single // rounds)
-        single = dict.fromkeys(systems, 0.0)
+        single = {system: [0.0, 0.0] for system in systems}  # seconds, driver CPU seconds
         for _ in range(rounds):
             for system in systems:
                 self.attempt(system, "enqueue", lambda s: self._time_single(s, share, single))
         for system in systems:
             self.attempt(system, "enqueue", lambda s: self._time_bulk(s, share * rounds, single))
 
-    def _time_single(self, system: System, count: int, seconds: dict[System, float]) -> None:
+    def _time_single(self, system: System, count: int, spent: dict[System, list[float]]) -> None:
         with self.server.connect(system.database) as conn:
-            seconds[system] += measure.time_single_enqueues(system, conn, count)
+            seconds, cpu = measure.time_single_enqueues(system, conn, count)
+        spent[system][0] += seconds
+        spent[system][1] += cpu
 
-    def _time_bulk(self, system: System, single_count: int, single: dict[System, float]) -> None:
+    def _time_bulk(
+        self, system: System, single_count: int, single: dict[System, list[float]]
+    ) -> None:
         args = self.args
         with self.server.connect(system.database) as conn:
-            transaction_seconds = measure.time_transaction_enqueues(
+            transaction_seconds, transaction_cpu = measure.time_transaction_enqueues(
                 system, conn, args.bulk, args.chunk
             )
             bulk_seconds = measure.time_bulk_enqueues(system, conn, args.bulk, args.chunk)
         run = measure.EnqueueRun(
             single_count,
-            single[system],
+            single[system][0],
             args.bulk,
             bulk_seconds,
             args.chunk,
             transaction_count=args.bulk,
             transaction_seconds=transaction_seconds,
+            single_cpu_seconds=single[system][1],
+            transaction_cpu_seconds=transaction_cpu,
         ).as_dict()
         self.results[system.ident].enqueue.append(run)
         log(
             f"{system.title}: enqueue {run['single_per_second']:,.0f}/s one per transaction,"
             f" {run['transaction_per_second']:,.0f}/s {args.chunk:,} calls per transaction,"
-            f" {run['bulk_per_second']:,.0f}/s bulk"
+            f" {run['bulk_per_second']:,.0f}/s bulk; client CPU per task"
+            f" {run['single_client_cpu_us']:.0f} / {run['transaction_client_cpu_us']:.0f} us"
         )
 
     def measure_all(self, system: System) -> None:

@@ -97,10 +97,19 @@ class EnqueueRun:
     #: The ordinary one-task call, ``chunk`` calls inside each transaction.
     transaction_count: int = 0
     transaction_seconds: float = 0.0
+    #: The enqueueing process's own CPU (driver, framework, client library).
+    single_cpu_seconds: float = 0.0
+    transaction_cpu_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
+            "single_client_cpu_us": self.single_cpu_seconds / self.single_count * 1e6,
+            "transaction_client_cpu_us": (
+                self.transaction_cpu_seconds / self.transaction_count * 1e6
+                if self.transaction_count
+                else None
+            ),
             "single_per_second": self.single_count / self.single_seconds,
             "transaction_per_second": (
                 self.transaction_count / self.transaction_seconds
@@ -331,28 +340,28 @@ def measure_drain(
     return time_drain(system, conn, tasks, workers, log)
 
 
-def time_single_enqueues(system: System, conn: psycopg.Connection, count: int) -> float:
-    """Seconds to enqueue ``count`` tasks one per transaction, from an empty table."""
+def time_single_enqueues(
+    system: System, conn: psycopg.Connection, count: int
+) -> tuple[float, float]:
+    """Seconds, and the driver's CPU seconds, to enqueue ``count`` tasks one per transaction."""
     reset(system, conn)
     settle(conn, [])
-    seconds = float(system.drive("enqueue", "--mode", "single", "--count", str(count))["seconds"])
+    result = system.drive("enqueue", "--mode", "single", "--count", str(count))
     reset(system, conn)
-    return seconds
+    return float(result["seconds"]), float(result["cpu_seconds"])
 
 
 def time_transaction_enqueues(
     system: System, conn: psycopg.Connection, count: int, chunk: int
-) -> float:
-    """Seconds to enqueue ``count`` tasks by ordinary calls, ``chunk`` per transaction."""
+) -> tuple[float, float]:
+    """Seconds and driver CPU seconds for ``count`` ordinary calls, ``chunk`` a transaction."""
     reset(system, conn)
     settle(conn, [])
-    seconds = float(
-        system.drive(
-            "enqueue", "--mode", "transaction", "--count", str(count), "--chunk", str(chunk)
-        )["seconds"]
+    result = system.drive(
+        "enqueue", "--mode", "transaction", "--count", str(count), "--chunk", str(chunk)
     )
     reset(system, conn)
-    return seconds
+    return float(result["seconds"]), float(result["cpu_seconds"])
 
 
 def time_bulk_enqueues(system: System, conn: psycopg.Connection, count: int, chunk: int) -> float:
