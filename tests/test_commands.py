@@ -313,6 +313,36 @@ def test_prunetasks_by_setting_asks_too(settings, no_terminal) -> None:
     assert "Deleted 3 tasks" in out and not Task.objects.exists()
 
 
+@pytest.mark.parametrize("flag", ["--yes", "--no-input"])
+def test_prunetasks_told_not_to_ask_counts_nothing_before_deleting(
+    settings, monkeypatch, flag
+) -> None:
+    # On millions of finished rows the count is a scan of their index; with
+    # nobody to show it to, the deletion alone runs.
+    from django_rdbtasks.management.commands import prunetasks
+
+    counted: list[tuple] = []
+    count = prunetasks.count_prunable_by_queue
+
+    def counting(*args, **kwargs):
+        counted.append(args)
+        return count(*args, **kwargs)
+
+    monkeypatch.setattr(prunetasks, "count_prunable_by_queue", counting)
+    for _ in range(3):
+        _finished("SUCCESSFUL", 10)
+    young = _finished("SUCCESSFUL", 1)
+    _, out = run("prunetasks", "--older-than", "7d", "--confirm-above", "0", flag)
+    assert "Deleted 3 tasks" in out and counted == []
+    assert list(Task.objects.values_list("pk", flat=True)) == [young.pk]
+    settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "12h"}
+    _, out = run("prunetasks", "--by-setting", "--confirm-above", "0", flag)
+    assert "Deleted 1 tasks" in out and counted == [] and not Task.objects.exists()
+    _finished("SUCCESSFUL", 10)
+    _, out = run("prunetasks", "--older-than", "7d", "--dry-run", flag)
+    assert out.startswith("Would delete 1 tasks") and len(counted) == 1
+
+
 @pytest.mark.parametrize("value", [7, "7", "1m"])
 def test_prunetasks_by_setting_refuses_an_age_without_a_unit(settings, value) -> None:
     settings.RDBTASKS_RETENTION = {"SUCCESSFUL": value}

@@ -117,7 +117,11 @@ class Command(BaseCommand):
         statuses = options["statuses"] or list(FINISHED)
         # One clock for the count and the deletion: what was confirmed is what goes.
         now = database_now(using)
-        counts = count_prunable_by_queue(age, statuses, using=using, now=now)
+        counts = (
+            count_prunable_by_queue(age, statuses, using=using, now=now)
+            if self._counts_needed(options)
+            else {}
+        )
         what = f"tasks finished more than {format_age(age)} ago"
         if options["dry_run"]:
             self._report(f"Would delete {sum(counts.values()):,} {what}", counts)
@@ -144,8 +148,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         now = database_now(using)
         counts: dict[tuple[str, str], int] = {}
-        for status, age in ages.items():
-            counts.update(count_prunable_by_queue(age, [status], using=using, now=now))
+        if self._counts_needed(options):
+            for status, age in ages.items():
+                counts.update(count_prunable_by_queue(age, [status], using=using, now=now))
         if options["dry_run"]:
             if not ages:
                 self.stdout.write("RDBTASKS_RETENTION is not set: nothing would be deleted.")
@@ -167,10 +172,21 @@ class Command(BaseCommand):
             f"and {result.workers} rows of gone workers."
         )
 
+    @staticmethod
+    def _counts_needed(options: dict[str, Any]) -> bool:
+        """Whether anyone reads the counts: a dry run shows them, a question quotes them.
+
+        With ``--yes`` or ``--no-input`` nothing does, and on a table of
+        millions of finished rows the count is a scan of their index.
+        """
+        return options["dry_run"] or (options["interactive"] and not options["yes"])
+
     def _confirm(self, what: str, counts: dict[tuple[str, str], int], options: dict) -> None:
         """Ask before a large deletion; without a terminal to ask on, refuse it."""
+        if not self._counts_needed(options):
+            return
         total = sum(counts.values())
-        if total <= options["confirm_above"] or options["yes"] or not options["interactive"]:
+        if total <= options["confirm_above"]:
             return
         self._report(f"About to delete {total:,} {what}", counts)
         if not sys.stdin.isatty():
