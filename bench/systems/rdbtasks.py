@@ -100,7 +100,7 @@ class RDBTasks(System):
         # checkout has none where PYTHONDONTWRITEBYTECODE is set (as on the
         # project's machines), and every worker and driver process would then
         # compile the package from source: 0.3 s of each worker's start and
-        # about 30 ms of a driver's first enqueue. Written here as pip would.
+        # about 20 ms of a driver's first enqueue. Written here as pip would.
         self.run([str(self.python), "-m", "compileall", "-q", str(REPO_DIR / "django_rdbtasks")])
 
     def version(self) -> str:
