@@ -153,6 +153,27 @@ def test_candidates_follow_priority_then_age():
     assert ids == [high.id, mid.id, low.id]
 
 
+def test_fresh_and_deferred_rows_are_claimed_in_one_order(vendor):
+    """Rows enqueued to run at once and rows due at a later time are in indexes apart
+    (db/ready_arms.py); the claim still takes them all by priority, then ``run_after``."""
+    for mode in modes(vendor):
+        Task.objects.all().delete()
+        backing_off = tasks.add.using(priority=5).enqueue(0, 0)
+        [row] = claim("w", limit=1, mode=mode)
+        assert finish("w", [outcome(row, "retry", entry={"outcome": "RETRY"}, delay=0.2)])
+        first = tasks.add.enqueue(1, 1)
+        soon = timezone.now() + dt.timedelta(seconds=0.2)
+        scheduled = tasks.add.using(run_after=soon).enqueue(2, 2)
+        tasks.add.using(priority=10, run_after=soon + dt.timedelta(hours=1)).enqueue(3, 3)
+        time.sleep(0.4)
+        last = tasks.add.enqueue(4, 4)
+        low = tasks.add.using(priority=-5).enqueue(5, 5)
+        taken = []
+        while found := claim(f"taker-{mode}", limit=1, mode=mode):
+            taken += [str(dialect_for(connection).decode_id(r.id)) for r in found]
+        assert taken == [backing_off.id, first.id, scheduled.id, last.id, low.id], mode
+
+
 def test_candidates_only_of_the_given_queues():
     tasks.add.enqueue(1, 1)
     tasks.send_email.enqueue("a@example.com")

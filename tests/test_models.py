@@ -132,20 +132,55 @@ def test_status_index_is_partial_where_possible():
             "priority",
             "run_after",
         ]
-        assert index_columns("rdbtasks_task_ready_unlimited") == []
-        assert index_columns("rdbtasks_task_ready_limited") == []
+        for name in ("fresh", "deferred", "limited"):
+            assert index_columns(f"rdbtasks_task_ready_{name}") == []
         return
-    assert index_columns("rdbtasks_task_ready") is None  # replaced by the three below
-    unlimited = index_columns("rdbtasks_task_ready_unlimited")
+    assert index_columns("rdbtasks_task_ready") is None  # replaced by the four below
+    assert index_columns("rdbtasks_task_ready_unlimited") is None  # split in two (0014)
+    fresh = index_columns("rdbtasks_task_ready_fresh")
+    deferred = index_columns("rdbtasks_task_ready_deferred")
     limited = index_columns("rdbtasks_task_ready_limited")
     by_key = index_columns("rdbtasks_task_ready_key")
     if connection.vendor == "postgresql":
         ready = "((status)::text = 'READY'::text)"
-        assert f"WHERE ((limit_key IS NULL) AND {ready})" in unlimited
+        assert (
+            "WHERE ((limit_key IS NULL) AND (requested_run_after IS NULL) "
+            f"AND (started_at IS NULL) AND {ready})"
+        ) in fresh
+        assert (
+            f"WHERE ((limit_key IS NULL) AND {ready} AND "
+            "((requested_run_after IS NOT NULL) OR (started_at IS NOT NULL)))"
+        ) in deferred
         assert f"WHERE ((limit_key IS NOT NULL) AND {ready})" in limited
         assert "(queue_name, limit_key, priority DESC, run_after)" in by_key
-    for sql in (unlimited, limited, by_key):
+    for sql in (fresh, deferred, limited, by_key):
         assert "WHERE" in sql and "READY" in sql
+
+
+def test_the_claims_conditions_are_its_indexes_conditions():
+    """The claim's reads spell each arm as ``db/ready_arms.py`` does; the indexes are
+    made from the model's conditions. A partial index serves only a read whose WHERE
+    states its condition: the two must say the same."""
+    from django_rdbtasks.db import ready_arms
+    from django_rdbtasks.models.tasks import READY_DEFERRED, READY_FRESH
+
+    now = timezone.now()
+    for requested in (None, now):
+        for started in (None, now):
+            for limit_key in (None, "concurrency:k"):
+                Task.objects.create(
+                    task_path="tests.testapp.tasks.noop",
+                    requested_run_after=requested,
+                    started_at=started,
+                    limit_key=limit_key,
+                )
+    arms = ((ready_arms.FRESH, READY_FRESH), (ready_arms.DEFERRED, READY_DEFERRED))
+    with connection.cursor() as cursor:
+        for arm, condition in arms:
+            ids = set(Task.objects.filter(condition).values_list("pk", flat=True))
+            cursor.execute(f"SELECT id FROM django_rdbtasks_task WHERE status = 'READY' AND {arm}")
+            assert {Task._meta.pk.to_python(row[0]) for row in cursor.fetchall()} == ids
+            assert len(ids) == (1 if condition is READY_FRESH else 3)
 
 
 def test_the_finished_index_holds_only_finished_rows_where_it_can():

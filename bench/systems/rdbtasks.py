@@ -11,13 +11,16 @@ from .base import BENCH_DIR, Context, System
 REPO_DIR = BENCH_DIR.parent
 TABLE = "django_rdbtasks_task"
 
-#: The READY rows as the partial indexes split them (migration 0010): the
-#: harness's polls count each arm off its own index. A count of ``status =
-#: 'READY'`` alone matches no index's predicate and reads the whole table at
-#: every poll, which the drain's server CPU then includes (on a table of a
-#: million finished rows, twice what the workers cost the server).
+#: The READY rows as the partial indexes split them (migrations 0010 and 0014,
+#: ``django_rdbtasks/db/ready_arms.py``): the harness's polls count each arm
+#: off its own index. A count of ``status = 'READY'`` alone matches no index's
+#: predicate and reads the whole table at every poll, which the drain's server
+#: CPU then includes (on a table of a million finished rows, twice what the
+#: workers cost the server).
 READY_ARMS = (
-    "status = 'READY' AND limit_key IS NULL",
+    "status = 'READY' AND limit_key IS NULL AND requested_run_after IS NULL AND started_at IS NULL",
+    "status = 'READY' AND limit_key IS NULL"
+    " AND (requested_run_after IS NOT NULL OR started_at IS NOT NULL)",
     "status = 'READY' AND limit_key IS NOT NULL",
 )
 

@@ -5,12 +5,12 @@ What PostgreSQL does in one statement (``pg_round.py``), in a few:
 1. One read per queue and kind, each a range of its index in the index's
    order with a LIMIT: the expired leases (those of a limited task only where
    its key has a free slot), the READY rows without a limit, and a *window*
-   of READY rows with one. Where the database has partial indexes the two
-   kinds of READY rows are indexes apart (``rdbtasks_task_ready_unlimited``,
-   ``_limited``); MySQL and MariaDB have none, so there the window is the
-   first READY rows of any kind (``rdbtasks_task_ready``) and the unlimited
-   read comes only when needed (step 3), by ``limit_key IS NULL`` on
-   ``rdbtasks_task_ready_key``.
+   of READY rows with one. Where the database has partial indexes these are
+   indexes apart (``rdbtasks_task_ready_fresh`` and ``_deferred`` without a
+   limit, each read on its own, and ``_limited``: ``ready_arms``); MySQL and
+   MariaDB have none, so there the window is the first READY rows of any
+   kind (``rdbtasks_task_ready``) and the unlimited read comes only when
+   needed (step 3), by ``limit_key IS NULL`` on ``rdbtasks_task_ready_key``.
 2. The slots of the window's keys (``LimitSQL.slot_state``): a key's rows are
    offered as far as it has free slots; keys missing slots are reported.
 3. Only where a queue's window was full yet offered fewer rows than wanted (a
@@ -31,14 +31,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..states import TaskStatus
+from . import ready_arms
 from .rows import CANDIDATE_COLUMNS, Candidate
 
 if TYPE_CHECKING:
     from .base import Dialect
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
-#: Parts of the first read.
-EXPIRED, UNLIMITED, WINDOW = "expired", "unlimited", "window"
+#: Parts of the first read: where the database has partial indexes, the READY
+#: rows without a limit are two parts, fresh and deferred (``ready_arms``).
+EXPIRED, FRESH, DEFERRED, WINDOW = "expired", "fresh", "deferred", "window"
 
 
 @dataclass(slots=True)
@@ -73,9 +75,10 @@ class ReadyReads:
                 "lease_expires_at",
                 0,
             )
-        limit = {UNLIMITED: "AND limit_key IS NULL ", WINDOW: ""}[kind]
+        arm = {FRESH: ready_arms.FRESH, DEFERRED: ready_arms.DEFERRED, WINDOW: ""}[kind]
         if kind == WINDOW and self.split:
-            limit = "AND limit_key IS NOT NULL "
+            arm = ready_arms.LIMITED
+        limit = f"AND {arm} " if arm else ""
         return self._select(
             f"status = '{READY}' AND queue_name = %s {limit}AND run_after <= {now}",
             "priority DESC, run_after",
@@ -83,7 +86,7 @@ class ReadyReads:
         )
 
     def parts(self, queues: Sequence[str]) -> list[tuple[str, int]]:
-        kinds = [EXPIRED, UNLIMITED, WINDOW] if self.split else [EXPIRED, WINDOW]
+        kinds = [EXPIRED, FRESH, DEFERRED, WINDOW] if self.split else [EXPIRED, WINDOW]
         return [(kind, i) for kind in kinds for i in range(len(queues))]
 
     def first_sql(self, queues: Sequence[str]) -> str:

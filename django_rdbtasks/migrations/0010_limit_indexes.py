@@ -25,30 +25,7 @@ key's backlog no longer lies in the way of anything (docs/limits.md, "Cost").
 from django.db import migrations, models
 
 import django_rdbtasks.models
-
-
-class AddIndexOnline(migrations.AddIndex):
-    """``AddIndex``, built without holding writes on PostgreSQL, and re-runnable there."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            name = schema_editor.quote_name(self.index.name)
-            schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+from django_rdbtasks.operations import AddIndexOnline
 
 
 #: The READY index as migration 0001 made it.

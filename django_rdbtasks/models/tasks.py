@@ -176,10 +176,25 @@ class SearchIndex(models.Index):
         return plain.create_sql(model, schema_editor, using=using, **kwargs)
 
 
+#: READY rows without a limit, enqueued to run at once and never started; and
+#: the others, due at a time asked for or between attempts (``db/ready_arms.py``
+#: says why they are indexes apart, in the same words as SQL).
+READY_FRESH = Q(
+    status=TaskStatus.READY,
+    limit_key__isnull=True,
+    requested_run_after__isnull=True,
+    started_at__isnull=True,
+)
+READY_DEFERRED = Q(status=TaskStatus.READY, limit_key__isnull=True) & (
+    Q(requested_run_after__isnull=False) | Q(started_at__isnull=False)
+)
+
+
 def unfinished_rows() -> Q:
     """READY, RUNNING or WAITING, each arm the condition of a partial index."""
     return (
-        Q(status=TaskStatus.READY, limit_key__isnull=True)
+        READY_FRESH
+        | READY_DEFERRED
         | Q(status=TaskStatus.READY, limit_key__isnull=False)
         | Q(status=TaskStatus.RUNNING)
         | Q(status=TaskStatus.WAITING)
@@ -412,11 +427,19 @@ class Task(models.Model):
             # (docs/claim-protocol.md, "Indexes"). Rows without a limit and rows
             # with one are apart, so a full key's backlog is never walked to
             # reach the others; the limited rows are read in the claim's order
-            # (``ready_limited``) and key by key (``ready_key``).
+            # (``ready_limited``) and key by key (``ready_key``). Rows without
+            # a limit are apart again: those enqueued to run at once, added at
+            # the index's right edge, and those due at a later time, which
+            # would otherwise lie to the right of every new row.
             PartialIndex(
                 fields=["queue_name", "-priority", "run_after"],
-                condition=Q(status=TaskStatus.READY, limit_key__isnull=True),
-                name="rdbtasks_task_ready_unlimited",
+                condition=READY_FRESH,
+                name="rdbtasks_task_ready_fresh",
+            ),
+            PartialIndex(
+                fields=["queue_name", "-priority", "run_after"],
+                condition=READY_DEFERRED,
+                name="rdbtasks_task_ready_deferred",
             ),
             PartialIndex(
                 fields=["queue_name", "-priority", "run_after"],
