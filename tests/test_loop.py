@@ -293,10 +293,10 @@ def test_a_row_held_locked_holds_back_no_other_outcome_and_no_claim(mode, caplog
         # Every other task runs and is written, round after round, while the
         # row stays locked: nothing waits for it.
         wait_until(
-            lambda: Task.objects.filter(
-                pk__in=[o.id for o in others], status="SUCCESSFUL"
-            ).count()
-            == len(others),
+            lambda: (
+                Task.objects.filter(pk__in=[o.id for o in others], status="SUCCESSFUL").count()
+                == len(others)
+            ),
             timeout=30,
         )
         time.sleep(3.0)  # more rounds and renewals with the row still locked

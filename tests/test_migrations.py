@@ -1,9 +1,15 @@
 """Migrations that do more than Django's own operations: 0006 and 0013, the task path's
-index; and 0007, the lease index per queue, both ways."""
+index; 0007, the lease index per queue; 0011, the dedup key's; 0014, the READY rows
+without a limit in two indexes; both ways."""
+
+import datetime as dt
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+
+from django_rdbtasks.db import ready_arms
+from django_rdbtasks.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,7 +128,7 @@ def path_index_definition(name: str) -> str:
                 [name],
             )
         row = cursor.fetchone()
-    return str(row[0]) if row else ""
+    return str(row[0]) if row and row[0] is not None else ""
 
 
 def test_0013_keeps_only_finished_rows_in_the_path_index_where_it_can_and_back(vendor):
@@ -235,3 +241,59 @@ def test_0011_leaves_rows_without_a_dedup_key_out_of_its_unique_index_and_back(v
     finally:
         migrate()
     assert one_active_definition() == now
+
+
+READY_0013 = (APP, "0013_task_path_finished_only")
+UNLIMITED, FRESH, DEFERRED = (
+    "rdbtasks_task_ready_unlimited",
+    "rdbtasks_task_ready_fresh",
+    "rdbtasks_task_ready_deferred",
+)
+
+
+def test_0014_splits_the_ready_rows_without_a_limit_in_two_indexes_and_back(vendor):
+    """PostgreSQL and SQLite: the READY rows without a limit, one index, become two
+    (fresh, deferred), built over the rows already there; back to 0013: one again.
+    MySQL and MariaDB: no partial indexes, nothing changes."""
+    from django.utils import timezone
+
+    from tests.testapp import tasks
+
+    try:
+        migrate(READY_0013)
+        fresh = tasks.add.enqueue(1, 1)
+        later = tasks.add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(2, 2)
+        assert path_index_definition(FRESH) == path_index_definition(DEFERRED) == ""
+        if vendor != "mysql":
+            assert "limit_key IS NULL" in path_index_definition(UNLIMITED).replace('"', "")
+        migrate((APP, "0014_ready_fresh_and_deferred"))
+        assert path_index_definition(UNLIMITED) == ""
+        if vendor == "mysql":
+            assert path_index_definition(FRESH) == path_index_definition(DEFERRED) == ""
+        else:
+            for name in (FRESH, DEFERRED):
+                definition = path_index_definition(name).replace('"', "")
+                assert "WHERE" in definition and "requested_run_after" in definition, definition
+            if vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT bool_and(indisvalid) FROM pg_index WHERE indexrelid "
+                        "IN (%s::regclass, %s::regclass)",
+                        [FRESH, DEFERRED],
+                    )
+                    assert cursor.fetchone()[0] is True
+        # The rows enqueued before are read off the new indexes.
+        with connection.cursor() as cursor:
+            for arm, expected in ((ready_arms.FRESH, fresh.id), (ready_arms.DEFERRED, later.id)):
+                cursor.execute(
+                    f"SELECT id FROM django_rdbtasks_task WHERE status = 'READY' AND {arm}"
+                )
+                assert [str(Task._meta.pk.to_python(row[0])) for row in cursor.fetchall()] == [
+                    expected
+                ]
+        migrate(READY_0013)
+        assert path_index_definition(FRESH) == path_index_definition(DEFERRED) == ""
+        if vendor != "mysql":
+            assert "limit_key IS NULL" in path_index_definition(UNLIMITED).replace('"', "")
+    finally:
+        migrate()

@@ -183,12 +183,13 @@ def assert_pooled_sessions_are_as_new(bouncer: pgbouncer.Bouncer, dbname: str) -
             row = conn.execute(
                 "SELECT pg_backend_pid(), current_setting('lock_timeout'), "
                 "current_setting('idle_in_transaction_session_timeout'), "
-                "(SELECT count(*) FROM pg_prepared_statements)"
+                "(SELECT count(*) FROM pg_prepared_statements), "
+                "current_setting('jit') = (SELECT reset_val FROM pg_settings WHERE name = 'jit')"
             ).fetchone()
             assert row is not None
-            pid, lock_timeout, idle_timeout, prepared = row
+            pid, lock_timeout, idle_timeout, prepared, jit_as_configured = row
             pids.add(pid)
-            assert (lock_timeout, idle_timeout, prepared) == ("0", "0", 0)
+            assert (lock_timeout, idle_timeout, prepared, jit_as_configured) == ("0", "0", 0, True)
         assert len(pids) == POOL_SIZE
     finally:
         for conn in held:

@@ -4,6 +4,13 @@ A frozen or partitioned worker must not keep a transaction (and its row locks)
 open, wait on a lock, or run a statement past a fraction of its lease; and it
 must notice a vanished server instead of waiting on a socket that never
 answers (``worker/connection.py`` applies these).
+
+Its statements are never compiled by JIT either. A round is a few
+milliseconds of work, but over a table of a million rows its plan's cost
+estimate can pass ``jit_above_cost`` (100,000 by default: the planner cannot
+know that the few READY rows due now are all a LIMIT reaches), and the
+server then spends about 30 ms compiling every round: measured, a round of
+6 ms took 34 on such a table (docs/benchmarks.md, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ class PostgreSQLSessionBounds:
             f"SET idle_in_transaction_session_timeout = {idle}",
             f"SET lock_timeout = {lock}",
             f"SET statement_timeout = {idle}",
+            "SET jit = off",
             # The server notices a vanished client within ~15 s.
             "SET tcp_keepalives_idle = 5",
             "SET tcp_keepalives_interval = 2",
@@ -43,7 +51,8 @@ class PostgreSQLSessionBounds:
         return [
             f"SELECT set_config('idle_in_transaction_session_timeout', '{idle}', true), "
             f"set_config('lock_timeout', '{lock}', true), "
-            f"set_config('statement_timeout', '{idle}', true)"
+            f"set_config('statement_timeout', '{idle}', true), "
+            "set_config('jit', 'off', true)"
         ]
 
     def connection_options(self, lease: float) -> dict[str, Any]:
