@@ -18,6 +18,7 @@ from django_rdbtasks.db.base import candidate_count
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.db.rows import ClaimRequest, NewBatch, Outcome, new_ids
 from django_rdbtasks.models import Task, uuid7
+from django_rdbtasks.models.tasks import READY_DEFERRED, READY_FRESH
 from django_rdbtasks.states import ClaimMode, OutcomeKind
 from tests.conftest import listen_connection
 from tests.testapp import tasks
@@ -168,6 +169,9 @@ def test_fresh_and_deferred_rows_are_claimed_in_one_order(vendor):
         time.sleep(0.4)
         last = tasks.add.enqueue(4, 4)
         low = tasks.add.using(priority=-5).enqueue(5, 5)
+        # Fresh rows are all due: the claim reads them without a walk past later ones.
+        assert not Task.objects.filter(READY_FRESH, run_after__gt=DbNow()).exists()
+        assert Task.objects.filter(READY_DEFERRED, run_after__gt=DbNow()).count() == 1
         taken = []
         while found := claim(f"taker-{mode}", limit=1, mode=mode):
             taken += [str(dialect_for(connection).decode_id(r.id)) for r in found]

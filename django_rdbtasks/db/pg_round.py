@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .outcomes import SETTLES_DEPENDANTS
-from .ready_arms import UNLIMITED_ARMS
+from .ready_arms import DEFERRED, FRESH
 from .rows import CLAIM_COLUMNS
 
 if TYPE_CHECKING:
@@ -275,7 +275,8 @@ class RoundSQL:
                 f"WHERE {expired}{not_finishing}{free}{gate} "
                 f"ORDER BY lease_expires_at LIMIT {part}{lock}"
             ),
-            _per_queue(self.due_by_priority(part, lock, gate)),
+            _per_queue(self.fresh_rows(part, lock, gate)),
+            _per_queue(self.deferred_by_priority(part, lock, gate)),
         ]
         missing = ""
         walk = "false"
@@ -348,36 +349,40 @@ class RoundSQL:
         )
         return ctes, f"SELECT count(*) FROM {rows}", flags, missing
 
-    def due_by_priority(self, part: str, lock: str, gate: str) -> str:
-        """The queue's (``q.name``) first ``part`` due READY rows without a limit, in claim order.
+    def fresh_rows(self, part: str, lock: str, gate: str) -> str:
+        """The queue's (``q.name``) first ``part`` fresh READY rows, in claim order.
 
-        One read of an index in its order, ``priority DESC, run_after``, with
+        Read straight in the index's order: a fresh row's ``run_after`` is
+        the clock of the write that made it (``ready_arms``), so every one is
+        due, and none lies in the way of another.
+        """
+        return (
+            f"SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {self.t} "
+            f"WHERE status = '{READY}' AND queue_name = q.name AND {FRESH} "
+            f"AND run_after <= {self.now}{gate} "
+            f"ORDER BY priority DESC, run_after LIMIT {part}{lock}"
+        )
+
+    def deferred_by_priority(self, part: str, lock: str, gate: str) -> str:
+        """The queue's (``q.name``) first ``part`` due deferred READY rows, in claim order.
+
+        One read of the index in its order, ``priority DESC, run_after``, with
         ``run_after <= now`` as a filter, walks every row of a priority due
         later before it reaches the next one's due rows: with 100,000 tasks
         scheduled for later, 500 pages a round, however few are due. So the
-        queue's priorities are walked instead (``pr``: one index descent each
-        per index, a few in practice, 201 at most), and each priority's due
-        rows are read as a range that ends at now, from both indexes of rows
-        without a limit (``ready_arms``: the fresh and the deferred ones).
+        queue's priorities are walked instead (``pr``: one index descent
+        each, a few in practice, 201 at most), and each priority's due rows
+        are read as a range that ends at now.
         """
         t, now = self.t, self.now
-        arms = [f"status = '{READY}' AND queue_name = q.name AND {arm}" for arm in UNLIMITED_ARMS]
-
-        def highest(below: str) -> str:
-            tops = ", ".join(f"(SELECT max(priority) FROM {t} WHERE {arm}{below})" for arm in arms)
-            return f"GREATEST({tops})"
-
-        # Each arm a subquery of its own: a UNION may not lock, its parts may.
-        due = " UNION ALL ".join(
-            f"SELECT * FROM (SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {t} "
-            f"WHERE {arm} AND priority = pr.p AND run_after <= {now}{gate} "
-            f"ORDER BY run_after LIMIT {part}{lock}) AS a{n}"
-            for n, arm in enumerate(arms)
-        )
+        ready = f"status = '{READY}' AND queue_name = q.name AND {DEFERRED}"
         return (
-            f"WITH RECURSIVE pr(p) AS (SELECT {highest('')} "
-            f"UNION ALL SELECT {highest(' AND priority < pr.p')} FROM pr WHERE pr.p IS NOT NULL) "
-            f"SELECT d.* FROM pr CROSS JOIN LATERAL ({due}) AS d "
+            f"WITH RECURSIVE pr(p) AS (SELECT max(priority) FROM {t} WHERE {ready} "
+            f"UNION ALL SELECT (SELECT max(priority) FROM {t} WHERE {ready} "
+            "AND priority < pr.p) FROM pr WHERE pr.p IS NOT NULL) "
+            f"SELECT d.* FROM pr CROSS JOIN LATERAL (SELECT {_ROW_COLS}, 1 AS reclaim, priority, "
+            f"run_after FROM {t} WHERE {ready} AND priority = pr.p AND run_after <= {now}{gate} "
+            f"ORDER BY run_after LIMIT {part}{lock}) AS d "
             f"ORDER BY d.priority DESC, d.run_after LIMIT {part}"
         )
 

@@ -10,7 +10,7 @@ milliseconds of work, but over a table of a million rows its plan's cost
 estimate can pass ``jit_above_cost`` (100,000 by default: the planner cannot
 know that the few READY rows due now are all a LIMIT reaches), and the
 server then spends about 30 ms compiling every round: measured, a round of
-6 ms took 34 on such a table (docs/benchmarks.md, 2026-11-28).
+6 ms took 34 on such a table (docs/benchmarks.md, 2026-11-27 23:14).
 """
 
 from __future__ import annotations

@@ -6,9 +6,13 @@ SQLite use a partial index only for a query whose WHERE states the index's
 condition.
 
 - ``FRESH``: enqueued to run at once, never started: nearly every row a
-  busy queue holds. Their ``run_after`` is their enqueue's clock, so each
+  busy queue holds. Their ``run_after`` is the clock of the write that made
+  them READY (the enqueue, or a parent's end that released them), so each
   new one sorts after the others and its index entry is added at the
-  index's right edge.
+  index's right edge; and every one is due, so the claim reads them in the
+  index's order without walking past any (``RoundSQL.fresh_rows``). Every
+  write that sets a later ``run_after`` sets ``requested_run_after`` (the
+  producer asked) or follows a claim, which set ``started_at``.
 - ``DEFERRED``: the rest of the rows without a limit: due at a time their
   producer asked for (``requested_run_after``), or between attempts (a
   retry's backoff, a postpone, a handover, a requeue: ``started_at`` is
@@ -28,5 +32,3 @@ from __future__ import annotations
 FRESH = "limit_key IS NULL AND requested_run_after IS NULL AND started_at IS NULL"
 DEFERRED = "limit_key IS NULL AND (requested_run_after IS NOT NULL OR started_at IS NOT NULL)"
 LIMITED = "limit_key IS NOT NULL"
-#: The arms without a limit, each read on its own.
-UNLIMITED_ARMS = (FRESH, DEFERRED)
