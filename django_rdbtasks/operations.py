@@ -21,6 +21,24 @@ def _postgresql(schema_editor: Any) -> bool:
     return bool(schema_editor.connection.vendor == "postgresql")
 
 
+def build_online(schema_editor: Any, model: Any, index: Any) -> None:
+    """Build ``index``; on PostgreSQL concurrently, first dropping an interrupted build's."""
+    if _postgresql(schema_editor):
+        name = schema_editor.quote_name(index.name)
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        schema_editor.add_index(model, index, concurrently=True)
+    else:
+        schema_editor.add_index(model, index)
+
+
+def drop_online(schema_editor: Any, model: Any, index: Any) -> None:
+    """Drop ``index``; on PostgreSQL concurrently."""
+    if _postgresql(schema_editor):
+        schema_editor.remove_index(model, index, concurrently=True)
+    else:
+        schema_editor.remove_index(model, index)
+
+
 class AddIndexOnline(migrations.AddIndex):
     """``AddIndex``, built without holding writes on PostgreSQL, and re-runnable there."""
 
@@ -28,25 +46,15 @@ class AddIndexOnline(migrations.AddIndex):
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if _postgresql(schema_editor):
-            name = schema_editor.quote_name(self.index.name)
-            schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            build_online(schema_editor, model, self.index)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if _postgresql(schema_editor):
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            drop_online(schema_editor, model, self.index)
 
 
 class RemoveIndexOnline(migrations.RemoveIndex):
@@ -56,18 +64,14 @@ class RemoveIndexOnline(migrations.RemoveIndex):
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if _postgresql(schema_editor):
-            schema_editor.remove_index(model, index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            drop_online(schema_editor, model, index)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        AddIndexOnline(self.model_name, index).database_forwards(
-            app_label, schema_editor, from_state, to_state
-        )
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            build_online(schema_editor, model, index)
