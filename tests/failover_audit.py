@@ -265,7 +265,7 @@ def audit(
     # Every run but the last was in flight at the failover: a slot whose claim
     # connection failed also dropped its task connections, so no task spends
     # an attempt finding the dead primary.
-    assert not stale, Counter(stale)
+    assert not stale, f"promoted at {promoted_at.isoformat()}: {Counter(stale)}"
     return (
         f"{len(rows)} tasks ({len(acked)} acknowledged, {landed} of {len(failed)} "
         f"failed enqueues landed), {len(runs)} runs, {sum(duplicated.values())} duplicate "
@@ -300,7 +300,8 @@ def check_history(
         if datetime.fromisoformat(entry["started_at"]) >= promoted_at:
             # Claimed on the new primary, yet its body met the old one.
             assert database_error, (task_id, entry)
-            stale.append(entry["worker_id"])
+            error = entry.get("traceback", "").strip().splitlines()[-1:]
+            stale.append(f"{entry['worker_id']} at {entry['started_at']}: {error}")
         lost += entry["outcome"] == AttemptOutcome.LOST
     # Each claim adds one to the version and each outcome written one more; a
     # lost claim has no outcome, a released one gives its attempt back. A lost

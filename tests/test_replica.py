@@ -142,6 +142,30 @@ def retry(task_id: str) -> None:
     assert response.status_code == 302, response.status_code
 
 
+def reconnect_to_each() -> None:
+    """A runner reconnecting its tasks' connection: done to the primary, refused by the standby."""
+    import threading
+
+    from django.db import connections
+
+    from django_rdbtasks.db import dialect_for
+    from django_rdbtasks.worker.task_connections import reconnect_task_connections
+
+    found = {}
+    for alias in ("default", "replica"):
+        connections[alias].ensure_connection()  # as a task would have
+        deadline = time.monotonic() + 1.0
+        found[alias] = reconnect_task_connections(
+            True,  # its slot's round thread lost its connection
+            alias,
+            dialect_for(connections[alias]).accepts_writes,
+            stop=threading.Event(),
+            give_up=lambda: time.monotonic() > deadline,  # noqa: B023
+        )
+        found[f"{alias}_open"] = connections[alias].connection is not None
+    print(json.dumps(found))
+
+
 # -- the pair and the test ----------------------------------------------------------------------
 
 
@@ -238,6 +262,11 @@ def test_the_read_only_views_run_on_the_standby_and_actions_on_the_primary(pair)
         STANDBY_PORT, f"SELECT status FROM {PROJECT}task WHERE id = '{failed}'", dbname=DB_NAME
     )
     assert status == "READY"
+
+    # After a failover, a runner does not run its next task on a standby.
+    assert call("reconnect_to_each") == {
+        "default": True, "default_open": True, "replica": False, "replica_open": False,
+    }  # fmt: skip
 
 
 def test_a_standby_behind_shows_its_lag_and_the_old_rows(pair) -> None:

@@ -1,11 +1,17 @@
-"""What a task leaves on its thread's connections is undone, on that thread's alone."""
+"""What a task leaves on its thread's connections is undone, on that thread's alone; a
+connection that broke is opened again before the next task runs, not by the task."""
 
 import threading
+import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
-from django_rdbtasks.worker.task_connections import reset_task_connections
+from django_rdbtasks.db import dialect_for
+from django_rdbtasks.worker.task_connections import (
+    reconnect_task_connections,
+    reset_task_connections,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,3 +74,78 @@ def test_a_connection_the_task_made_itself_is_the_tasks_to_keep():
         assert own.connection is not None and not own.get_autocommit()
     finally:
         own.close()
+
+
+# -- reconnecting before the next task ---------------------------------------------------------
+
+
+def accepts_writes(cursor):
+    return dialect_for(connections["default"]).accepts_writes(cursor)
+
+
+def reconnect(lost, accepts=accepts_writes, give_up=lambda: True):
+    return reconnect_task_connections(
+        lost, "default", accepts, stop=threading.Event(), give_up=give_up
+    )
+
+
+def kill(connection):
+    """End ``connection``'s session from another one, as a failover or an operator would."""
+    killer = connections.create_connection("default")
+    try:
+        with killer.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                pid = connection.connection.info.backend_pid
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            else:
+                cursor.execute(f"KILL {connection.connection.thread_id()}")
+    finally:
+        killer.close()
+
+
+def test_nothing_is_reopened_while_nothing_broke():
+    connection = reopened()
+    driver = connection.connection
+    assert reconnect(False)
+    assert connection.connection is driver
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor == "sqlite", reason="a file has no session to end"
+)
+def test_a_connection_a_task_broke_is_opened_again_before_the_next_task():
+    connection = reopened()
+    kill(connection)
+    with pytest.raises(DatabaseError), connection.cursor() as cursor:  # the task's query
+        cursor.execute("SELECT 1")
+    reset_task_connections()
+    assert connection.connection is None
+    # The next task finds it open, on a server that takes writes.
+    assert reconnect(False)
+    assert connection.connection is not None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    # Once: the task after that runs on it as it is.
+    driver = connection.connection
+    assert reconnect(False) and connection.connection is driver
+
+
+def test_when_the_round_lost_its_connection_every_one_of_the_thread_is_replaced():
+    connection = reopened()
+    driver = connection.connection
+    assert reconnect(True)
+    assert connection.connection is not None and connection.connection is not driver
+
+
+def test_a_server_refusing_writes_is_retried_until_stopped_and_left_closed():
+    connection = reopened()
+    deadline = time.monotonic() + 0.5
+    refused = []
+
+    def read_only(cursor):
+        refused.append(accepts_writes(cursor))  # the real answer, then refused
+        return False
+
+    assert not reconnect(True, read_only, give_up=lambda: time.monotonic() > deadline)
+    assert len(refused) >= 2 and all(refused)  # retried, each time on a new connection
+    assert connection.connection is None

@@ -554,6 +554,11 @@ class Dialect(TaskInserts):
         cursor.execute(f"SELECT {self.now_sql}", [])
         return cursor.fetchone()[0]
 
+    def accepts_writes(self, cursor: Any) -> bool:
+        """Whether this connection's server takes writes (after a failover, the
+        old primary may be back as a standby): True unless it says otherwise."""
+        return True
+
     def replica_lag(self, cursor: Any) -> float | None:
         """Seconds this server's copy is behind its primary: 0 on a primary, None if unknown."""
         return None  # SQLite has no replicas

@@ -141,6 +141,11 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         self.claim_forms.clear()
         self.locked_reads_until.clear()
 
+    def accepts_writes(self, cursor: Any) -> bool:
+        # A standby (what libpq's target_session_attrs=read-write asks too).
+        cursor.execute("SELECT pg_is_in_recovery()")
+        return not cursor.fetchone()[0]
+
     def replica_lag(self, cursor: Any) -> float | None:
         # A standby that replayed all it received is current, however long
         # ago the primary last committed (the replay timestamp alone would

@@ -41,7 +41,7 @@ from .registry import Registry
 from .reporting import Counters, Reporter
 from .slots import BUSY_RETRY, ClaimAhead, Slot, Wake
 from .store import ClaimStore
-from .task_connections import close_task_connections
+from .task_connections import reconnect_task_connections
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -378,20 +378,25 @@ class Worker:
 
         Its own worker connection (made on first use) carries what a running task
         writes of itself: progress, checkpoints, a lost attempt's record."""
-        encode = dialect_for(open_in_thread(alias)).encode_outcome  # Outcome.wire
+        dialect = dialect_for(open_in_thread(alias))
         try:
             while True:
                 running = slot.next_task(self.stopping)
                 if running is None:
                     return
-                if slot.connections_lost:
-                    # The round thread reconnected (an outage, a failover): so must
-                    # this thread, not the task at the cost of an attempt.
-                    slot.connections_lost = False
-                    close_task_connections()
+                # The round thread reconnected (an outage, a failover): so must this
+                # thread's tasks, before one runs, not at the cost of its attempt.
+                lost, slot.connections_lost = slot.connections_lost, False
+                if not reconnect_task_connections(
+                    lost, self.database, dialect.accepts_writes,
+                    stop=self.halt, give_up=self.stopping.is_set,
+                ) or running.lost:  # fmt: skip
+                    # Stopped first, or its lease lost meanwhile: given back unrun.
+                    slot.finish(executor.release(running), running)
+                    continue
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
-                encode(outcome)  # here, not in the round thread
+                dialect.encode_outcome(outcome)  # Outcome.wire: here, not in the round thread
                 slot.finish(outcome, running)
         finally:
             connections.close_all()

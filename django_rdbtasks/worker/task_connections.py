@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.backends.signals import connection_created
+
+from ..retrying import retry_database
+
+logger = logging.getLogger("django_rdbtasks.worker")
 
 #: Per thread, the connections it opened: alias -> Django's wrapper.
 _this_thread = threading.local()
@@ -58,6 +64,7 @@ def reset_task_connections() -> None:
                 connection.errors_occurred = False
             else:
                 _close_quietly(connection)
+                _this_thread.broken = True  # reconnected before the next task
 
 
 def close_task_connections() -> None:
@@ -65,6 +72,58 @@ def close_task_connections() -> None:
     failover, to whichever server accepts writes)."""
     for connection in connections.all(initialized_only=True):
         _close_quietly(connection)
+
+
+def reconnect_task_connections(
+    lost: bool,
+    writable: str,
+    accepts_writes: Callable[[Any], bool],
+    *,
+    stop: threading.Event,
+    give_up: Callable[[], bool],
+) -> bool:
+    """Before the next task runs: when ``lost`` (the slot's round thread lost
+    its connection) or a task's connection broke, connect this thread again to
+    ``writable``, the database of the worker's tasks, if its tasks used it.
+    True when the task may run. Other databases' connections reconnect when a
+    task next uses them, as Django's always do: this failover is not theirs.
+
+    After a failover, a connection opened at once may still reach the old
+    primary: HAProxy routes to it until its checks fail (two seconds with
+    ``deploy/patroni/haproxy.cfg``), a DNS name until its answer expires.
+    The task would spend an attempt on a connection that fails, or on a
+    restarted old primary that now refuses writes. So the runner connects
+    first, retrying as the round thread does, until it connects to a server
+    that accepts writes. False if stopped (``stop``, ``give_up``) before it
+    could: the task is not run.
+    """
+    if lost:
+        close_task_connections()  # maybe half-open: they must not be trusted
+    elif not getattr(_this_thread, "broken", False):
+        return True
+    _this_thread.broken = False
+    connection = (getattr(_this_thread, "connected", None) or {}).get(writable)
+    if connection is None or connection.connection is not None:
+        return True  # never used by its tasks, or unharmed
+
+    def reconnect() -> bool:
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            if not accepts_writes(cursor):
+                raise OperationalError(f"the server of {writable!r} accepts no writes")
+        return True
+
+    return bool(
+        retry_database(
+            reconnect,
+            "reconnecting the tasks' connection",
+            alias=None,
+            stop=stop,
+            give_up=give_up,
+            on_error=lambda: _close_quietly(connection),
+            log=logger,
+        )
+    )
 
 
 def _abandon_atomic(connection: Any) -> None:
