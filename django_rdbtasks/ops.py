@@ -29,6 +29,7 @@ from .compat import task_backends
 from .db import dialect_for
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
+from .models.tasks import ready_arms
 from .reads import read_database, replica_lag
 
 FINISHED = TaskStatus.finished()
@@ -222,7 +223,7 @@ def snapshot(
     def stats_for(name: str) -> QueueStats:
         return by_queue.setdefault(name, QueueStats(name))
 
-    _count_ready(tasks, now, stats_for)
+    _count_ready(tasks, ready_arms(source), now, stats_for)
     _count_running(tasks, now, stats_for)
     _count_waiting(tasks, stats_for)
     throughput = _count_finished(tasks, now, window, stats_for)
@@ -247,23 +248,25 @@ def snapshot(
     )
 
 
-def _count_ready(tasks: QuerySet, now: dt.datetime, stats_for: Callable) -> None:
-    # Served by the partial READY index alone: (queue_name, priority, run_after).
-    rows = (
-        tasks.filter(status=TaskStatus.READY)
-        .values("queue_name")
-        .annotate(
-            total=Count("run_after"),
-            due=Count("run_after", filter=_le("run_after", now)),
-            oldest=Min("run_after"),
+def _count_ready(tasks: QuerySet, arms: list[Q], now: dt.datetime, stats_for: Callable) -> None:
+    # One read per READY index (``ready_arms``), each served by that index
+    # alone: (queue_name, priority, run_after).
+    for arm in arms:
+        rows = (
+            tasks.filter(arm)
+            .values("queue_name")
+            .annotate(
+                total=Count("run_after"),
+                due=Count("run_after", filter=_le("run_after", now)),
+                oldest=Min("run_after"),
+            )
         )
-    )
-    for row in rows:
-        stats = stats_for(row["queue_name"])
-        stats.ready = row["due"]
-        stats.scheduled = row["total"] - row["due"]
-        if row["due"]:
-            stats.oldest_runnable = _earliest(stats.oldest_runnable, row["oldest"])
+        for row in rows:
+            stats = stats_for(row["queue_name"])
+            stats.ready += row["due"]
+            stats.scheduled += row["total"] - row["due"]
+            if row["due"]:
+                stats.oldest_runnable = _earliest(stats.oldest_runnable, row["oldest"])
 
 
 def _count_running(tasks: QuerySet, now: dt.datetime, stats_for: Callable) -> None:

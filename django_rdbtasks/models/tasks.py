@@ -188,6 +188,22 @@ READY_FRESH = Q(
 READY_DEFERRED = Q(status=TaskStatus.READY, limit_key__isnull=True) & (
     Q(requested_run_after__isnull=False) | Q(started_at__isnull=False)
 )
+#: READY rows held to a limit (``limits.py``).
+READY_LIMITED = Q(status=TaskStatus.READY, limit_key__isnull=False)
+
+
+def ready_arms(using: str) -> list[Q]:
+    """Every READY row, as the database indexes them: one read per condition.
+
+    Where indexes can be partial, ``status = 'READY'`` alone is the condition
+    of none of them: PostgreSQL would read the whole table for it (every
+    finished row too). Each arm is one index's condition, so a read per arm
+    walks that index alone. MySQL and MariaDB have one index of every READY
+    row, which the plain condition reaches.
+    """
+    if connections[using].features.supports_partial_indexes:
+        return [READY_FRESH, READY_DEFERRED, READY_LIMITED]
+    return [Q(status=TaskStatus.READY)]
 
 
 def unfinished_rows() -> Q:
@@ -195,7 +211,7 @@ def unfinished_rows() -> Q:
     return (
         READY_FRESH
         | READY_DEFERRED
-        | Q(status=TaskStatus.READY, limit_key__isnull=False)
+        | READY_LIMITED
         | Q(status=TaskStatus.RUNNING)
         | Q(status=TaskStatus.WAITING)
     )
@@ -443,7 +459,7 @@ class Task(models.Model):
             ),
             PartialIndex(
                 fields=["queue_name", "-priority", "run_after"],
-                condition=Q(status=TaskStatus.READY, limit_key__isnull=False),
+                condition=READY_LIMITED,
                 name="rdbtasks_task_ready_limited",
             ),
             # On MySQL and MariaDB ``status, queue_name, limit_key, ...``: the

@@ -108,24 +108,29 @@ SAMPLE_CAP = 10_000
 
 
 def sample_load(using: str, queues: list[str], cap: int = SAMPLE_CAP) -> Load:
-    """One reading of the served queues: the clock, then two reads of at most ``cap`` rows.
+    """One reading of the served queues: the clock, then reads of at most ``cap`` rows each.
 
-    Each walks its partial index (READY in claim order, RUNNING by lease) and
-    stops at ``cap``: a larger backlog reads as ``cap``, and its lag as that of
-    the oldest among the first ``cap`` rows, which is the true lag whenever
-    fewer wait.
+    Each walks one partial index (the READY rows' arms in claim order,
+    ``ready_arms``; RUNNING by lease) and stops at ``cap``: a larger backlog
+    reads as ``cap``, and its lag as that of the oldest among the rows read,
+    which is the true lag whenever fewer wait.
     """
     from ..jobs import database_now
     from ..models import Task
+    from ..models.tasks import ready_arms
 
     now = database_now(using)
     tasks = Task.objects.using(using).order_by().filter(queue_name__in=queues)
-    ready = (
-        tasks.filter(status=TaskStatus.READY, run_after__lte=now)
-        .values("run_after")[:cap]
-        .aggregate(count=Count("run_after"), oldest=Min("run_after"))
-    )
+    ready, oldest = 0, None
+    for arm in ready_arms(using):
+        found = (
+            tasks.filter(arm, run_after__lte=now)
+            .values("run_after")[:cap]
+            .aggregate(count=Count("run_after"), oldest=Min("run_after"))
+        )
+        ready += found["count"] or 0
+        if found["oldest"] is not None and (oldest is None or found["oldest"] < oldest):
+            oldest = found["oldest"]
     running = tasks.filter(status=TaskStatus.RUNNING).values("id")[:cap].count()
-    oldest = ready["oldest"]
     lag = max(0.0, (now - oldest).total_seconds()) if oldest is not None else None
-    return Load(ready=ready["count"] or 0, running=running, lag=lag)
+    return Load(ready=min(ready, cap), running=running, lag=lag)
