@@ -478,14 +478,13 @@ def test_tasks_due_later_do_not_slow_a_round(vendor, retried):
 # -- what the load sample and the snapshot read ------------------------------------------
 
 
-def test_the_load_sample_and_the_snapshot_count_ready_rows_without_reading_finished_ones(
-    vendor,
-):
-    """The autoscaler's sample and ``ops.snapshot`` (dashboard, ``rdbtasks status``,
-    metrics) count the READY rows of every kind, and, on PostgreSQL, read them off
-    their partial indexes: a read of ``status = 'READY'`` alone matches none of
-    them and read the whole table, finished rows and all (71 ms of a sample on
-    440,000 rows, every few seconds)."""
+def test_reads_of_ready_rows_count_them_without_reading_finished_ones(vendor):
+    """The autoscaler's sample, ``ops.snapshot`` (dashboard, ``rdbtasks status``,
+    metrics) and ``Task.objects.ready()`` (the admin's filters) count the READY
+    rows of every kind, and, on PostgreSQL, read them off their partial
+    indexes: a read of ``status = 'READY'`` alone matches none of them and read
+    the whole table, finished rows and all (71 ms of a sample on 440,000 rows,
+    every few seconds)."""
     import datetime as dt
 
     from django.test.utils import CaptureQueriesContext
@@ -506,6 +505,9 @@ def test_the_load_sample_and_the_snapshot_count_ready_rows_without_reading_finis
     with statistics_frozen(), CaptureQueriesContext(connection) as captured:
         load = sample_load("default", ["default"])
         (stats,) = ops.snapshot("default", queues=["default"]).queues.values()
+        # The admin's READY and Scheduled filters, and their counts.
+        every, due = Task.objects.ready().count(), Task.objects.runnable().count()
+    assert (every, due) == (14, 10)
     assert (load.ready, load.running) == (10, 1)
     assert (stats.ready, stats.scheduled) == (10, 4)
     assert load.lag is not None and stats.oldest_runnable is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import time
 import uuid
@@ -219,11 +221,13 @@ def unfinished_rows() -> Q:
 
 class TaskQuerySet(models.QuerySet["Task"]):
     def ready(self) -> TaskQuerySet:
-        return self.filter(status=TaskStatus.READY)
+        """READY, spelled as its indexes are (``ready_arms``): each arm an index's condition."""
+        arms = ready_arms(self.db)
+        return self.filter(functools.reduce(operator.or_, arms[1:], arms[0]))
 
     def runnable(self) -> TaskQuerySet:
         """READY and due by the database clock."""
-        return self.filter(status=TaskStatus.READY, run_after__lte=DbNow())
+        return self.ready().filter(run_after__lte=DbNow())
 
     def expired(self) -> TaskQuerySet:
         """RUNNING, but the holder's lease has run out: anyone may claim it."""
