@@ -41,7 +41,7 @@ from .registry import Registry
 from .reporting import Counters, Reporter
 from .slots import BUSY_RETRY, ClaimAhead, Slot, Wake
 from .store import ClaimStore
-from .task_connections import reconnect_task_connections
+from .task_connections import reconnect_task_connections, task_connection_broke
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -384,16 +384,17 @@ class Worker:
                 running = slot.next_task(self.stopping)
                 if running is None:
                     return
-                # The round thread reconnected (an outage, a failover): so must this
-                # thread's tasks, before one runs, not at the cost of its attempt.
-                lost, slot.connections_lost = slot.connections_lost, False
-                if not reconnect_task_connections(
-                    lost, self.database, dialect.accepts_writes,
-                    stop=self.halt, give_up=self.stopping.is_set,
-                ) or running.lost:  # fmt: skip
-                    # Stopped first, or its lease lost meanwhile: given back unrun.
-                    slot.finish(executor.release(running), running)
-                    continue
+                # The round thread reconnected (an outage, a failover), or a task's
+                # connection broke: connect again first, not at the cost of an attempt.
+                if slot.connections_lost or task_connection_broke():
+                    lost, slot.connections_lost = slot.connections_lost, False
+                    if not reconnect_task_connections(
+                        lost, self.database, dialect.accepts_writes,
+                        stop=self.halt, give_up=self.stopping.is_set,
+                    ) or running.lost:  # fmt: skip
+                        # Stopped first, or its lease lost meanwhile: given back unrun.
+                        slot.finish(executor.release(running), running)
+                        continue
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
                 dialect.encode_outcome(outcome)  # Outcome.wire: here, not in the round thread

@@ -67,6 +67,12 @@ def reset_task_connections() -> None:
                 _this_thread.broken = True  # reconnected before the next task
 
 
+def task_connection_broke() -> bool:
+    """Whether a task left this thread's connection broken (and closed) since the
+    last ``reconnect_task_connections``."""
+    return getattr(_this_thread, "broken", False)
+
+
 def close_task_connections() -> None:
     """Drop this thread's task connections; the next query reconnects (after a
     failover, to whichever server accepts writes)."""
@@ -99,7 +105,7 @@ def reconnect_task_connections(
     """
     if lost:
         close_task_connections()  # maybe half-open: they must not be trusted
-    elif not getattr(_this_thread, "broken", False):
+    elif not task_connection_broke():
         return True
     _this_thread.broken = False
     connection = (getattr(_this_thread, "connected", None) or {}).get(writable)
