@@ -29,7 +29,7 @@ from .compat import task_backends
 from .db import dialect_for
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
-from .models.tasks import ready_arms
+from .models.ready import ready_conditions
 from .reads import read_database, replica_lag
 
 FINISHED = TaskStatus.finished()
@@ -223,7 +223,7 @@ def snapshot(
     def stats_for(name: str) -> QueueStats:
         return by_queue.setdefault(name, QueueStats(name))
 
-    _count_ready(tasks, ready_arms(source), now, stats_for)
+    _count_ready(tasks, ready_conditions(source), now, stats_for)
     _count_running(tasks, now, stats_for)
     _count_waiting(tasks, stats_for)
     throughput = _count_finished(tasks, now, window, stats_for)
@@ -249,7 +249,7 @@ def snapshot(
 
 
 def _count_ready(tasks: QuerySet, arms: list[Q], now: dt.datetime, stats_for: Callable) -> None:
-    # One read per READY index (``ready_arms``), each served by that index
+    # One read per READY index (``ready_conditions``), each served by that index
     # alone: (queue_name, priority, run_after).
     for arm in arms:
         rows = (

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.models import Task
-from django_rdbtasks.models.tasks import ready_arms
+from django_rdbtasks.models.ready import ready_conditions
 from django_rdbtasks.states import TaskStatus
 from django_rdbtasks.worker.autoscale import AutoscalePolicy, Load, parse_range, sample_load
 from tests.conftest import wait_until, worker_children
@@ -150,10 +150,10 @@ def test_a_sample_reads_at_most_its_cap_of_each_kind_whatever_the_backlog():
     assert (load.ready, load.running) == (5, 5)
     assert load.lag is not None
     # Each read of the table stops at the cap: a LIMIT, whatever the database.
-    # One read per index of READY rows (``ready_arms``: three where indexes
+    # One read per index of READY rows (``ready_conditions``: three where indexes
     # can be partial, one on MySQL and MariaDB), one of RUNNING rows.
     reads = [q["sql"] for q in queries.captured_queries if Task._meta.db_table in q["sql"]]
-    assert len(reads) == len(ready_arms("default")) + 1, reads
+    assert len(reads) == len(ready_conditions("default")) + 1, reads
     assert all("LIMIT 5" in sql for sql in reads), reads
 
 

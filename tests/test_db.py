@@ -18,7 +18,7 @@ from django_rdbtasks.db.base import candidate_count
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.db.rows import ClaimRequest, NewBatch, Outcome, new_ids
 from django_rdbtasks.models import Task, uuid7
-from django_rdbtasks.models.tasks import READY_DEFERRED, READY_FRESH
+from django_rdbtasks.models.ready import READY_DEFERRED, READY_FRESH
 from django_rdbtasks.states import ClaimMode, OutcomeKind
 from tests.conftest import listen_connection
 from tests.testapp import tasks

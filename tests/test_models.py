@@ -162,7 +162,7 @@ def test_the_claims_conditions_are_its_indexes_conditions():
     made from the model's conditions. A partial index serves only a read whose WHERE
     states its condition: the two must say the same."""
     from django_rdbtasks.db import ready_arms
-    from django_rdbtasks.models.tasks import READY_DEFERRED, READY_FRESH
+    from django_rdbtasks.models.ready import READY_DEFERRED, READY_FRESH
 
     now = timezone.now()
     for requested in (None, now):

@@ -16,6 +16,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..db.functions import DbNow
 from ..states import TaskStatus
+from .ready import READY_DEFERRED, READY_FRESH, READY_LIMITED, ready_conditions, unfinished_rows
 
 #: The statuses of a finished row, as the task path index's condition names them.
 FINISHED = [status.value for status in TaskStatus.finished()]
@@ -178,51 +179,10 @@ class SearchIndex(models.Index):
         return plain.create_sql(model, schema_editor, using=using, **kwargs)
 
 
-#: READY rows without a limit, enqueued to run at once and never started; and
-#: the others, due at a time asked for or between attempts (``db/ready_arms.py``
-#: says why they are indexes apart, in the same words as SQL).
-READY_FRESH = Q(
-    status=TaskStatus.READY,
-    limit_key__isnull=True,
-    requested_run_after__isnull=True,
-    started_at__isnull=True,
-)
-READY_DEFERRED = Q(status=TaskStatus.READY, limit_key__isnull=True) & (
-    Q(requested_run_after__isnull=False) | Q(started_at__isnull=False)
-)
-#: READY rows held to a limit (``limits.py``).
-READY_LIMITED = Q(status=TaskStatus.READY, limit_key__isnull=False)
-
-
-def ready_arms(using: str) -> list[Q]:
-    """Every READY row, as the database indexes them: one read per condition.
-
-    Where indexes can be partial, ``status = 'READY'`` alone is the condition
-    of none of them: PostgreSQL would read the whole table for it (every
-    finished row too). Each arm is one index's condition, so a read per arm
-    walks that index alone. MySQL and MariaDB have one index of every READY
-    row, which the plain condition reaches.
-    """
-    if connections[using].features.supports_partial_indexes:
-        return [READY_FRESH, READY_DEFERRED, READY_LIMITED]
-    return [Q(status=TaskStatus.READY)]
-
-
-def unfinished_rows() -> Q:
-    """READY, RUNNING or WAITING, each arm the condition of a partial index."""
-    return (
-        READY_FRESH
-        | READY_DEFERRED
-        | READY_LIMITED
-        | Q(status=TaskStatus.RUNNING)
-        | Q(status=TaskStatus.WAITING)
-    )
-
-
 class TaskQuerySet(models.QuerySet["Task"]):
     def ready(self) -> TaskQuerySet:
-        """READY, spelled as its indexes are (``ready_arms``): each arm an index's condition."""
-        arms = ready_arms(self.db)
+        """READY, spelled as its indexes are (``ready_conditions``): an OR of their conditions."""
+        arms = ready_conditions(self.db)
         return self.filter(functools.reduce(operator.or_, arms[1:], arms[0]))
 
     def runnable(self) -> TaskQuerySet:

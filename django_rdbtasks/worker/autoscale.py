@@ -111,18 +111,18 @@ def sample_load(using: str, queues: list[str], cap: int = SAMPLE_CAP) -> Load:
     """One reading of the served queues: the clock, then reads of at most ``cap`` rows each.
 
     Each walks one partial index (the READY rows' arms in claim order,
-    ``ready_arms``; RUNNING by lease) and stops at ``cap``: a larger backlog
+    ``ready_conditions``; RUNNING by lease) and stops at ``cap``: a larger backlog
     reads as ``cap``, and its lag as that of the oldest among the rows read,
     which is the true lag whenever fewer wait.
     """
     from ..jobs import database_now
     from ..models import Task
-    from ..models.tasks import ready_arms
+    from ..models.ready import ready_conditions
 
     now = database_now(using)
     tasks = Task.objects.using(using).order_by().filter(queue_name__in=queues)
     ready, oldest = 0, None
-    for arm in ready_arms(using):
+    for arm in ready_conditions(using):
         found = (
             tasks.filter(arm, run_after__lte=now)
             .values("run_after")[:cap]
