@@ -263,8 +263,10 @@ def audit(
         if len(claims) > 1:
             duplicated[task_id] = len(claims) - 1
     # Every run but the last was in flight at the failover: a slot whose claim
-    # connection failed also dropped its task connections, so no task spends
-    # an attempt finding the dead primary.
+    # connection failed also connects its tasks' thread again, to a server that
+    # takes writes, before its next task runs, so no task claimed on the new
+    # primary spends an attempt finding the old one (through HAProxy, still
+    # reachable until its checks fail).
     assert not stale, f"promoted at {promoted_at.isoformat()}: {Counter(stale)}"
     return (
         f"{len(rows)} tasks ({len(acked)} acknowledged, {landed} of {len(failed)} "
