@@ -181,7 +181,9 @@ def test_a_dead_holders_task_runs_again_promptly_behind_a_20000_task_backlog(run
         .count()
     )
     assert row.last_attempted_at > expires
-    assert passed_over <= 2 * 200, passed_over
+    # Each claim and each write after it adds one to the version: 4 is the lost
+    # claim's reclaim and its success, anything more a hand-back between them.
+    assert passed_over <= 2 * 200, (passed_over, row.version, row.history)
     # And it did not wait for the backlog: most of it was still to run.
     ran_before = SideEffect.objects.filter(
         id__lt=SideEffect.objects.get(key="lost").id, key__startswith="q"

@@ -5,7 +5,14 @@ import threading
 
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
-from django_rdbtasks.worker.slots import FLUSH_AFTER, HANDBACK_AFTER, ClaimAhead, Slot, Wake
+from django_rdbtasks.worker.slots import (
+    FLUSH_AFTER,
+    HANDBACK_AFTER,
+    TAKEOVER_HANDBACK_AFTER,
+    ClaimAhead,
+    Slot,
+    Wake,
+)
 
 NOW = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
 
@@ -103,6 +110,28 @@ def test_tasks_behind_a_long_one_are_handed_back_and_not_started():
     assert [o.id for o, _ in taken.finished] == [1]  # written promptly, not after the long task
     assert slot.take_next() is None  # the slot will not start what it handed back
     assert [r.row.id for r in slot.held()] == [2]
+
+
+def test_a_takeover_behind_a_long_task_is_handed_back_only_after_a_second():
+    """Handed back, a dead holder's task would be an ordinary READY row, behind
+    every task of a higher priority (test_loop's 20,000-task backlog, when a
+    task ran 50 ms under load): it waits for the running task a while longer."""
+    import time
+
+    slot = Slot(0, "w")
+    slot.add([row(1)])
+    slot.take_next()  # runs long
+    takeover, ordinary = row(2, priority=-50), row(3)
+    takeover.lost_from = object()  # the dead holder's claim
+    slot.add([takeover, ordinary])
+    started = time.monotonic()
+    taken = slot.hand_back_if_stuck(now=started + HANDBACK_AFTER + 0.01)
+    assert [r.row.id for r in taken.unstarted] == [3]
+    slot.hand_back_written()
+    assert sorted(r.row.id for r in slot.held()) == [1, 2]  # the takeover runs next
+    assert slot.hand_back_if_stuck(now=started + TAKEOVER_HANDBACK_AFTER / 2) is None
+    taken = slot.hand_back_if_stuck(now=started + TAKEOVER_HANDBACK_AFTER + 0.01)
+    assert [r.row.id for r in taken.unstarted] == [2]
 
 
 def test_every_task_is_taken_by_exactly_one_side():

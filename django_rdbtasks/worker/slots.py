@@ -24,6 +24,8 @@ from .execution import Running
 
 #: Longest the tasks claimed behind a running one wait before they are handed back.
 HANDBACK_AFTER = 0.05
+#: The same for a dead holder's task taken over (``Slot.hand_back_if_stuck``).
+TAKEOVER_HANDBACK_AFTER = 1.0
 #: Longest a finished outcome waits for the rest of its batch before it is written.
 FLUSH_AFTER = 0.05
 #: How soon an outcome is tried again when another session held its row locked.
@@ -288,14 +290,23 @@ class Slot:
     # -- the lease keeper --------------------------------------------------------------
 
     def hand_back_if_stuck(self, now: float, after: float = HANDBACK_AFTER) -> HandBack | None:
-        """Take what waits behind a task that has run for ``after`` seconds."""
+        """Take what waits behind a task that has run for ``after`` seconds.
+
+        A dead holder's task taken over waits longer (``TAKEOVER_HANDBACK_AFTER``):
+        handed back it is an ordinary READY row, behind every task of a higher
+        priority, where its claim had taken it ahead of all of them.
+        """
         with self.lock:
             if self._current is None or now - self._current_since < after:
                 return None
-            if not self._queue and not self._finished:
+            kept: deque[Running] = deque()
+            if now - self._current_since < TAKEOVER_HANDBACK_AFTER:
+                kept = deque(r for r in self._queue if r.row.lost_from is not None)
+            unstarted = [r for r in self._queue if r.row.lost_from is None or not kept]
+            if not unstarted and not self._finished:
                 return None
-            taken = HandBack(list(self._queue), self._finished)
-            self._queue.clear()
+            taken = HandBack(unstarted, self._finished)
+            self._queue = kept
             self._finished = []
             self._handed_back_unwritten = True
             self._touch()
