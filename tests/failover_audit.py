@@ -377,7 +377,11 @@ def audit_ticks(query: Query, runs_path: Path, promoted_at: Any) -> str:
     # One record per tick (unique), one task per record, none without a record.
     assert len({key for key, _ in records}) == len(records)
     assert sorted(task_id for _, task_id in records) == sorted(row[0] for row in tasks)
-    assert {row[1] for row in tasks} == {TaskStatus.SUCCESSFUL}, tasks
+    assert {row[1] for row in tasks} == {TaskStatus.SUCCESSFUL}, query(
+        "SELECT id::text, status, attempts, history::text FROM django_rdbtasks_task "
+        "WHERE job_name = %s AND status <> %s",
+        (TICK_JOB, TaskStatus.SUCCESSFUL),
+    )
     # Each ran; a tick's task ran twice only if it was in flight at the failover.
     assert set(ran) == {row[0] for row in tasks}, (ran, tasks)
     assert any(row[2] >= promoted_at for row in tasks), "no tick fired after the promotion"

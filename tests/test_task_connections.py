@@ -149,3 +149,18 @@ def test_a_server_refusing_writes_is_retried_until_stopped_and_left_closed():
     assert not reconnect(True, read_only, give_up=lambda: time.monotonic() > deadline)
     assert len(refused) >= 2 and all(refused)  # retried, each time on a new connection
     assert connection.connection is None
+
+
+def test_the_runners_own_connection_is_connected_again_after_a_lost_round():
+    """Used before or not: a takeover's first write on it is the attempt it took over."""
+    own = connections.create_connection("default")
+    try:
+        assert own.connection is None  # never used
+        assert reconnect_task_connections(
+            True, "default", accepts_writes, own=own, stop=threading.Event(), give_up=lambda: True
+        )
+        assert own.connection is not None
+        driver = own.connection
+        assert reconnect(False) and own.connection is driver  # only when the round lost it
+    finally:
+        own.close()

@@ -378,7 +378,8 @@ class Worker:
 
         Its own worker connection (made on first use) carries what a running task
         writes of itself: progress, checkpoints, a lost attempt's record."""
-        dialect = dialect_for(open_in_thread(alias))
+        own = open_in_thread(alias)
+        dialect = dialect_for(own)
         try:
             while True:
                 running = slot.next_task(self.stopping)
@@ -389,7 +390,7 @@ class Worker:
                 if slot.connections_lost or task_connection_broke():
                     lost, slot.connections_lost = slot.connections_lost, False
                     if not reconnect_task_connections(
-                        lost, self.database, dialect.accepts_writes,
+                        lost, self.database, dialect.accepts_writes, own=own,
                         stop=self.halt, give_up=self.stopping.is_set,
                     ) or running.lost:  # fmt: skip
                         # Stopped first, or its lease lost meanwhile: given back unrun.

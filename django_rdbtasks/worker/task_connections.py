@@ -85,6 +85,7 @@ def reconnect_task_connections(
     writable: str,
     accepts_writes: Callable[[Any], bool],
     *,
+    own: Any = None,
     stop: threading.Event,
     give_up: Callable[[], bool],
 ) -> bool:
@@ -93,6 +94,9 @@ def reconnect_task_connections(
     ``writable``, the database of the worker's tasks, if its tasks used it.
     True when the task may run. Other databases' connections reconnect when a
     task next uses them, as Django's always do: this failover is not theirs.
+    ``own``, the runner's own worker connection (a taken-over attempt's record,
+    progress), is connected again too when ``lost``, used before or not: the
+    first thing a takeover writes on it is the attempt it took over.
 
     After a failover, a connection opened at once may still reach the old
     primary: HAProxy routes to it until its checks fail (two seconds with
@@ -105,19 +109,31 @@ def reconnect_task_connections(
     """
     if lost:
         close_task_connections()  # maybe half-open: they must not be trusted
+        if own is not None:
+            _close_quietly(own)
     elif not task_connection_broke():
         return True
     _this_thread.broken = False
-    connection = (getattr(_this_thread, "connected", None) or {}).get(writable)
-    if connection is None or connection.connection is not None:
+    wanted = [(getattr(_this_thread, "connected", None) or {}).get(writable)]
+    if lost:
+        wanted.append(own)
+    closed = [c for c in wanted if c is not None and c.connection is None]
+    if not closed:
         return True  # never used by its tasks, or unharmed
 
     def reconnect() -> bool:
-        connection.ensure_connection()
-        with connection.cursor() as cursor:
-            if not accepts_writes(cursor):
-                raise OperationalError(f"the server of {writable!r} accepts no writes")
+        for connection in closed:
+            if connection.connection is not None:
+                continue  # connected by an earlier try
+            connection.ensure_connection()
+            with connection.cursor() as cursor:
+                if not accepts_writes(cursor):
+                    raise OperationalError(f"the server of {writable!r} accepts no writes")
         return True
+
+    def close() -> None:
+        for connection in closed:
+            _close_quietly(connection)
 
     return bool(
         retry_database(
@@ -126,7 +142,7 @@ def reconnect_task_connections(
             alias=None,
             stop=stop,
             give_up=give_up,
-            on_error=lambda: _close_quietly(connection),
+            on_error=close,
             log=logger,
         )
     )
