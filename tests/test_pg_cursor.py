@@ -1,7 +1,9 @@
 """The worker's PostgreSQL cursor: binary results, ids as text, kept for the session."""
 
 import datetime as dt
+import json
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from django.db import DatabaseError, connections
@@ -11,7 +13,7 @@ from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.pg_cursor import worker_cursor
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
-from django_rdbtasks.states import OutcomeKind
+from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
 from tests.testapp import tasks
 
 connection = connections["default"]
@@ -97,3 +99,154 @@ def test_a_round_on_it_claims_and_writes_with_text_ids():
     assert set(round_two.written) == ids
     assert set(Task.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"SUCCESSFUL"}
     assert Task.objects.get(pk=next(iter(ids))).history == [{"attempt": 1}]
+
+
+# -- the lean round, prepared ------------------------------------------------------------
+
+
+def prepared_rounds(wrapper) -> list[tuple[int, int]]:
+    """The session's prepared rounds: how many runs each had on a generic plan, and on
+    a plan made for the run."""
+    with wrapper.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'WITH %%'"
+        )
+        return cursor.fetchall()
+
+
+def session_setting(wrapper, name: str) -> str:
+    with wrapper.cursor() as cursor:
+        cursor.execute(f"SHOW {name}")
+        return cursor.fetchone()[0]
+
+
+def unknown_outcomes(count: int) -> list[Outcome]:
+    """Outcomes of claims of no row (unlimited ones, of no Job): a round with them
+    writes nothing, and is the statement a round of real outcomes is."""
+    row = SimpleNamespace(limit_key=None, job_name="")
+    return [
+        Outcome(str(uuid.uuid4()), 1, OutcomeKind.SUCCESS, entry={"attempt": 1}, row=row)  # type: ignore[arg-type]
+        for _ in range(count)
+    ]
+
+
+def on_a_worker_connection(test):
+    """``test(store, wrapper)`` on a worker connection of its own, closed after."""
+    from django_rdbtasks.worker.connection import close_in_thread, open_in_thread, worker_alias
+    from django_rdbtasks.worker.store import ClaimStore
+
+    alias = worker_alias("default", lease=30.0)
+    try:
+        wrapper = open_in_thread(alias)
+        return test(ClaimStore(alias, "default"), wrapper)
+    finally:
+        close_in_thread(alias)
+
+
+def test_the_lean_round_runs_prepared_from_its_second_run_on_the_session_that_runs_it():
+    request = ClaimRequest(["default"], 5, "w1", 30.0)
+
+    def rounds(store, wrapper):
+        assert store.exchange([], "w1", request).claimed == []
+        assert prepared_rounds(wrapper) == []  # one run: counted, not prepared
+        for _ in range(3):
+            assert store.exchange([], "w1", request).claimed == []
+        assert prepared_rounds(wrapper) == [(3, 0)]
+        # Told once, and only this session: its plan reads no table whole.
+        assert session_setting(wrapper, "plan_cache_mode") == "force_generic_plan"
+        assert session_setting(wrapper, "enable_seqscan") == "off"
+        assert session_setting(wrapper, "enable_bitmapscan") == "off"
+        ids = {tasks.add.enqueue(n, n).id for n in range(5)}
+        claimed = store.exchange([], "w1", request).claimed
+        assert {row.id for row in claimed} == ids
+        outcomes = [
+            Outcome(row.id, row.version, OutcomeKind.SUCCESS, entry={"attempt": 1}, row=row)
+            for row in claimed
+        ]
+        written = store.exchange(outcomes, "w1", request).written
+        assert set(written) == ids
+        # Dropped behind psycopg's back: the round runs again, unprepared.
+        with wrapper.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        more = {tasks.add.enqueue(n, n).id for n in range(2)}
+        assert {row.id for row in store.exchange([], "w1", request).claimed} == more
+        assert prepared_rounds(wrapper) == []
+
+    on_a_worker_connection(rounds)
+    assert session_setting(connection, "enable_seqscan") == "on"  # other sessions untouched
+    assert Task.objects.filter(status="SUCCESSFUL").count() == 5
+
+
+def assert_every_read_of_the_table_is_bounded(wrapper) -> None:
+    """The session's prepared rounds, as their plans stand: each read of the task
+    table is by location, or an index's range (an Index Cond), never the whole of
+    a table or an index, whatever the table held when the plan was made."""
+    from tests.test_db_plans import TABLE, plan_nodes
+
+    with wrapper.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements "
+            "WHERE statement LIKE 'WITH %%'"
+        )
+        statements = cursor.fetchall()
+        assert statements
+        for name, count in statements:
+            # A generic plan is the same whatever the values: NULLs will do.
+            cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({', '.join(['NULL'] * count)})")
+            document = cursor.fetchone()[0]
+            plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+            for cte, node in plan_nodes(plan):
+                if node.get("Relation Name") != TABLE or node["Node Type"] == "ModifyTable":
+                    continue
+                kind = node["Node Type"]
+                assert kind in {"Index Scan", "Index Only Scan", "Tid Scan"}, (cte, kind)
+                assert kind == "Tid Scan" or "Index Cond" in node, (cte, node)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [ClaimMode.OPTIMISTIC, ClaimMode.SKIP_LOCKED])
+def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
+    """The lean round's one plan is made on the table as it is at the round's second
+    run, and kept: made on an empty table, it must still read a 300,000-row backlog
+    a LIMIT at a time, not by a sequential scan and a sort (tests/test_db_plans.py
+    holds rounds planned at each run to the same bound)."""
+    from django.db import transaction
+
+    from tests.test_db_plans import (
+        BACKLOG,
+        ROWS_READ_BOUND,
+        WANT,
+        analyze,
+        claim_some,
+        insert_rows,
+        statistics_frozen,
+    )
+
+    request = ClaimRequest(["default"], WANT, "w", 60.0, mode)
+
+    def rounds(store, wrapper):
+        analyze()
+        with statistics_frozen():
+            for _ in range(3):  # counted, then prepared: the plan made now, on no rows
+                assert store.exchange(unknown_outcomes(WANT), "w", request).claimed == []
+            insert_rows(WANT, TaskStatus.READY)
+            held = claim_some("w", mode)
+            insert_rows(BACKLOG, TaskStatus.READY)
+            assert_every_read_of_the_table_is_bounded(wrapper)
+            with transaction.atomic(using=store.alias):
+                result = store.exchange(held, "w", request)
+                with wrapper.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables "
+                        "WHERE relname = %s",
+                        [Task._meta.db_table],
+                    )
+                    scanned, fetched = cursor.fetchone()
+                plans = prepared_rounds(wrapper)
+                transaction.set_rollback(True, using=store.alias)
+        assert len(result.claimed) == WANT and set(result.written) == {str(o.id) for o in held}
+        assert len(plans) == 1 and plans[0][0] >= 3 and plans[0][1] == 0, plans
+        assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
+
+    on_a_worker_connection(rounds)

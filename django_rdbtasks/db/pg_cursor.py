@@ -18,38 +18,68 @@ This cursor, kept for the life of the worker's connection:
   same whichever cursor read them.
 
 It is wrapped as Django wraps any cursor (errors translated, execute wrappers,
-queries logged under DEBUG), whose ``close`` leaves it open. Nothing is
-prepared, so it behaves the same behind a transaction pooler. Preparing the
-round's statement saves nothing: the server still plans it for its
-parameters' values at every run (``plans`` = ``calls`` in pg_stat_statements),
-because its generic plan looks far costlier (a LIMIT given as a parameter is
-costed as a tenth of the index, an array of unknown length as ten elements).
-Planning is a real share of the round (2.5 ms of a 100-task round, a fifth of
-the server's time per task, on 2026-11-27), but a generic plan is made once
-for the table's size at that moment and kept until the next ANALYZE or
-VACUUM: one made on a near-empty table reads it whole (a hash join, a sort)
-once a backlog arrives. So rounds stay planned each time until their plan
-cannot depend on the table's size.
+queries logged under DEBUG), whose ``close`` leaves it open.
+
+**The lean round is prepared, with a plan made once.** Planning and parsing
+the round anew took a fifth of the server's time per task (3.6 ms and 0.7
+ms of a 17 ms round of 390 no-op tasks, 2026-11-28). The statements the
+dialect names ``preparable`` (the lean form's, whose every read of the task
+table is by primary key, by location, or a range of an index with a LIMIT:
+pg_round.py) run prepared, by the enqueue's rules (preparing.py: from their
+second run, only where the session is the server's own, never behind a
+pooler), with one generic plan, made once and kept until the table's
+statistics change. Two things keep that plan from depending on the table's
+size when it was made (a plan made on a near-empty table would otherwise
+read it whole, by a sequential scan and a sort, once a backlog arrives):
+
+- the session that prepares the round (the slot's round thread's) is told
+  to make generic plans (``plan_cache_mode``: by cost, PostgreSQL would
+  keep planning each run, a LIMIT given as a parameter being costed as a
+  tenth of the index), and never to choose a sequential or bitmap scan
+  where an index can serve; the worker's other statements on that session
+  read by primary key or index ranges too;
+- every read of the task table in the lean round is one that no join can
+  turn into a read of the whole table (a LATERAL with a LIMIT, an array of
+  ids or locations).
+
+tests/test_db_plans.py builds the plan on an empty table and runs it on a
+backlog of 300,000 rows.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from typing import Any
 from weakref import WeakKeyDictionary
+
+from .preparing import SessionPreparing
+
+#: What a session that runs the round prepared is told, once: a generic plan,
+#: and no plan that reads the task table by a sequential or bitmap scan where
+#: an index can serve (see the module's docstring).
+PLAN_ONCE_SESSION = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
+    "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false)"
+)
 
 #: Per Django connection: the driver connection its cursor belongs to, and the cursor.
 _kept: WeakKeyDictionary[Any, tuple[Any, Any]] = WeakKeyDictionary()
 
 
-def worker_cursor(connection: Any) -> Any:
-    """The worker's cursor on ``connection`` (a Django connection), made once per session."""
+def worker_cursor(connection: Any, preparable: Collection[str] = frozenset()) -> Any:
+    """The worker's cursor on ``connection`` (a Django connection), made once per session.
+
+    ``preparable``: the statements it may keep prepared (the dialect's set,
+    which grows as it compiles them).
+    """
     connection.ensure_connection()
     driver_connection = connection.connection
     kept = _kept.get(connection)
     if kept is None or kept[0] is not driver_connection:
         with connection.wrap_database_errors:
             cursor = worker_cursor_class()(driver_connection)
+            cursor.preparable = preparable
             _register_loaders(cursor, connection)
         kept = _kept[connection] = (driver_connection, cursor)
     return connection._prepare_cursor(kept[1])
@@ -60,14 +90,33 @@ def worker_cursor_class() -> type:
     """The cursor class, made on first use (psycopg may be absent where it is never used)."""
     from psycopg import Cursor
 
-    class WorkerCursor(Cursor):
+    class WorkerCursor(SessionPreparing, Cursor):
         #: Results in binary, unless the project runs without time zones.
         binary_results = True
 
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             kwargs.setdefault("binary", self.binary_results)
+            if (
+                type(query) is str
+                and query in self.preparable
+                and self.connection.prepare_threshold is None
+            ):
+                return self.execute_in_session(query, params, kwargs)
             kwargs.setdefault("prepare", False)
             return super().execute(query, params, **kwargs)
+
+        def is_direct(self) -> bool:
+            from psycopg.pq import TransactionStatus
+
+            # Set outside any transaction (the round is a statement committed
+            # on its own), where no rollback can undo it; a session met in
+            # a transaction first is never asked to prepare.
+            if self.connection.info.transaction_status != TransactionStatus.IDLE:
+                return False
+            if not super().is_direct():
+                return False
+            super().execute(PLAN_ONCE_SESSION)
+            return True
 
         def close(self) -> None:
             # Kept for the session: Django's wrapper closes its cursor after

@@ -28,8 +28,12 @@ A form that cannot know it has the right rows claims nothing and says so
 filled), and ``PostgreSQLDialect.exchange`` runs the next form at once: the
 claims keep their order (expired leases first, then priority and
 ``run_after``, limited or not), and only a round that changes form costs a
-second statement. Each form is planned anew at every round (rounds are not
-prepared), and the planning grows with the form: see docs/limits.md, "Cost".
+second statement. The lean form is prepared, with one plan for every run
+(pg_cursor.py): each of its reads of the table is one no plan can widen to
+the whole table (by primary key, by location, an index's range with a
+LIMIT), whatever the table held when the plan was made. The other forms are
+planned anew at every round, and the planning grows with the form: see
+docs/limits.md, "Cost".
 
 The statement is written with named placeholders and compiled once to
 positional ones (``compile_named``); ``exchange`` fills them by name.
@@ -74,10 +78,25 @@ MINE = (
 #: the row (every write of a task adds one): about nine buffers a row against
 #: one. The ids and versions are still compared. As an array the locations are
 #: built once and searched in C (a semi-join against the CTE was planned as a
-#: nested loop that scans ``mine`` again for every row).
+#: nested loop that scans ``mine`` again for every row). The renewal reads its
+#: rows so; a round's outcomes join each to the location ``mine`` found it at
+#: (``t.ctid = c.at``: one look-up a row, and no array to search per row).
 IN_MINE = "t.ctid = ANY(ARRAY(SELECT at FROM mine))"
+#: The id a written row must have, as a condition no plan can read an index
+#: for: an equality with another relation's column lets a whole index scan
+#: of the table be merged or hashed with it, and a plan made once (the
+#: prepared lean round's, pg_cursor.py) on a near-empty table took that
+#: scan, 600,000 index entries a round once a backlog came. Ids are never
+#: NULL: it is the equality. The rows are joined by where they were locked.
+SAME_ID = "t.id IS NOT DISTINCT FROM {source}.id"
 #: Where an outcome's values come from in ``outcome_rows``.
 OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"}
+#: The ids of the claims a round is finishing (none of which it claims again),
+#: as a subquery: ``NOT IN`` it is one hash, built once. ``<> ALL`` of the
+#: array looks each row's id up in the array from its start, 400 ids a row
+#: in a drain's round, whenever the array is a parameter (a prepared round's
+#: is) rather than a constant.
+FINISHING = "SELECT unnest(%(finishing)s::uuid[])"
 #: What a claim needs of a row (the reads add what they order it by).
 _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_count, limit_period"
 #: ``_COLS`` read off the table, with where the row is (``at``: the claim's
@@ -174,8 +193,10 @@ class RoundSQL:
             )
             guard = " AND NOT t.has_children" if kind in SETTLES_DEPENDANTS else ""
             ctes.append(
-                f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {outcome_rows(f'%(rows{i})s')} "
-                f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
+                f"d{i} AS (UPDATE {t} AS t SET {sets} FROM (SELECT c.*, m.at FROM "
+                f"{outcome_rows(f'%(rows{i})s')} JOIN mine AS m ON m.id = c.id) AS c "
+                f"WHERE t.ctid = c.at AND {SAME_ID.format(source='c')} "
+                "AND t.version = c.version "
                 f"AND {self.d.holder('t')} = %(worker)s{guard} RETURNING t.id)"
             )
             done.append(f"d{i}")
@@ -207,8 +228,8 @@ class RoundSQL:
             f"claimed AS (UPDATE {t} AS t SET "
             f"{self.d.claim_assignments('t', '%(claimer)s', '%(lease)s')} FROM go "
             # The picked rows where they were locked, however many (see IN_MINE).
-            "WHERE t.ctid = ANY(ARRAY(SELECT at FROM go)) "
-            "AND t.id = go.id AND t.version = go.version "
+            "WHERE t.ctid = ANY(ARRAY(SELECT at FROM go)) AND t.ctid = go.at "
+            f"AND {SAME_ID.format(source='go')} AND t.version = go.version "
             f"RETURNING {returning}, go.status AS prev_status, "
             "go.worker_id AS prev_worker, go.last_attempted_at AS prev_attempted)"
         )
@@ -254,14 +275,17 @@ class RoundSQL:
         part = "%(want)s" if skip_locked else "%(pool)s"
         lock = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
         ctes = [
+            # One index descent per queue, as a LATERAL with a LIMIT: a
+            # semi-join could be planned as a hash of every limited READY row
+            # (the prepared round's generic plan was).
             "lim AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM "
-            f"{_QUEUES} WHERE EXISTS (SELECT 1 FROM {t} WHERE status = '{READY}' "
-            "AND queue_name = q.name AND limit_key IS NOT NULL)) AS limited)"
+            f"{_QUEUES} CROSS JOIN LATERAL (SELECT 1 FROM {t} WHERE status = '{READY}' "
+            "AND queue_name = q.name AND limit_key IS NOT NULL LIMIT 1) AS x) AS limited)"
         ]
         # Lean: nothing is read when limited rows are there (the next form runs).
         gate = " AND NOT (SELECT limited FROM lim)" if lean else ""
         # Skip-locked: an expired lease of a row this round is finishing is ours.
-        not_finishing = " AND id <> ALL(%(finishing)s::uuid[])" if skip_locked else ""
+        not_finishing = f" AND id NOT IN ({FINISHING})" if skip_locked else ""
         # An expired lease of a limited task takes a slot: the lean form does
         # not claim it (it holds, below), the others only where a slot is free.
         free = "" if lean else f" AND {self.d.limits.available(t)}"
@@ -321,10 +345,11 @@ class RoundSQL:
             ctes.append(
                 f"{pick} AS (SELECT t.id, t.version, t.status, t.worker_id, "
                 "t.last_attempted_at, t.limit_key, t.limit_count, t.limit_period, t.at, "
-                "p.reclaim, p.priority, p.run_after FROM (SELECT * FROM pool ORDER BY reclaim, "
-                f"priority DESC, run_after) AS p CROSS JOIN LATERAL (SELECT {_ROW_COLS} FROM {t} "
+                f"p.reclaim, p.priority, p.run_after FROM (SELECT * FROM pool WHERE id NOT IN "
+                f"({FINISHING}) ORDER BY reclaim, priority DESC, run_after) AS p "
+                f"CROSS JOIN LATERAL (SELECT {_ROW_COLS} FROM {t} "
                 f"WHERE id = p.id AND version = p.version AND {self.d.claimable('')} "
-                "AND id <> ALL(%(finishing)s::uuid[]) FOR UPDATE SKIP LOCKED) AS t "
+                "FOR UPDATE SKIP LOCKED) AS t "
                 f"WHERE NOT ({hold}) LIMIT %(want)s)"
             )
         if not lean:

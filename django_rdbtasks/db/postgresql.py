@@ -124,6 +124,10 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         self.renew_unlimited_sql = compile_named(renew[:start] + renew[end:])
         #: The round's statements, compiled, by their shape.
         self._exchange_sql: dict[tuple, tuple[str, tuple[str, ...]]] = {}
+        #: The rounds the worker's cursor keeps prepared (pg_cursor.py): the
+        #: lean form's, without a slot to free. The other forms join the
+        #: limit slots and group them, and stay planned at each run.
+        self.preparable_rounds: set[str] = set()
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         self._psycopg3 = is_psycopg3
@@ -171,7 +175,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     def worker_cursor(self, connection: Any) -> Any:
         if not self._psycopg3:
             return connection.cursor()
-        return worker_cursor(connection)
+        return worker_cursor(connection, self.preparable_rounds)
 
     def public_id(self, raw_id: Any) -> str:
         # The worker's cursor reads ids as text already (pg_cursor.py).
@@ -278,6 +282,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         if compiled is None:
             statement = self.round.statement(kinds, frees, claim, mode, form)
             compiled = self._exchange_sql[key] = compile_named(statement)
+            if form == ClaimForm.LEAN and not frees:
+                self.preparable_rounds.add(compiled[0])
         sql, names = compiled
         values: dict[str, Any] = {
             "ids": [o.id for o in ordered],

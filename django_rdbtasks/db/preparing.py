@@ -52,6 +52,58 @@ from typing import TYPE_CHECKING, Any
 _NEVER = sys.maxsize
 
 
+class SessionPreparing:
+    """Runs the statements in ``preparable`` prepared in the server session, by the
+    rules above: from their second run on a connection, and only where the
+    session is the server's own. A mixin of psycopg cursors (``execute`` is
+    theirs)."""
+
+    #: Whether the session is the server's own: None until checked.
+    direct: bool | None = None
+    #: The statements it may prepare; it runs others too, never prepared.
+    preparable: Collection[str] = frozenset()
+
+    def execute_in_session(self, query: Any, params: Any, kwargs: dict[str, Any]) -> Any:
+        """``query`` (one of ``preparable``), prepared once it has run once."""
+        from psycopg.errors import InvalidSqlStatementName
+        from psycopg.pq import TransactionStatus
+
+        run = super().execute  # type: ignore[misc]
+        connection = self.connection  # type: ignore[attr-defined]
+        run_once: set[Any] = self.__dict__.setdefault("run_once", set())
+        if query not in run_once:
+            # Not prepared, but counted: psycopg prepares (threshold 1) only
+            # a statement it has counted a good run of.
+            run_once.add(query)
+            connection.prepare_threshold = _NEVER
+            try:
+                return run(query, params, **kwargs)
+            finally:
+                connection.prepare_threshold = None
+        if self.direct is None:
+            self.direct = self.is_direct()
+        if not self.direct:
+            return run(query, params, **kwargs)
+        connection.prepare_threshold = 1
+        try:
+            return run(query, params, **kwargs)
+        except InvalidSqlStatementName:
+            self.direct = False
+            if connection.info.transaction_status != TransactionStatus.IDLE:
+                raise
+            return run(query, params, prepare=False, **kwargs)
+        finally:
+            connection.prepare_threshold = None
+
+    def is_direct(self) -> bool:
+        """Whether the connection talks to a server process itself (no pooler between)."""
+        # A query of its own, once per connection, on this cursor (whose
+        # result the next execute replaces).
+        super().execute("SELECT pg_backend_pid()")  # type: ignore[misc]
+        row = self.fetchone()  # type: ignore[attr-defined]
+        return row is not None and row[0] == self.connection.info.backend_pid  # type: ignore[attr-defined]
+
+
 @functools.cache
 def preparing_cursor_class() -> type:
     """The cursor class, made on first use (Django defines its base only under psycopg 3)."""
@@ -59,60 +111,23 @@ def preparing_cursor_class() -> type:
         from psycopg import Cursor as ServerBindingCursor
     else:
         from django.db.backends.postgresql.base import ServerBindingCursor
-    from psycopg.errors import InvalidSqlStatementName
-    from psycopg.pq import TransactionStatus
 
-    class PreparingCursor(ServerBindingCursor):
-        #: Whether the session is the server's own: None until checked.
-        direct: bool | None = None
-
+    class PreparingCursor(SessionPreparing, ServerBindingCursor):
         def __init__(self, *args: Any, preparable: Collection[str] = (), **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            #: The statements it may prepare (a single enqueue's); it runs
-            #: others too (a bulk enqueue's, a limit's) but never prepares them.
+            #: A single enqueue's statements; it runs others too (a bulk
+            #: enqueue's, a limit's) but never prepares them.
             self.preparable = frozenset(preparable)
-            #: The statements run once on this connection, not prepared then.
-            self.run_once: set[Any] = set()
 
         def execute(
             self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
         ) -> Any:
-            connection = self.connection
-            if prepare is not None or connection.prepare_threshold is not None:
+            if prepare is not None or self.connection.prepare_threshold is not None:
                 # Asked explicitly, or the project prepares statements itself:
                 # psycopg's own rules apply.
                 return super().execute(query, params, prepare=prepare, **kwargs)
             if query not in self.preparable:
                 return super().execute(query, params, **kwargs)
-            if query not in self.run_once:
-                # Not prepared, but counted: psycopg prepares (threshold 1)
-                # only a statement it has counted a good run of.
-                self.run_once.add(query)
-                connection.prepare_threshold = _NEVER
-                try:
-                    return super().execute(query, params, **kwargs)
-                finally:
-                    connection.prepare_threshold = None
-            if self.direct is None:
-                self.direct = self._is_direct()
-            if not self.direct:
-                return super().execute(query, params, **kwargs)
-            connection.prepare_threshold = 1
-            try:
-                return super().execute(query, params, **kwargs)
-            except InvalidSqlStatementName:
-                self.direct = False
-                if connection.info.transaction_status != TransactionStatus.IDLE:
-                    raise
-                return super().execute(query, params, prepare=False, **kwargs)
-            finally:
-                connection.prepare_threshold = None
-
-        def _is_direct(self) -> bool:
-            # A query of its own, once per connection, on this cursor (whose
-            # result the next execute replaces).
-            super().execute("SELECT pg_backend_pid()")
-            row = self.fetchone()
-            return row is not None and row[0] == self.connection.info.backend_pid
+            return self.execute_in_session(query, params, kwargs)
 
     return PreparingCursor
