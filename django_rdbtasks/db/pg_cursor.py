@@ -42,7 +42,7 @@ read it whole, by a sequential scan and a sort, once a backlog arrives):
   turn into a read of the whole table (a LATERAL with a LIMIT, an array of
   ids or locations).
 
-tests/test_db_plans.py builds the plan on an empty table and runs it on a
+tests/test_pg_cursor.py builds the plan on an empty table and runs it on a
 backlog of 300,000 rows.
 """
 
