@@ -36,8 +36,10 @@ read it whole, by a sequential scan and a sort, once a backlog arrives):
   to make generic plans (``plan_cache_mode``: by cost, PostgreSQL would
   keep planning each run, a LIMIT given as a parameter being costed as a
   tenth of the index), and never to choose a sequential or bitmap scan
-  where an index can serve; the worker's other statements on that session
-  read by primary key or index ranges too;
+  where an index can serve. These settings reach every statement that
+  session sends with parameters (the other claim forms, ``finish``, the
+  follow-ups), which are then planned generically too; their plans under
+  these settings are not yet tested;
 - every read of the task table in the lean round is one that no join can
   turn into a read of the whole table (a LATERAL with a LIMIT, an array of
   ids or locations).

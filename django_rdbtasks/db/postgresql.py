@@ -126,7 +126,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         self._exchange_sql: dict[tuple, tuple[str, tuple[str, ...]]] = {}
         #: The rounds the worker's cursor keeps prepared (pg_cursor.py): the
         #: lean form's, without a slot to free. The other forms join the
-        #: limit slots and group them, and stay planned at each run.
+        #: limit slots and group them, and are not prepared (planned at each
+        #: run, generically on a session that prepares: pg_round.py).
         self.preparable_rounds: set[str] = set()
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
