@@ -173,8 +173,12 @@ class Dialect(TaskInserts):
         except ConnectionDoesNotExist:  # a private alias this thread has not opened
             return first
 
-    def worker_cursor(self, connection: Any) -> Any:
-        """A cursor for the worker's own statements on ``connection``, used in a ``with``."""
+    def worker_cursor(self, connection: Any, *, prepare: bool = True) -> Any:
+        """A cursor for the worker's own statements on ``connection``, used in a ``with``.
+
+        ``prepare``: whether it may keep statements prepared in the session
+        (never behind a transaction pooler).
+        """
         return connection.cursor()
 
     def public_id(self, raw_id: Any) -> str:

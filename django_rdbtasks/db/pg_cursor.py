@@ -36,10 +36,15 @@ read it whole, by a sequential scan and a sort, once a backlog arrives):
   to make generic plans (``plan_cache_mode``: by cost, PostgreSQL would
   keep planning each run, a LIMIT given as a parameter being costed as a
   tenth of the index), and never to choose a sequential or bitmap scan
-  where an index can serve. These settings reach every statement that
-  session sends with parameters (the other claim forms, ``finish``, the
-  follow-ups), which are then planned generically too; their plans under
-  these settings are not yet tested;
+  where an index can serve. PostgreSQL applies ``plan_cache_mode`` to every
+  statement sent with parameters, prepared or not, so on that session the
+  statements not prepared (the other claim forms, ``finish``, renewals,
+  the row locks) go with their values quoted into their text, as Django's
+  own cursors send them: planned for their values at each run, as
+  everywhere else (tests/test_db_plans.py holds those plans to their
+  bounds). They still run without sequential or bitmap scans; each reads
+  by primary key or a range of an index. A session that stops preparing
+  (its statement dropped behind psycopg's back) is reset to its defaults;
 - every read of the task table in the lean round is one that no join can
   turn into a read of the whole table (a LATERAL with a LIMIT, an array of
   ids or locations).
@@ -63,6 +68,11 @@ from .preparing import SessionPreparing
 PLAN_ONCE_SESSION = (
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
     "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false)"
+)
+#: What undoes it: each setting back to the session's own default (what RESET gives).
+PLAN_EACH_RUN_SESSION = (
+    "SELECT set_config(name, reset_val, false) FROM pg_settings "
+    "WHERE name IN ('plan_cache_mode', 'enable_seqscan', 'enable_bitmapscan')"
 )
 
 #: Per Django connection: the driver connection its cursor belongs to, and the cursor.
@@ -95,17 +105,35 @@ def worker_cursor_class() -> type:
     class WorkerCursor(SessionPreparing, Cursor):
         #: Results in binary, unless the project runs without time zones.
         binary_results = True
+        #: Whether the session carries ``PLAN_ONCE_SESSION``'s settings.
+        planning_once = False
+        #: What quotes values into a statement's text (a ``ClientCursor``), once needed.
+        quoting: Any = None
 
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             kwargs.setdefault("binary", self.binary_results)
+            if self.planning_once and self.direct is False:
+                self.stop_preparing()
             if (
                 type(query) is str
                 and query in self.preparable
                 and self.connection.prepare_threshold is None
             ):
                 return self.execute_in_session(query, params, kwargs)
+            if self.planning_once and params:
+                # Its values in its text, as Django's own cursors send them: a
+                # statement without parameters is planned for them, whatever
+                # plan_cache_mode says (it rules only statements with some).
+                query, params = self.inlined(query, params), None
             kwargs.setdefault("prepare", False)
             return super().execute(query, params, **kwargs)
+
+        def inlined(self, query: Any, params: Any) -> Any:
+            if self.quoting is None:
+                from psycopg import ClientCursor
+
+                self.quoting = ClientCursor(self.connection)
+            return self.quoting.mogrify(query, params)
 
         def is_direct(self) -> bool:
             from psycopg.pq import TransactionStatus
@@ -118,7 +146,17 @@ def worker_cursor_class() -> type:
             if not super().is_direct():
                 return False
             super().execute(PLAN_ONCE_SESSION)
+            self.planning_once = True
             return True
+
+        def stop_preparing(self) -> None:
+            from psycopg.pq import TransactionStatus
+
+            # Only outside a transaction, as the settings were made; until
+            # then the session's statements keep their values inlined.
+            if self.connection.info.transaction_status == TransactionStatus.IDLE:
+                super().execute(PLAN_EACH_RUN_SESSION)
+                self.planning_once = False
 
         def close(self) -> None:
             # Kept for the session: Django's wrapper closes its cursor after

@@ -32,10 +32,10 @@ second statement. The lean form is prepared, with one plan for every run
 (pg_cursor.py): each of its reads of the table is one no plan can widen to
 the whole table (by primary key, by location, an index's range with a
 LIMIT), whatever the table held when the plan was made. The other forms are
-not prepared, so they are planned at every round; on the session that runs
-the lean form prepared, that planning is generic too (``plan_cache_mode``
-applies to every statement sent with parameters), which no test checks
-yet. The planning grows with the form: see docs/limits.md, "Cost".
+not prepared, so they are planned at every round for their values (on the
+session that runs the lean form prepared, they go with their values in
+their text: pg_cursor.py). The planning grows with the form: see
+docs/limits.md, "Cost".
 
 The statement is written with named placeholders and compiled once to
 positional ones (``compile_named``); ``exchange`` fills them by name.

@@ -127,7 +127,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         #: The rounds the worker's cursor keeps prepared (pg_cursor.py): the
         #: lean form's, without a slot to free. The other forms join the
         #: limit slots and group them, and are not prepared (planned at each
-        #: run, generically on a session that prepares: pg_round.py).
+        #: run for their values: pg_round.py).
         self.preparable_rounds: set[str] = set()
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
@@ -173,10 +173,10 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     def encode_id(self, value: Any) -> Any:
         return value
 
-    def worker_cursor(self, connection: Any) -> Any:
+    def worker_cursor(self, connection: Any, *, prepare: bool = True) -> Any:
         if not self._psycopg3:
             return connection.cursor()
-        return worker_cursor(connection, self.preparable_rounds)
+        return worker_cursor(connection, self.preparable_rounds if prepare else frozenset())
 
     def public_id(self, raw_id: Any) -> str:
         # The worker's cursor reads ids as text already (pg_cursor.py).

@@ -89,11 +89,15 @@ class SessionPreparing:
             return run(query, params, **kwargs)
         except InvalidSqlStatementName:
             self.direct = False
+            self.stop_preparing()
             if connection.info.transaction_status != TransactionStatus.IDLE:
                 raise
             return run(query, params, prepare=False, **kwargs)
         finally:
             connection.prepare_threshold = None
+
+    def stop_preparing(self) -> None:
+        """What the cursor undoes once it prepares no more (a statement dropped behind its back)."""
 
     def is_direct(self) -> bool:
         """Whether the connection talks to a server process itself (no pooler between)."""

@@ -57,6 +57,12 @@ def worker_alias(database: str, lease: float, *, pooled: bool = False) -> str:
     return alias
 
 
+def is_pooled(alias: str) -> bool:
+    """Whether the worker's connections under ``alias`` go through a transaction pooler."""
+    bounds = _aliases.get(alias)
+    return bounds is not None and bounds.pooled
+
+
 @contextmanager
 def worker_transaction(alias: str) -> Iterator[None]:
     """``transaction.atomic`` on a worker connection, bounded even behind a pooler."""

@@ -22,7 +22,7 @@ from ..db.outcomes import SETTLES_DEPENDANTS
 from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
 from ..retrying import is_lost_race
 from ..states import OutcomeKind, TaskStatus
-from .connection import close_in_thread, open_in_thread, worker_transaction
+from .connection import close_in_thread, is_pooled, open_in_thread, worker_transaction
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
@@ -48,7 +48,9 @@ class ClaimStore:
         close_in_thread(self.alias)
 
     def cursor(self) -> Any:
-        return self.dialect.worker_cursor(self.connection)
+        # Behind a transaction pooler the next statement may run in another
+        # server session: nothing is kept prepared in one.
+        return self.dialect.worker_cursor(self.connection, prepare=not is_pooled(self.alias))
 
     # -- rounds ------------------------------------------------------------------------
 
