@@ -424,3 +424,36 @@ def test_the_script_reports_the_cluster_and_refuses_a_second_one_on_its_ports(ga
     assert second.returncode == 1
     assert "ports in use on 127.0.0.1" in second.stderr, second.stderr
     assert len(galera.running()) == 3  # the first cluster was left alone
+
+
+
+def test_a_node_set_read_only_is_not_taken_for_one_that_accepts_writes(galera, galera_db):
+    """After a failover a task's new connection may reach a server that is now a
+    replica, set read_only as MariaDB's and MySQL's replicas are: the runner's
+    check before the task (``Dialect.accepts_writes``) refuses it, as it refuses
+    a PostgreSQL standby, and takes it again once it accepts writes."""
+    from django.db import connections
+
+    from django_rdbtasks.db import dialect_for
+
+    dialect = dialect_for(connections["default"])
+    sessions = {
+        node: MySQLdb.connect(host="127.0.0.1", port=23060 + node, user="root", database=galera_db)
+        for node in (1, 2)
+    }
+
+    def accepts(node: int) -> bool:
+        with sessions[node].cursor() as cursor:
+            return dialect.accepts_writes(cursor)
+
+    try:
+        assert accepts(1) and accepts(2)
+        galera.query(2, "SET GLOBAL read_only = 1")
+        try:
+            assert not accepts(2) and accepts(1)
+        finally:
+            galera.query(2, "SET GLOBAL read_only = 0")
+        assert accepts(2)
+    finally:
+        for session in sessions.values():
+            session.close()

@@ -560,7 +560,8 @@ class Dialect(TaskInserts):
 
     def accepts_writes(self, cursor: Any) -> bool:
         """Whether this connection's server takes writes (after a failover, the
-        old primary may be back as a standby): True unless it says otherwise."""
+        old primary may be back as a standby or a replica): True unless it
+        says otherwise (SQLite's file always does)."""
         return True
 
     def replica_lag(self, cursor: Any) -> float | None:

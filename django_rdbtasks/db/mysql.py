@@ -36,6 +36,15 @@ class MySQLDialect(Dialect):
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + INTERVAL {placeholder} MICROSECOND)"
 
+    def accepts_writes(self, cursor: Any) -> bool:
+        # A replica is set read_only (MySQL's super_read_only sets it too). A
+        # Galera node outside the primary component refuses the query
+        # itself, which the caller takes as a failure to retry.
+        cursor.execute("SELECT @@global.read_only")
+        value = cursor.fetchone()[0]
+        # 0/1, or a name where it is an enum (MariaDB 11: OFF, ON, NO_LOCK...).
+        return str(value.decode() if isinstance(value, bytes) else value).upper() in {"0", "OFF"}
+
     def seconds_param(self, seconds: float) -> Any:
         return round(seconds * 1_000_000)
 
