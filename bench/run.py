@@ -160,6 +160,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="--backlog: turns on each table, in the order A B B A ... (default: %(default)s)",
     )
     parser.add_argument(
+        "--backlog-lived-in",
+        action="store_true",
+        help="--backlog: B keeps each turn's rows, finished, instead of deleting them: the"
+        " free space the next turn meets is what a table in use leaves, not the baseline's",
+    )
+    parser.add_argument(
         "--backlog-trickle",
         type=int,
         default=1000,

@@ -41,6 +41,7 @@ FIGURES = {
     "drain_server_cpu_us_per_task": ("drain, server CPU µs/task", "lower", True),
     "drain_worker_cpu_us_per_task": ("drain, workers' CPU µs/task", "lower", False),
     "drain_wal_bytes_per_task": ("drain, WAL bytes/task", "lower", False),
+    "drain_fpi_per_1000_tasks": ("drain, full-page images per 1,000 tasks", "lower", False),
     "drain_per_second": ("drain, tasks/s, first claim to last finish", "higher", False),
     "drain_wall_per_second": ("drain, tasks/s, processes' start included", "higher", False),
     "single_server_cpu_us_per_task": (
@@ -49,9 +50,19 @@ FIGURES = {
         True,
     ),
     "single_wal_bytes_per_task": ("enqueue one per transaction, WAL bytes/task", "lower", False),
+    "single_fpi_per_1000_tasks": (
+        "enqueue one per transaction, full-page images per 1,000 tasks",
+        "lower",
+        False,
+    ),
     "single_per_second": ("enqueue one per transaction, tasks/s", "higher", False),
     "bulk_server_cpu_us_per_task": ("enqueue in bulk, server CPU µs/task", "lower", True),
     "bulk_wal_bytes_per_task": ("enqueue in bulk, WAL bytes/task", "lower", False),
+    "bulk_fpi_per_1000_tasks": (
+        "enqueue in bulk, full-page images per 1,000 tasks",
+        "lower",
+        False,
+    ),
     "bulk_per_second": ("enqueue in bulk, tasks/s", "higher", False),
     "trickle_server_cpu_us_per_task": ("trickle, server CPU µs/task", "lower", True),
     "trickle_p50_ms": ("trickle, start delay p50 ms", "lower", False),
@@ -76,6 +87,10 @@ class Side(RDBTasks):
         super().__init__(context, name, worker_args)
         self.database = database
         self.baseline_max_id = NIL  # rows keyed above it are a turn's
+        #: ``--backlog-lived-in``: the turns' rows stay, finished, as a table in
+        #: use keeps them (until retention): the next turn meets the free space
+        #: their dead versions left, vacuumed, rather than the baseline's again.
+        self.keeps_rows = False
 
 
 def log(message: str) -> None:
@@ -177,6 +192,11 @@ def prepare(side: Side, conn: psycopg.Connection, finished: int, scheduled: int,
 
 def restore(side: Side, conn: psycopg.Connection) -> None:
     """Delete the turn's rows (keyed after every row of the baseline) and settle."""
+    if side.keeps_rows:
+        settle(conn, [TABLE], vacuum=True)
+        row = conn.execute(f"SELECT max(id)::text FROM {TABLE}").fetchone()
+        side.baseline_max_id = row[0] if row and row[0] else NIL
+        return
     # The same statement on both sides: an empty table's baseline is the nil UUID.
     conn.execute(f"DELETE FROM {TABLE} WHERE id > %s::uuid", (side.baseline_max_id,))
     settle(conn, [TABLE], vacuum=True)
@@ -198,6 +218,7 @@ def turn(
         cpu, wal = meter.since(before)
         figures[f"{name}_server_cpu_us_per_task"] = cpu / tasks * 1e6
         figures[f"{name}_wal_bytes_per_task"] = wal / tasks
+        figures[f"{name}_fpi_per_1000_tasks"] = meter.fpi_since(before) / tasks * 1000
 
     before = meter.read()
     seconds = float(side.drive("enqueue", "--mode", "single", "--count", str(single))["seconds"])
@@ -323,7 +344,9 @@ def render(result: dict[str, Any]) -> str:
         f" the rest in bulk calls of {config['chunk']:,}) drained by runworkers --processes"
         f" {config['workers']} --burst {' '.join(config['worker_args'])}".rstrip()
         + f"; A: an empty table, B: {b['finished']:,} finished and {b['scheduled']:,} scheduled"
-        f" rows ({b['total_mb']:,.0f} MB); {config['turns']} turns each, in the order"
+        f" rows ({b['total_mb']:,.0f} MB)"
+        + ("; B keeps each turn's rows (lived in)" if config.get("lived_in") else "")
+        + f"; {config['turns']} turns each, in the order"
         f" {' '.join('AB'[i] for i in order(config['turns']))}; medians"
     )
     lines = [
@@ -343,7 +366,8 @@ def render(result: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {figure['label']} | {figure['empty']:,.0f} | {figure['full']:,.0f} "
-            f"| {figure['ratio']:.3f} | {spread} | {verdict} |"
+            f"| {'-' if figure['ratio'] is None else format(figure['ratio'], '.3f')} | {spread}"
+        f" | {verdict} |"
         )
     lines += ["", f"Verdict: {'PASSED' if summary['passed'] else 'FAILED'}"]
     lines += [f"- {failure}" for failure in summary["failures"]]
@@ -373,6 +397,7 @@ def run(args: argparse.Namespace, stamp: str, python: str | None) -> int:
         Side(context, "empty", "bench_backlog_empty", variant_args),
         Side(context, "full", "bench_backlog_full", variant_args),
     ]
+    sides[1].keeps_rows = args.backlog_lived_in
     load_before = os.getloadavg()
     log(f"load average {load_before[0]:.1f}")
     runs: list[list[dict[str, Any]]] = [[], []]
@@ -429,6 +454,7 @@ def run(args: argparse.Namespace, stamp: str, python: str | None) -> int:
             "finished_rows": args.backlog_rows[0],
             "scheduled_rows": args.backlog_future,
             "tolerance": args.backlog_tolerance,
+            "lived_in": args.backlog_lived_in,
             "trickle": args.backlog_trickle,
             "trickle_rate": args.backlog_trickle_rate,
         },

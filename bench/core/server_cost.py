@@ -23,6 +23,9 @@ from .steady_sample import PROC, TICKS, proc_stat
 class Reading:
     cpu_seconds: float
     wal_lsn: str
+    #: Full-page images written since the statistics were reset (``pg_stat_wal``):
+    #: a page's first change after a checkpoint writes the whole page.
+    wal_fpi: int
 
 
 class ServerMeter:
@@ -44,13 +47,19 @@ class ServerMeter:
     def read(self) -> Reading:
         row = self.conns[0].execute(
             "SELECT pg_current_wal_lsn()::text, count(*) FILTER (WHERE backend_type ="
-            " 'client backend' AND datname <> ALL(%s)) FROM pg_stat_activity",
+            " 'client backend' AND datname <> ALL(%s)), (SELECT wal_fpi FROM pg_stat_wal)"
+            " FROM pg_stat_activity",
             (self.databases,),
         ).fetchone()
         assert row is not None
         # Someone else's sessions: their work would be in the figures.
         self.strangers = max(self.strangers, int(row[1]))
-        return Reading(self._cpu(), row[0])
+        return Reading(self._cpu(), row[0], int(row[2]))
+
+    def fpi_since(self, before: Reading) -> int:
+        """Full-page images written since ``before`` (the server's statistics lag:
+        read after ``wait_idle``, once the phase's backends have exited and reported)."""
+        return self.read().wal_fpi - before.wal_fpi
 
     def since(self, before: Reading) -> tuple[float, int]:
         """CPU seconds and WAL bytes since ``before``."""
