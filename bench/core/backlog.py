@@ -194,8 +194,8 @@ def restore(side: Side, conn: psycopg.Connection) -> None:
     """Delete the turn's rows (keyed after every row of the baseline) and settle."""
     if side.keeps_rows:
         settle(conn, [TABLE], vacuum=True)
-        row = conn.execute(f"SELECT max(id)::text FROM {TABLE}").fetchone()
-        side.baseline_max_id = row[0] if row and row[0] else NIL
+        row = conn.execute(f"SELECT id::text FROM {TABLE} ORDER BY id DESC LIMIT 1").fetchone()
+        side.baseline_max_id = row[0] if row else NIL
         return
     # The same statement on both sides: an empty table's baseline is the nil UUID.
     conn.execute(f"DELETE FROM {TABLE} WHERE id > %s::uuid", (side.baseline_max_id,))
