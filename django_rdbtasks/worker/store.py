@@ -36,6 +36,9 @@ class ClaimStore:
         #: One dialect per alias and database: the same in every thread.
         self.dialect: Dialect = dialect_for(open_in_thread(alias))
         self.public_id = self.dialect.public_id
+        #: Behind a transaction pooler the next statement may run in another
+        #: server session: nothing is kept prepared in one.
+        self.prepares = not is_pooled(alias)
 
     @property
     def connection(self) -> Any:
@@ -48,9 +51,7 @@ class ClaimStore:
         close_in_thread(self.alias)
 
     def cursor(self) -> Any:
-        # Behind a transaction pooler the next statement may run in another
-        # server session: nothing is kept prepared in one.
-        return self.dialect.worker_cursor(self.connection, prepare=not is_pooled(self.alias))
+        return self.dialect.worker_cursor(self.connection, prepare=self.prepares)
 
     # -- rounds ------------------------------------------------------------------------
 
