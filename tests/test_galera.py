@@ -426,7 +426,6 @@ def test_the_script_reports_the_cluster_and_refuses_a_second_one_on_its_ports(ga
     assert len(galera.running()) == 3  # the first cluster was left alone
 
 
-
 def test_a_node_set_read_only_is_not_taken_for_one_that_accepts_writes(galera, galera_db):
     """After a failover a task's new connection may reach a server that is now a
     replica, set read_only as MariaDB's and MySQL's replicas are: the runner's

@@ -317,4 +317,3 @@ def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
         assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
 
     on_a_worker_connection(rounds)
-

@@ -215,10 +215,10 @@ def turn(
 
     def cost(name: str, before: Reading, tasks: int) -> None:
         meter.wait_idle()  # the phase's backends gone, their CPU reaped
-        cpu, wal = meter.since(before)
+        cpu, wal, images = meter.since(before)
         figures[f"{name}_server_cpu_us_per_task"] = cpu / tasks * 1e6
         figures[f"{name}_wal_bytes_per_task"] = wal / tasks
-        figures[f"{name}_fpi_per_1000_tasks"] = meter.fpi_since(before) / tasks * 1000
+        figures[f"{name}_fpi_per_1000_tasks"] = images / tasks * 1000
 
     before = meter.read()
     seconds = float(side.drive("enqueue", "--mode", "single", "--count", str(single))["seconds"])
@@ -285,7 +285,7 @@ def trickle(
         wait_for_probes(side, conn, group, count + 1, timeout=120, log=log_path)
         time.sleep(0.5)  # the last outcome written
     meter.wait_idle()  # every backend of the phase (the driver's, the workers') reaped
-    cpu, _ = meter.since(before)
+    cpu, _, _ = meter.since(before)
     started = dict(conn.execute("SELECT key, started_at FROM bench_started WHERE key >= 1"))
     delays = [(started[int(key)] - at) * 1000 for key, at in result["enqueued"].items()]
     figures["trickle_server_cpu_us_per_task"] = cpu / count * 1e6
@@ -364,10 +364,10 @@ def render(result: dict[str, Any]) -> str:
             if figure["passed"] is None
             else ("yes" if figure["passed"] else "**no**")
         )
+        ratio = "-" if figure["ratio"] is None else f"{figure['ratio']:.3f}"
         lines.append(
             f"| {figure['label']} | {figure['empty']:,.0f} | {figure['full']:,.0f} "
-            f"| {'-' if figure['ratio'] is None else format(figure['ratio'], '.3f')} | {spread}"
-        f" | {verdict} |"
+            f"| {ratio} | {spread} | {verdict} |"
         )
     lines += ["", f"Verdict: {'PASSED' if summary['passed'] else 'FAILED'}"]
     lines += [f"- {failure}" for failure in summary["failures"]]

@@ -56,13 +56,10 @@ class ServerMeter:
         self.strangers = max(self.strangers, int(row[1]))
         return Reading(self._cpu(), row[0], int(row[2]))
 
-    def fpi_since(self, before: Reading) -> int:
-        """Full-page images written since ``before`` (the server's statistics lag:
-        read after ``wait_idle``, once the phase's backends have exited and reported)."""
-        return self.read().wal_fpi - before.wal_fpi
-
-    def since(self, before: Reading) -> tuple[float, int]:
-        """CPU seconds and WAL bytes since ``before``."""
+    def since(self, before: Reading) -> tuple[float, int, int]:
+        """CPU seconds, WAL bytes and full-page images since ``before`` (the image
+        count is the server's statistics, which lag: read after ``wait_idle``,
+        once the phase's backends have exited and reported)."""
         after = self.read()
         row = (
             self.conns[0]
@@ -73,7 +70,11 @@ class ServerMeter:
             .fetchone()
         )
         assert row is not None
-        return after.cpu_seconds - before.cpu_seconds, int(row[0])
+        return (
+            after.cpu_seconds - before.cpu_seconds,
+            int(row[0]),
+            after.wal_fpi - before.wal_fpi,
+        )
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Until the phase's backends have exited and been reaped.
