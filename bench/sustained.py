@@ -48,7 +48,7 @@ sys.path.insert(0, str(BENCH_DIR))
 from core import measure  # noqa: E402
 from core.pg import PgServer, settle, truncate  # noqa: E402
 from core.procs import WorkerGroup  # noqa: E402
-from core.steady_sample import TABLE, Sampler, server_settings  # noqa: E402
+from core.steady_sample import TABLE, TABLES, Sampler, server_settings  # noqa: E402
 from core.steady_verdict import (  # noqa: E402
     judge,
     render_indexes,
@@ -326,9 +326,10 @@ def measure_peak(
 
 def empty_table(conn: psycopg.Connection) -> None:
     """Start the load from an empty table, and its counters (autovacuum's) from zero."""
-    truncate(conn, [TABLE])
-    conn.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", [TABLE])
-    settle(conn, [TABLE])
+    truncate(conn, TABLES)
+    for table in TABLES:
+        conn.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", [table])
+    settle(conn, TABLES)
 
 
 def start_producer(args: argparse.Namespace, system: RDBTasks, rate: int) -> subprocess.Popen:

@@ -193,3 +193,51 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         )
         for problem in problems
     ]
+
+
+@checks.register(checks.Tags.models)
+def check_foreign_keys_to_tasks(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """A foreign key to Task with a constraint in a PostgreSQL task database.
+
+    There a task's row moves to the table of finished rows as it finishes
+    (db/pg_finished.py). A constraint does not follow it: the move of a task
+    some row refers to would fail, every time, and the task would never be
+    recorded finished.
+    """
+    from django.apps import apps
+
+    from .backend import RDBTaskBackend
+    from .compat import task_backends
+    from .models import Task
+
+    databases = {
+        backend.database
+        for backend in task_backends.all()
+        if isinstance(backend, RDBTaskBackend)
+        and backend.database in connections
+        and connections[backend.database].vendor == "postgresql"
+    }
+    if not databases:
+        return []
+    if app_configs is None:
+        models = apps.get_models()
+    else:
+        models = [model for config in app_configs for model in config.get_models()]
+    return [
+        checks.Error(
+            f"{model._meta.label}.{field.name} is a foreign key to django_rdbtasks.Task with a "
+            "database constraint: on PostgreSQL a finished task's row moves to a table the "
+            "constraint does not follow, and such a task could never be recorded finished.",
+            hint="Declare it with db_constraint=False (Django still cascades deletions).",
+            obj=field,
+            id="django_rdbtasks.E030",
+        )
+        for model in models
+        if model._meta.app_label != "django_rdbtasks"
+        for field in model._meta.concrete_fields
+        if field.is_relation
+        and field.related_model is Task
+        and getattr(field, "db_constraint", False)
+    ]

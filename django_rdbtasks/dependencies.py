@@ -258,6 +258,11 @@ def _enqueue_child(backend: Any, node: _Node, parent_ids: list[str]) -> TaskResu
     # finishing now either waits for this transaction or is seen finished.
     locked = rows.filter(pk__in=parent_ids).update(has_children=True)
     if locked != len(set(parent_ids)):
+        # A parent that finished while this statement waited for its row has
+        # moved to the table of finished rows (PostgreSQL: db/pg_finished.py),
+        # where the statement, begun before, does not see it. A new one does.
+        locked = rows.filter(pk__in=parent_ids).update(has_children=True)
+    if locked != len(set(parent_ids)):
         raise ValueError(f"Unknown parent task among {parent_ids}.")
     statuses = dict(rows.filter(pk__in=parent_ids).values_list("pk", "status"))
     failed = [str(pk) for pk, status in statuses.items() if status in FAILURE_POLICIES]

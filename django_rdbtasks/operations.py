@@ -75,3 +75,77 @@ class RemoveIndexOnline(migrations.RemoveIndex):
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
             build_online(schema_editor, model, index)
+
+
+class CreateFinishedTable(migrations.operations.base.Operation):
+    """PostgreSQL: the table finished tasks move to (db/pg_finished.py); nothing elsewhere.
+
+    It inherits the task table (its columns, and each later change of them),
+    holds finished statuses only (``statuses``), and has the indexes the
+    readers of finished rows use: primary key, ``finished_at`` (retention, the
+    dashboard), the failed rows, the task path, and the admin's searches.
+    Made empty: the rows finished before it stay in the task table, where
+    every reader still finds them. Backwards, its rows go back to the task
+    table first.
+    """
+
+    reversible = True
+    reduces_to_sql = True
+
+    def __init__(self, task_table: str, table: str, statuses: list[str]) -> None:
+        self.task_table = task_table
+        self.table = table
+        self.statuses = statuses
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs = {"task_table": self.task_table, "table": self.table, "statuses": self.statuses}
+        return self.__class__.__qualname__, [], kwargs
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if not _postgresql(schema_editor):
+            return
+        quote = schema_editor.quote_name
+        table, name = quote(self.table), self.table.removeprefix("django_")
+        statuses = ", ".join(f"'{status}'" for status in self.statuses)
+        schema_editor.execute(
+            f"CREATE TABLE {table} (CONSTRAINT {quote(name + '_pkey')} PRIMARY KEY (id), "
+            f"CONSTRAINT {quote(name + '_status')} CHECK (status IN ({statuses}))) "
+            f"INHERITS ({quote(self.task_table)})"
+        )
+        indexes = {
+            "finished": "(finished_at, status, queue_name)",
+            "failed": "(id) WHERE status = 'FAILED'",
+            "path": "(task_path)",
+            "job_search": "USING gin (job_name gin_trgm_ops) WHERE job_name <> ''",
+            "dedup_search": "USING gin (dedup_key gin_trgm_ops) WHERE dedup_key IS NOT NULL",
+        }
+        for suffix, shape in indexes.items():
+            schema_editor.execute(f"CREATE INDEX {quote(f'{name}_{suffix}')} ON {table} {shape}")
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if not _postgresql(schema_editor):
+            return
+        quote = schema_editor.quote_name
+        table = quote(self.table)
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                "AND table_schema = current_schema() AND is_generated = 'NEVER' "
+                "ORDER BY ordinal_position",
+                [self.task_table],
+            )
+            columns = ", ".join(quote(name) for (name,) in cursor.fetchall())
+        schema_editor.execute(
+            f"INSERT INTO {quote(self.task_table)} ({columns}) SELECT {columns} FROM ONLY {table}"
+        )
+        schema_editor.execute(f"DROP TABLE {table}")
+
+    def describe(self) -> str:
+        return f"Creates {self.table}, the table finished tasks move to, on PostgreSQL"

@@ -168,6 +168,29 @@ def vendor() -> str:
     return connection.vendor
 
 
+def tables_holding(task_id: object) -> list[str]:
+    """PostgreSQL: the tables that hold this task's row, each read alone (``ONLY``):
+    ``task`` while it is to run, ``finished`` once moved (db/pg_finished.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 'task' FROM ONLY django_rdbtasks_task WHERE id = %s UNION ALL "
+            "SELECT 'finished' FROM ONLY django_rdbtasks_finishedtask WHERE id = %s",
+            [task_id, task_id],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def rows_by_table() -> dict[str, int]:
+    """PostgreSQL: how many task rows each of the two tables holds, each read alone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT count(*) FROM ONLY django_rdbtasks_task), "
+            "(SELECT count(*) FROM ONLY django_rdbtasks_finishedtask)"
+        )
+        task, finished = cursor.fetchone()
+        return {"task": task, "finished": finished}
+
+
 @pytest.fixture(autouse=True)
 def claims_start_afresh() -> Iterator[None]:
     """What a test's claims learnt (a form, lost races) is not the next test's."""

@@ -15,9 +15,11 @@ from django.core import checks as django_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, models
+from django.test.utils import isolate_apps
 
 from django_rdbtasks.checks import (
     FRAMEWORK_CHECK_MODULES,
+    check_foreign_keys_to_tasks,
     check_task_backends,
     mysql_isolation_level,
     sqlite_missing,
@@ -222,3 +224,30 @@ def test_no_w037_for_the_task_indexes_where_an_equivalent_is_built() -> None:
     out, err = StringIO(), StringIO()
     call_command("check", "--database", "default", stdout=out, stderr=err)
     assert "W037" not in out.getvalue() + err.getvalue()
+
+
+def test_a_foreign_key_to_tasks_with_a_constraint_is_an_error_on_postgresql() -> None:
+    with isolate_apps("tests.testapp") as isolated:
+
+        class Invoice(models.Model):
+            task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
+            loose = models.ForeignKey(
+                Task, on_delete=models.SET_NULL, null=True, db_constraint=False, related_name="+"
+            )
+
+            class Meta:
+                app_label = "testapp"
+
+            def __str__(self) -> str:
+                return str(self.pk)
+
+        found = check_foreign_keys_to_tasks(app_configs=[isolated.get_app_config("testapp")])
+    if connection.vendor != "postgresql":
+        assert found == []  # rows never move there
+        return
+    assert [(m.id, m.obj) for m in found] == [
+        ("django_rdbtasks.E030", Invoice._meta.get_field("task"))
+    ]
+    assert "db_constraint=False" in (found[0].hint or "")
+    # The package's own relations to Task, and the test project's, pass.
+    assert check_foreign_keys_to_tasks() == []

@@ -210,6 +210,8 @@ def postgresql_round(
     dialect = dialect_for(connection)
     dialect.claim_forms[("default",)] = form
     with transaction.atomic(), connection.cursor() as cursor:
+        # Asked before: the plans are those of a round that moves finished rows.
+        assert dialect.moves(cursor.cursor)
         explaining = ExplainingCursor(cursor.cursor)
         dialect.exchange(
             explaining, outcomes, "w", ClaimRequest(["default"], want, "w", 60.0, mode)

@@ -1,6 +1,6 @@
 """Migrations that do more than Django's own operations: 0006 and 0013, the task path's
 index; 0007, the lease index per queue; 0011, the dedup key's; 0014, the READY rows
-without a limit in two indexes; both ways."""
+without a limit in two indexes; 0015, the table of finished rows; both ways."""
 
 import datetime as dt
 
@@ -297,3 +297,71 @@ def test_0014_splits_the_ready_rows_without_a_limit_in_two_indexes_and_back(vend
             assert "limit_key IS NULL" in path_index_definition(UNLIMITED).replace('"', "")
     finally:
         migrate()
+
+
+def foreign_keys_to_tasks() -> set[tuple[str, str]]:
+    """(table, column) of every database constraint that refers to the task table."""
+    found = set()
+    with connection.cursor() as cursor:
+        for table in (
+            "django_rdbtasks_taskdependency",
+            "django_rdbtasks_jobrecord",
+            "django_rdbtasks_workflowstep",
+        ):
+            for info in connection.introspection.get_constraints(cursor, table).values():
+                if info["foreign_key"] and info["foreign_key"][0] == "django_rdbtasks_task":
+                    found.update((table, column) for column in info["columns"])
+    return found
+
+
+def test_0015_makes_the_finished_rows_table_and_drops_the_constraints_and_back(vendor):
+    """Forward over rows finished before: they stay where they are, and read as before.
+    Back to 0014: the moved rows return to the task table and the constraints come back."""
+    from django_rdbtasks.compat import task_backends
+    from django_rdbtasks.db import forget_what_claims_learnt
+    from django_rdbtasks.db.pg_finished import FINISHED_TABLE
+    from django_rdbtasks.dependencies import enqueue_after
+    from django_rdbtasks.worker import Worker
+    from tests.testapp import tasks
+
+    def finished_table_rows() -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [FINISHED_TABLE])
+            if not cursor.fetchone()[0]:
+                return None
+            cursor.execute(f"SELECT count(*) FROM ONLY {FINISHED_TABLE}")
+            return cursor.fetchone()[0]
+
+    pg = vendor == "postgresql"
+    try:
+        migrate((APP, "0014_ready_fresh_and_deferred"))
+        assert len(foreign_keys_to_tasks()) == 5
+        if pg:
+            assert finished_table_rows() is None
+        old = tasks.add.enqueue(1, 1)
+        Worker(burst=True).run(install_signals=False)
+        migrate()
+        assert foreign_keys_to_tasks() == set()
+        assert Task.objects.get(pk=old.id).status == "SUCCESSFUL"
+        # A worker that began before the migration (it asked once, and the table
+        # was not there) finishes in place; its rows read as any other.
+        in_place = tasks.add.enqueue(2, 2)
+        Worker(burst=True).run(install_signals=False)
+        assert task_backends["default"].get_result(in_place.id).return_value == 4
+        if pg:
+            assert finished_table_rows() == 0
+        forget_what_claims_learnt()  # as a worker started now
+        parent = tasks.step.enqueue("a")
+        enqueue_after([parent], tasks.step, "b")
+        Worker(burst=True).run(install_signals=False)
+        assert Task.objects.filter(status="SUCCESSFUL").count() == 4
+        if pg:
+            assert finished_table_rows() == 2  # the rows finished before stayed
+        migrate((APP, "0014_ready_fresh_and_deferred"))
+        if pg:
+            assert finished_table_rows() is None
+        assert Task.objects.filter(status="SUCCESSFUL").count() == 4
+        assert len(foreign_keys_to_tasks()) == 5
+    finally:
+        migrate()
+    assert foreign_keys_to_tasks() == set()

@@ -12,7 +12,7 @@ from django.db import connection
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.models import Task
-from tests.conftest import ROOT, wait_until, worker_children
+from tests.conftest import ROOT, rows_by_table, tables_holding, wait_until, worker_children
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
@@ -55,6 +55,8 @@ def test_racing_processes_run_each_task_exactly_once(run_workers, vendor, mode):
     assert SideEffect.objects.values("key").distinct().count() == count
     assert Task.objects.filter(status="SUCCESSFUL", attempts=1).count() == count
     assert SideEffect.objects.values("pid").distinct().count() > 1  # it was a race
+    if vendor == "postgresql":  # every row moved once, none left behind or copied
+        assert rows_by_table() == {"task": 0, "finished": count}
 
 
 def test_skip_locked_is_refused_on_sqlite(run_workers, vendor):
@@ -103,6 +105,8 @@ def test_sigkilled_worker_task_is_reclaimed_after_its_lease(run_workers):
     assert row.return_value["attempt"] == 2 and row.return_value["pid"] != first.pid
     assert SideEffect.objects.filter(key="crash").count() == 2  # one per start
     assert first.pid not in worker_children(workers.pid)  # replaced by the supervisor
+    if connection.vendor == "postgresql":
+        assert tables_holding(result.id) == ["finished"]
     result.refresh()
     assert [e.exception_class_path for e in result.errors] == [
         "django_rdbtasks.exceptions.WorkerLost"
@@ -132,6 +136,8 @@ def test_stale_worker_that_finishes_after_the_reclaim_writes_nothing(run_workers
         after_reclaim.history,
     )
     assert row.return_value["attempt"] == 2
+    if connection.vendor == "postgresql":  # the stale write moved nothing, copied nothing
+        assert tables_holding(result.id) == ["finished"]
 
 
 def test_graceful_shutdown_releases_claims_without_spending_attempts(run_workers):

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 from systems.base import Context
-from systems.rdbtasks import TABLE, RDBTasks, ready_sources
+from systems.rdbtasks import FINISHED_TABLE, TABLE, RDBTasks, ready_sources
 
 from .measure import enqueue_bulk, percentile, time_drain, wait_for_probes
 from .pg import CREATE_STARTED_TABLE, PgServer, settle
@@ -72,6 +72,9 @@ FIGURES = {
 # Counted by a range of the READY indexes (queue, priority, run_after) that ends at
 # now: the scheduled rows lie beyond it, so polling B costs what polling A does.
 DUE_DEFAULT = " AND queue_name = 'default' AND priority = 0 AND run_after <= now()"
+#: The task table and the finished rows' (which a DELETE of the first reaches
+#: too; a VACUUM or ANALYZE does not).
+TABLES = [TABLE, FINISHED_TABLE]
 UNFINISHED = (*ready_sources(DUE_DEFAULT), f"{TABLE} WHERE status = 'RUNNING'")
 
 
@@ -98,7 +101,12 @@ def log(message: str) -> None:
 
 
 def insert_copies(
-    conn: psycopg.Connection, status: str, rows: int, moved: dict[str, str], nibble: str
+    conn: psycopg.Connection,
+    status: str,
+    rows: int,
+    moved: dict[str, str],
+    nibble: str,
+    into: str = TABLE,
 ) -> None:
     """Add ``rows`` copies of the table's task in ``status``, in one statement.
 
@@ -123,7 +131,7 @@ def insert_copies(
     ms = f"(extract(epoch FROM {moved['enqueued_at']}) * 1000)::bigint"
     conn.execute(
         f"""
-        INSERT INTO {TABLE} (id, {", ".join(columns)})
+        INSERT INTO {into} (id, {", ".join(columns)})
         SELECT
             (lpad(to_hex({ms}), 12, '0') || '7' || lpad(to_hex(g %% 4096), 3, '0')
                 || '{nibble}' || lpad(to_hex(g), 15, '0'))::uuid,
@@ -155,7 +163,8 @@ def insert_finished(conn: psycopg.Connection, rows: int) -> None:
         "last_attempted_at": f"{at} + interval '1 ms'",
         "finished_at": f"{at} + interval '2 ms'",
     }
-    insert_copies(conn, "SUCCESSFUL", rows, moved, "8")
+    # Where the package's workers put the rows they finish.
+    insert_copies(conn, "SUCCESSFUL", rows, moved, "8", into=FINISHED_TABLE)
 
 
 def insert_scheduled(conn: psycopg.Connection, rows: int) -> None:
@@ -184,8 +193,9 @@ def prepare(side: Side, conn: psycopg.Connection, finished: int, scheduled: int,
     # The harness vacuums and analyzes between turns, the same on both sides:
     # autovacuum would visit the empty table (1,000 inserts are its threshold)
     # and not the big one, at moments of its own.
-    conn.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = off)")
-    settle(conn, [TABLE], vacuum=True)
+    for table in TABLES:
+        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+    settle(conn, TABLES, vacuum=True)
     row = conn.execute(f"SELECT id::text FROM {TABLE} ORDER BY id DESC LIMIT 1").fetchone()
     side.baseline_max_id = row[0] if row else NIL
 
@@ -193,13 +203,13 @@ def prepare(side: Side, conn: psycopg.Connection, finished: int, scheduled: int,
 def restore(side: Side, conn: psycopg.Connection) -> None:
     """Delete the turn's rows (keyed after every row of the baseline) and settle."""
     if side.keeps_rows:
-        settle(conn, [TABLE], vacuum=True)
+        settle(conn, TABLES, vacuum=True)
         row = conn.execute(f"SELECT id::text FROM {TABLE} ORDER BY id DESC LIMIT 1").fetchone()
         side.baseline_max_id = row[0] if row else NIL
         return
     # The same statement on both sides: an empty table's baseline is the nil UUID.
     conn.execute(f"DELETE FROM {TABLE} WHERE id > %s::uuid", (side.baseline_max_id,))
-    settle(conn, [TABLE], vacuum=True)
+    settle(conn, TABLES, vacuum=True)
 
 
 def turn(
@@ -227,7 +237,7 @@ def turn(
     before = meter.read()
     figures["bulk_per_second"] = bulk / enqueue_bulk(side, bulk, args.chunk)
     cost("bulk", before, bulk)
-    settle(conn, [TABLE])  # as every drain of run.py starts: analyzed and checkpointed
+    settle(conn, TABLES)  # as every drain of run.py starts: analyzed and checkpointed
     before = meter.read()
     drain = time_drain(side, conn, args.tasks, args.workers[0], log_path).as_dict()
     cost("drain", before, args.tasks)
@@ -264,7 +274,7 @@ def trickle(
     count = args.backlog_trickle
     conn.execute(CREATE_STARTED_TABLE)
     conn.execute("TRUNCATE bench_started")
-    settle(conn, [TABLE])
+    settle(conn, TABLES)
     with WorkerGroup(
         side.idle_worker_commands(1), cwd=side.project_dir, env=side.env(), log=log_path
     ) as group:
@@ -298,7 +308,8 @@ def table_size(conn: psycopg.Connection) -> dict[str, Any]:
     row = conn.execute(
         f"SELECT count(*) FILTER (WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')),"
         f" count(*) FILTER (WHERE status = 'READY' AND run_after > now()),"
-        f" pg_total_relation_size('{TABLE}') FROM {TABLE}"
+        f" pg_total_relation_size('{TABLE}') + pg_total_relation_size('{FINISHED_TABLE}')"
+        f" FROM {TABLE}"
     ).fetchone()
     assert row is not None
     return {"finished": row[0], "scheduled": row[1], "total_mb": row[2] / 2**20}

@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from systems.rdbtasks import count_ready
+from systems.rdbtasks import FINISHED_TABLE, TABLE, count_ready
 
-TABLE = "django_rdbtasks_task"
+#: The task table and, on PostgreSQL, the finished rows' (which inherits it):
+#: sizes, tuples and writes are the sum of both.
+TABLES = [TABLE, FINISHED_TABLE]
 PROC = Path("/proc")
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -182,11 +184,14 @@ class Sampler:
 
     def _table(self) -> dict[str, Any]:
         row = self.conn.execute(
-            "SELECT pg_relation_size(relid), pg_indexes_size(relid), pg_total_relation_size(relid),"
-            " n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count,"
-            " last_autovacuum, last_autoanalyze, vacuum_count, analyze_count"
-            " FROM pg_stat_user_tables WHERE relname = %s AND schemaname = current_schema()",
-            [TABLE],
+            "SELECT sum(pg_relation_size(relid))::bigint, sum(pg_indexes_size(relid))::bigint,"
+            " sum(pg_total_relation_size(relid))::bigint, sum(n_live_tup)::bigint,"
+            " sum(n_dead_tup)::bigint,"
+            " sum(autovacuum_count)::bigint, sum(autoanalyze_count)::bigint,"
+            " max(last_autovacuum), max(last_autoanalyze), sum(vacuum_count)::bigint,"
+            " sum(analyze_count)::bigint"
+            " FROM pg_stat_user_tables WHERE relname = ANY(%s) AND schemaname = current_schema()",
+            [TABLES],
         ).fetchone()
         assert row is not None
         heap, indexes, total, live, dead, autovacuums, autoanalyzes = row[:7]
@@ -194,8 +199,8 @@ class Sampler:
         index_sizes = dict(
             self.conn.execute(
                 "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes"
-                " WHERE relname = %s AND schemaname = current_schema() ORDER BY indexrelname",
-                [TABLE],
+                " WHERE relname = ANY(%s) AND schemaname = current_schema() ORDER BY indexrelname",
+                [TABLES],
             ).fetchall()
         )
         mb = 2**20
@@ -217,9 +222,13 @@ class Sampler:
 
     def _totals(self) -> Totals:
         row = self.conn.execute(
-            "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
-            " WHERE relname = %s AND schemaname = current_schema()",
-            [TABLE],
+            # A row moved to the finished rows' table is deleted from the task
+            # table and inserted there: counted once, as enqueued, not as pruned.
+            "SELECT sum(n_tup_ins) FILTER (WHERE relname = %s), sum(n_tup_upd),"
+            " sum(n_tup_hot_upd), sum(n_tup_del) - coalesce(sum(n_tup_ins)"
+            " FILTER (WHERE relname = %s), 0)"
+            " FROM pg_stat_user_tables WHERE relname = ANY(%s) AND schemaname = current_schema()",
+            [TABLE, FINISHED_TABLE, TABLES],
         ).fetchone()
         assert row is not None
         worker_cpu = None if self.workers_session is None else session_cpu(self.workers_session)

@@ -10,6 +10,9 @@ from .base import BENCH_DIR, Context, System
 
 REPO_DIR = BENCH_DIR.parent
 TABLE = "django_rdbtasks_task"
+#: Where PostgreSQL keeps the finished rows: it inherits TABLE, so every read
+#: of TABLE reads it too (django_rdbtasks/db/pg_finished.py).
+FINISHED_TABLE = "django_rdbtasks_finishedtask"
 
 #: The READY rows as the partial indexes split them (migrations 0010 and 0014,
 #: ``django_rdbtasks/db/ready_arms.py``): the harness's polls count each arm
@@ -45,7 +48,7 @@ class RDBTasks(System):
     label = "django-rdbtasks"
     distribution = "django-rdbtasks"
     database = "bench_rdbtasks"
-    job_tables = [TABLE]
+    job_tables = [TABLE, FINISHED_TABLE]
     unfinished = (*ready_sources(), f"{TABLE} WHERE status = 'RUNNING'")
     failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"
     bulk_api = "django_rdbtasks.backend.bulk_enqueue"

@@ -27,6 +27,7 @@ class TaskInserts(RowDecoding):
 
     if TYPE_CHECKING:  # the Dialect's
         table: str
+        insert_table: str
         connection: Any
 
         def encode_id(self, value: uuid.UUID) -> Any: ...
@@ -124,5 +125,5 @@ class TaskInserts(RowDecoding):
     def _insert_rows(self, cursor: Any, rows: list[tuple]) -> None:
         marks = ", ".join(["%s"] * len(INSERT_COLUMNS))
         cursor.executemany(
-            f"INSERT INTO {self.table} ({', '.join(INSERT_COLUMNS)}) VALUES ({marks})", rows
+            f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) VALUES ({marks})", rows
         )

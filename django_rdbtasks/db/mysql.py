@@ -70,7 +70,7 @@ class MySQLDialect(Dialect):
             for index, value in enumerate(first)
         )
         row = f"({values})"
-        start = f"INSERT INTO {self.table} ({', '.join(INSERT_COLUMNS)}) VALUES "
+        start = f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) VALUES "
         statement: list[str] = []
         params: list[Any] = []
         size = 0

@@ -106,6 +106,7 @@ class PostgreSQLInserts:
 
     if TYPE_CHECKING:  # the Dialect's
         table: str
+        insert_table: str
         connection: Any
         now_sql: str
 
@@ -129,7 +130,7 @@ class PostgreSQLInserts:
         now = self.now_sql
         return (
             f"WITH n AS (SELECT {now} AS now), inserted AS ("
-            f"INSERT INTO {self.table} ({', '.join(INSERT_COLUMNS)}) "
+            f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) "
             "SELECT (v->>0)::uuid, v->>1, v->>2, v->>3, (v->>4)::int, (v->>5)::jsonb, "
             "(v->>6)::jsonb, (v->>7)::int, COALESCE((v->>8)::timestamptz, n.now), n.now, "
             "v->>9, 0, '', 0, '[]'::jsonb, v->>10, v->>11, (v->>12)::int, v->>13, "
@@ -146,7 +147,8 @@ class PostgreSQLInserts:
         """One row as a plain INSERT, where the enqueue function is missing; by ``notify``."""
         now = self.now_sql
         one_row = (
-            f"INSERT INTO {self.table} ({', '.join(INSERT_COLUMNS)}) VALUES (%s::uuid, %s, %s, "
+            f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) "
+            "VALUES (%s::uuid, %s, %s, "
             f"%s, %s, %s::jsonb, %s::jsonb, %s, COALESCE(%s::timestamptz, {now}), {now}, %s, "
             "0, '', 0, '[]'::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::jsonb) "
             "RETURNING enqueued_at"
@@ -243,7 +245,7 @@ class PostgreSQLInserts:
         rest = "\t" + "\t".join(_copy_text(value) for value in shared) + "\n"
         copy_in(
             cursor,
-            f"COPY {self.table} ({', '.join(columns)}) FROM STDIN",
+            f"COPY {self.insert_table} ({', '.join(columns)}) FROM STDIN",
             _copy_blocks(batch, rest),
             meanwhile,
         )

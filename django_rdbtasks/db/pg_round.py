@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .outcomes import SETTLES_DEPENDANTS
+from .pg_finished import copied_columns, insert_moved, returning_written
 from .ready_arms import DEFERRED, FRESH
 from .rows import CLAIM_COLUMNS
 
@@ -60,9 +61,12 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 
 #: The rows of a statement's outcomes (or renewals) that no other session holds
 #: locked, locked now: its writes touch only these, so none of them waits.
-#: NO KEY UPDATE is the lock the UPDATE itself takes: it does not conflict with
-#: the KEY SHARE a foreign key's check holds (a JobRecord written by once() in
-#: a transaction still open), so such a row is not taken for busy.
+#: NO KEY UPDATE is the lock the UPDATE itself takes (renewals; rounds that
+#: move no row): it does not conflict with the KEY SHARE a foreign key's check
+#: holds (a row of a user's table that refers to the task, in a transaction
+#: still open), so such a row is not taken for busy. A round that moves rows
+#: takes what its DELETE needs (``MOVING_LOCK``). The package's own foreign
+#: keys to the task table have no constraint in the database (migration 0015).
 #: The ids come as an array built in the statement (an InitPlan), not as the
 #: parameter itself: the planner then cannot count them, and reaches them by
 #: primary key however many a round names. Counted (hundreds, with rounds of
@@ -71,8 +75,14 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: (tests/test_db_plans.py).
 MINE = (
     "mine AS MATERIALIZED (SELECT id, ctid AS at FROM {table} WHERE "
-    "id = ANY(ARRAY(SELECT unnest(%(ids)s::uuid[]))) FOR NO KEY UPDATE SKIP LOCKED)"
+    "id = ANY(ARRAY(SELECT unnest(%(ids)s::uuid[]))) FOR {lock} SKIP LOCKED)"
 )
+LOCK = "NO KEY UPDATE"
+#: The lock a DELETE takes, for a round that moves finished rows
+#: (pg_finished.py): taken up front and skipped if held (the row is then
+#: ``busy``, and written by a later round), so that the DELETE never waits on a
+#: session holding the row KEY SHARE.
+MOVING_LOCK = "UPDATE"
 #: The rows of the statement's outcomes (``t``): those of ``mine``, reached
 #: again by where ``mine`` found and locked them (``ctid``), not through the
 #: primary key. A row locked by this statement cannot move before its UPDATE,
@@ -154,8 +164,12 @@ class RoundSQL:
     """Builds the statements of ``PostgreSQLDialect.exchange``."""
 
     def __init__(self, dialect: Dialect) -> None:
+        from ..models import Task
+
         self.d = dialect
         self.t = dialect.table
+        #: Every column of the task table, as a moved row is copied.
+        self.columns = copied_columns(Task._meta.concrete_fields, dialect.first_connection)
         self.s = dialect.limits.table
         self.now = dialect.now_sql
 
@@ -180,27 +194,42 @@ class RoundSQL:
         claim: bool,
         mode: ClaimMode | None,
         form: ClaimForm,
+        moves: bool = False,
     ) -> str:
         """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
         then claim in ``form`` if ``claim``. Rows come back marked: ``c``
         claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
-        key missing slots."""
+        key missing slots. With ``moves``, the rows of the outcomes that end a
+        task move to the table of finished rows (pg_finished.py)."""
         t = self.t
-        ctes: list[str] = [MINE.format(table=t)] if kinds else []
+        lock = MOVING_LOCK if moves else LOCK
+        ctes: list[str] = [MINE.format(table=t, lock=lock)] if kinds else []
         done: list[str] = []
         for i, kind in enumerate(kinds):
-            sets = ", ".join(
-                f"{column} = {value}"
-                for column, value in self.d.outcome_assignments(kind, "t", OUTCOME_VALUES)
-            )
+            assignments = self.d.outcome_assignments(kind, "t", OUTCOME_VALUES)
             guard = " AND NOT t.has_children" if kind in SETTLES_DEPENDANTS else ""
-            ctes.append(
-                f"d{i} AS (UPDATE {t} AS t SET {sets} FROM (SELECT c.*, m.at FROM "
-                f"{outcome_rows(f'%(rows{i})s')} JOIN mine AS m ON m.id = c.id) AS c "
-                f"WHERE t.ctid = c.at AND {SAME_ID.format(source='c')} "
-                "AND t.version = c.version "
-                f"AND {self.d.holder('t')} = %(worker)s{guard} RETURNING t.id)"
+            rows = (
+                f"(SELECT c.*, m.at FROM {outcome_rows(f'%(rows{i})s')} "
+                "JOIN mine AS m ON m.id = c.id) AS c"
             )
+            fence = (
+                f"t.ctid = c.at AND {SAME_ID.format(source='c')} AND t.version = c.version "
+                f"AND {self.d.holder('t')} = %(worker)s{guard}"
+            )
+            if moves and kind.ends_task:
+                # The row leaves the task table, written, for the finished
+                # rows' (pg_finished.py): fenced as the UPDATE is, so a stale
+                # holder's outcome neither deletes nor inserts a row.
+                ctes.append(
+                    f"d{i} AS (DELETE FROM {t} AS t USING {rows} WHERE {fence} "
+                    f"RETURNING {returning_written(self.columns, assignments)})"
+                )
+                ctes.append(f"h{i} AS ({insert_moved(f'd{i}', self.columns)})")
+            else:
+                sets = ", ".join(f"{column} = {value}" for column, value in assignments)
+                ctes.append(
+                    f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {rows} WHERE {fence} RETURNING t.id)"
+                )
             done.append(f"d{i}")
         if kinds:
             ctes.append(self.busy_cte())
@@ -290,14 +319,14 @@ class RoundSQL:
         not_finishing = f" AND id NOT IN ({FINISHING})" if skip_locked else ""
         # An expired lease of a limited task takes a slot: the lean form does
         # not claim it (it holds, below), the others only where a slot is free.
-        free = "" if lean else f" AND {self.d.limits.available(t)}"
+        free = "" if lean else f" AND {self.d.limits.available('t')}"
         expired = f"status = '{RUNNING}' AND queue_name = q.name AND lease_expires_at <= {now}"
         # Each read a range of its index in the index's order with a LIMIT:
         # its cost is the limit's, never a backlog's (another queue's expired
         # leases, a full key's READY rows).
         reads = [
             _per_queue(
-                f"SELECT {_ROW_COLS}, 0 AS reclaim, priority, run_after FROM {t} "
+                f"SELECT {_ROW_COLS}, 0 AS reclaim, priority, run_after FROM {t} AS t "
                 f"WHERE {expired}{not_finishing}{free}{gate} "
                 f"ORDER BY lease_expires_at LIMIT {part}{lock}"
             ),

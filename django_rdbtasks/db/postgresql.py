@@ -26,9 +26,11 @@ from .base import (
     candidate_count,
 )
 from .pg_cursor import worker_cursor
+from .pg_finished import finished_table_exists, insert_moved, returning_written
 from .pg_inserts import NOTIFY_CHANNEL, PostgreSQLInserts
 from .pg_round import (
     IN_MINE,
+    LOCK,
     MINE,
     OUTCOME_VALUES,
     ClaimForm,
@@ -95,6 +97,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     json_param = "%s::jsonb"
     exchange_is_one_statement = True
     row_lock_sql = "FOR NO KEY UPDATE SKIP LOCKED"  # see pg_round.MINE
+    only_sql = "ONLY "  # not the finished rows' table (pg_finished.py)
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
@@ -104,7 +107,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         # (``busy``: still ours, so still held), instead of making every other
         # renewal of the statement wait for that session.
         renew = (
-            f"WITH {MINE.format(table=t)}, renewed AS (UPDATE {t} AS t "
+            f"WITH {MINE.format(table=t, lock=LOCK)}, renewed AS (UPDATE {t} AS t "
             f"SET lease_expires_at = {self.now_plus_sql('%(lease)s')} "
             "FROM unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version) "
             f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
@@ -138,6 +141,15 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         #: Per set of queues: until when (``time.monotonic``) optimistic
         #: claims read with SKIP LOCKED, since one lost races.
         self.locked_reads_until: dict[tuple[str, ...], float] = {}
+        #: Whether the table of finished rows is there to move them to
+        #: (pg_finished.py); None: not asked yet.
+        self.moves_finished: bool | None = None
+
+    def moves(self, cursor: Any) -> bool:
+        """Whether finished rows move to their own table (asked once, then known)."""
+        if self.moves_finished is None:
+            self.moves_finished = finished_table_exists(cursor)
+        return self.moves_finished
 
     def encode_outcome(self, outcome: Outcome) -> None:
         outcome.wire = _outcome_json(outcome)
@@ -145,6 +157,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     def forget_learnt(self) -> None:
         self.claim_forms.clear()
         self.locked_reads_until.clear()
+        self.moves_finished = None
 
     def accepts_writes(self, cursor: Any) -> bool:
         # A standby (what libpq's target_session_attrs=read-write asks too).
@@ -278,10 +291,11 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         # rounds carry no slot step.
         ended = sorted(self.limits.ended(ordered))
         frees = bool(ended)
-        key = (kinds, frees, claim, mode, form)
+        moves = bool(kinds) and self.moves(cursor)
+        key = (kinds, frees, claim, mode, form, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
-            statement = self.round.statement(kinds, frees, claim, mode, form)
+            statement = self.round.statement(kinds, frees, claim, mode, form, moves)
             compiled = self._exchange_sql[key] = compile_named(statement)
             if form == ClaimForm.LEAN and not frees:
                 self.preparable_rounds.add(compiled[0])
@@ -340,18 +354,26 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
         written: dict[Any, bool | None] = {}
+        moves = self.moves(cursor)
         for kind, group in sorted(by_kind.items()):
             group.sort(key=lambda o: o.id)
-            sets = ", ".join(
-                f"{column} = {value}"
-                for column, value in self.outcome_assignments(kind, "t", OUTCOME_VALUES)
-            )
-            cursor.execute(
-                f"UPDATE {self.table} AS t SET {sets} FROM {outcome_rows('%s')} "
-                f"WHERE t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s "
-                "RETURNING t.id, t.has_children",
-                [_outcome_rows(group), worker_id],
-            )
+            assignments = self.outcome_assignments(kind, "t", OUTCOME_VALUES)
+            fence = f"t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s"
+            if moves and kind.ends_task:
+                # As the round moves a finished row (pg_round.py), with its dependants.
+                columns = self.round.columns
+                sql = (
+                    f"WITH d AS (DELETE FROM {self.table} AS t USING {outcome_rows('%s')} "
+                    f"WHERE {fence} RETURNING {returning_written(columns, assignments)}), "
+                    f"h AS ({insert_moved('d', columns)}) SELECT id, has_children FROM d"
+                )
+            else:
+                sets = ", ".join(f"{column} = {value}" for column, value in assignments)
+                sql = (
+                    f"UPDATE {self.table} AS t SET {sets} FROM {outcome_rows('%s')} "
+                    f"WHERE {fence} RETURNING t.id, t.has_children"
+                )
+            cursor.execute(sql, [_outcome_rows(group), worker_id])
             written.update((row[0], row[1]) for row in cursor.fetchall())
         self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written

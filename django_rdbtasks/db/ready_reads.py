@@ -61,7 +61,7 @@ class ReadyReads:
 
     def _select(self, where: str, order: str, reclaim: int) -> str:
         return (
-            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after FROM {self.t} "
+            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after FROM {self.t} AS t "
             f"WHERE {where} ORDER BY {order} LIMIT %s"
         )
 
@@ -71,7 +71,7 @@ class ReadyReads:
         if kind == EXPIRED:
             return self._select(
                 f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-                f"AND {self.d.limits.available(self.t)}",
+                f"AND {self.d.limits.available('t')}",
                 "lease_expires_at",
                 0,
             )

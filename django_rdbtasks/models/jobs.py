@@ -88,8 +88,14 @@ class JobRecord(models.Model):
     job_name = models.CharField(max_length=200)
     key = models.CharField(max_length=255)
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.READY)
+    # No constraint in the database (see TaskDependency).
     task = models.ForeignKey(
-        Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="job_records"
+        Task,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="job_records",
+        db_constraint=False,
     )
     scheduled_for = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=DbNow())

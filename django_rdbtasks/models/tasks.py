@@ -10,11 +10,12 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from ..db.functions import DbNow
+from ..db.pg_finished import copied_columns, finished_table_exists, move_back_sql
 from ..states import TaskStatus
 from .ready import READY_DEFERRED, READY_FRESH, READY_LIMITED, ready_conditions, unfinished_rows
 
@@ -235,10 +236,24 @@ class TaskQuerySet(models.QuerySet["Task"]):
         """FAILED, CANCELLED or READY tasks back to READY now, with fresh attempts.
 
         The history of earlier attempts is kept. Returns how many changed.
+        On PostgreSQL a finished row is first moved back from the table of
+        finished rows (db/pg_finished.py), in the same transaction.
         """
-        return self.filter(
-            status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY]
-        ).update(
+        rows = self.filter(status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY])
+        connection = connections[self.db]
+        if connection.vendor != "postgresql":
+            return self._requeue(rows)
+        with transaction.atomic(using=self.db), connection.cursor() as cursor:
+            if finished_table_exists(cursor):
+                ids, params = rows.order_by().values("pk").query.sql_with_params()
+                columns = copied_columns(self.model._meta.concrete_fields, connection)
+                table = connection.ops.quote_name(self.model._meta.db_table)
+                cursor.execute(move_back_sql(table, columns, ids), params)
+            return self._requeue(rows)
+
+    @staticmethod
+    def _requeue(rows: TaskQuerySet) -> int:
+        return rows.update(
             status=TaskStatus.READY,
             attempts=0,
             run_after=DbNow(),
@@ -552,8 +567,14 @@ class Dashboard(Task):
 class TaskDependency(models.Model):
     """``child`` runs only after ``parent`` succeeded."""
 
-    parent = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
-    child = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
+    # No constraint in the database: on PostgreSQL a finished task's row moves
+    # to a table of its own, which a foreign key would not follow
+    # (db/pg_finished.py). Django still cascades a deletion; retention
+    # deletes these rows with their tasks.
+    parent = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="+", db_constraint=False
+    )
+    child = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+", db_constraint=False)
 
     class Meta:
         verbose_name = _("task dependency")

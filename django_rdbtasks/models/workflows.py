@@ -39,8 +39,13 @@ class Workflow(models.Model):
 class WorkflowStep(models.Model):
     """A task of a workflow: one of its steps, or the compensation of one."""
 
+    # No constraints in the database (see TaskDependency).
     task = models.OneToOneField(
-        Task, primary_key=True, on_delete=models.CASCADE, related_name="workflow_step"
+        Task,
+        primary_key=True,
+        on_delete=models.CASCADE,
+        related_name="workflow_step",
+        db_constraint=False,
     )
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=200)
@@ -49,7 +54,12 @@ class WorkflowStep(models.Model):
     compensate_with = models.CharField(max_length=255, blank=True, default="")
     #: For a compensation: the step it undoes.
     undoes = models.ForeignKey(
-        Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Task,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
     )
 
     class Meta:

@@ -132,15 +132,20 @@ class Scheduler:
         retire_undeclared_jobs(self.database)
 
     def _apply_retention(self) -> bool:
-        """Apply RDBTASKS_RETENTION for a while; whether it stopped with rows left."""
+        """Apply RDBTASKS_RETENTION for a while, then move rows finished in place to
+        the finished rows' table (PostgreSQL: finished_rows.py); whether either
+        stopped with rows left."""
         from django.conf import settings
 
-        if not getattr(settings, "RDBTASKS_RETENTION", None):
-            return False
-        from ..retention import prune_by_setting
+        from ..finished_rows import move_finished_rows
 
-        result = prune_by_setting(using=self.database, time_budget=self.retention_budget)
-        return result is not None and result.incomplete
+        incomplete = False
+        if getattr(settings, "RDBTASKS_RETENTION", None):
+            from ..retention import prune_by_setting
+
+            result = prune_by_setting(using=self.database, time_budget=self.retention_budget)
+            incomplete = result is not None and result.incomplete
+        return move_finished_rows(self.database).more or incomplete
 
     def stop(self) -> None:
         self.stopping.set()

@@ -1,0 +1,89 @@
+"""Rows finished in the task table, moved by the scheduler (PostgreSQL; finished_rows.py)."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from django_rdbtasks.compat import task_backends
+from django_rdbtasks.finished_rows import move_finished_rows
+from django_rdbtasks.models import Task
+from django_rdbtasks.states import TaskStatus
+from django_rdbtasks.worker.scheduler import Scheduler
+from tests.conftest import rows_by_table, tables_holding
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finished_in_place(count: int) -> list[str]:
+    """Tasks cancelled before they started: finished, and left in the task table."""
+    backend = task_backends["default"]
+    ids = []
+    for i in range(count):
+        result = tasks.add.enqueue(i, i)
+        assert backend.cancel(result.id) == TaskStatus.CANCELLED
+        ids.append(result.id)
+        time.sleep(0.002)  # apart in finished_at: the oldest move first
+    return ids
+
+
+def test_elsewhere_than_postgresql_nothing_moves(vendor):
+    if vendor == "postgresql":
+        pytest.skip("PostgreSQL moves them: the tests below")
+    finished_in_place(2)
+    assert move_finished_rows().rows == 0
+    assert Task.objects.filter(status=TaskStatus.CANCELLED).count() == 2
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's finished rows")
+def test_rows_finished_in_place_move_oldest_first_in_bounded_batches():
+    ids = finished_in_place(5)
+    ready = tasks.add.enqueue(9, 9)
+    before = {row["id"]: row for row in Task.objects.values()}
+    first = move_finished_rows(batch_size=2, max_batches=1)
+    assert (first.rows, first.more) == (2, True)
+    assert [tables_holding(pk) for pk in ids] == [["finished"]] * 2 + [["task"]] * 3
+    rest = move_finished_rows(batch_size=2)
+    assert (rest.rows, rest.more) == (3, False)
+    assert rows_by_table() == {"task": 1, "finished": 5}
+    assert tables_holding(ready.id) == ["task"]  # unfinished rows never move
+    assert {row["id"]: row for row in Task.objects.values()} == before  # moved as they were
+    assert move_finished_rows().rows == 0
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's finished rows")
+def test_a_row_someone_holds_is_skipped_not_waited_for():
+    held, free = finished_in_place(2)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Task.objects.select_for_update().get(pk=held)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        # Had it waited, the holder's 10 s would end first and both would move.
+        assert move_finished_rows().rows == 1
+        assert tables_holding(held) == ["task"] and tables_holding(free) == ["finished"]
+    finally:
+        release.set()
+        thread.join(15)
+    assert move_finished_rows().rows == 1
+    assert tables_holding(held) == ["finished"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's finished rows")
+def test_the_scheduler_moves_them_when_retention_is_due(settings):
+    settings.RDBTASKS_RETENTION = None  # it moves them whether or not retention is set
+    ids = finished_in_place(3)
+    Scheduler(jobs={}, declare_every=3600).step()
+    assert [tables_holding(pk) for pk in ids] == [["finished"]] * 3
