@@ -245,7 +245,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
             return self._requeue(rows)
         with transaction.atomic(using=self.db), connection.cursor() as cursor:
             if finished_table_exists(cursor):
-                ids, params = rows.order_by().values("pk").query.sql_with_params()
+                ids, params = rows.order_by().values("pk").query.get_compiler(self.db).as_sql()
                 columns = copied_columns(self.model._meta.concrete_fields, connection)
                 table = connection.ops.quote_name(self.model._meta.db_table)
                 cursor.execute(move_back_sql(table, columns, ids), params)
