@@ -221,10 +221,15 @@ def check_foreign_keys_to_tasks(
     }
     if not databases:
         return []
+    # The through tables of many-to-many fields too: each is a foreign key.
     if app_configs is None:
-        models = apps.get_models()
+        models = apps.get_models(include_auto_created=True)
     else:
-        models = [model for config in app_configs for model in config.get_models()]
+        models = [
+            model
+            for config in app_configs
+            for model in config.get_models(include_auto_created=True)
+        ]
     return [
         checks.Error(
             f"{model._meta.label}.{field.name} is a foreign key to django_rdbtasks.Task with a "
@@ -238,6 +243,7 @@ def check_foreign_keys_to_tasks(
         if model._meta.app_label != "django_rdbtasks"
         for field in model._meta.concrete_fields
         if field.is_relation
-        and field.related_model is Task
+        and field.related_model is not None
+        and field.related_model._meta.concrete_model is Task  # a proxy's rows too
         and getattr(field, "db_constraint", False)
     ]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from django.db import connections, router, transaction
 
-from .db.pg_finished import copied_columns, finished_table_exists, move_finished_sql
+from .db.pg_finished import move_finished_sql, moved_columns
+from .locks import LeasedLock
 from .models import Task
 from .states import TaskStatus
 
@@ -33,22 +34,37 @@ class Moved:
     more: bool = False
 
 
+def move_by_schedule(using: str) -> Moved | None:
+    """One scheduler's turn: at most ``MAX_BATCHES`` batches, by one scheduler of the
+    cluster at a time (None: another holds the turn)."""
+    lock = LeasedLock("rdbtasks:move-finished", lease=60.0, using=using)
+    if not lock.acquire():
+        return None
+    try:
+        return move_finished_rows(using)
+    finally:
+        lock.release()
+
+
 def move_finished_rows(
     using: str | None = None, *, batch_size: int = BATCH_SIZE, max_batches: int = MAX_BATCHES
 ) -> Moved:
-    """Move rows finished in the task table to the finished rows' table (PostgreSQL only)."""
+    """Move SUCCESSFUL rows left in the task table to the finished rows' table
+    (PostgreSQL only), oldest first."""
     using = using or router.db_for_write(Task)
     connection = connections[using]
     moved = Moved()
     if connection.vendor != "postgresql":
         return moved
     with connection.cursor() as cursor:
-        if not finished_table_exists(cursor):
-            return moved
+        columns = moved_columns(cursor, Task._meta.db_table)
+    if columns is None:
+        return moved
+    # SUCCESSFUL rows only: the FAILED and CANCELLED ones are those a requeue
+    # or a discard may be about to change, and a statement that waited for a
+    # row this moved would find nothing (docs/claim-protocol.md). They are few.
     sql = move_finished_sql(
-        connection.ops.quote_name(Task._meta.db_table),
-        copied_columns(Task._meta.concrete_fields, connection),
-        [status.value for status in TaskStatus.finished()],
+        connection.ops.quote_name(Task._meta.db_table), columns, [TaskStatus.SUCCESSFUL.value]
     )
     for _ in range(max_batches):
         with transaction.atomic(using=using), connection.cursor() as cursor:

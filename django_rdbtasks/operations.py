@@ -104,10 +104,16 @@ class CreateFinishedTable(migrations.operations.base.Operation):
     def state_forwards(self, app_label: str, state: Any) -> None:
         pass
 
+    def _applies(self, app_label: str, schema_editor: Any, state: Any) -> bool:
+        """On PostgreSQL, where the router lets the task table be migrated."""
+        model = state.apps.get_model(app_label, "task")
+        alias = schema_editor.connection.alias
+        return _postgresql(schema_editor) and bool(self.allow_migrate_model(alias, model))
+
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if not _postgresql(schema_editor):
+        if not self._applies(app_label, schema_editor, to_state):
             return
         quote = schema_editor.quote_name
         table, name = quote(self.table), self.table.removeprefix("django_")
@@ -130,7 +136,7 @@ class CreateFinishedTable(migrations.operations.base.Operation):
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if not _postgresql(schema_editor):
+        if not self._applies(app_label, schema_editor, from_state):
             return
         quote = schema_editor.quote_name
         table = quote(self.table)

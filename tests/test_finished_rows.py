@@ -1,12 +1,12 @@
 """Rows finished in the task table, moved by the scheduler (PostgreSQL; finished_rows.py)."""
 
+import datetime as dt
 import threading
-import time
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
-from django_rdbtasks.compat import task_backends
 from django_rdbtasks.finished_rows import move_finished_rows
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import TaskStatus
@@ -17,16 +17,24 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def finished_in_place(count: int) -> list[str]:
-    """Tasks cancelled before they started: finished, and left in the task table."""
-    backend = task_backends["default"]
-    ids = []
-    for i in range(count):
-        result = tasks.add.enqueue(i, i)
-        assert backend.cancel(result.id) == TaskStatus.CANCELLED
-        ids.append(result.id)
-        time.sleep(0.002)  # apart in finished_at: the oldest move first
-    return ids
+def finished_in_place(count: int, status: str = TaskStatus.SUCCESSFUL) -> list:
+    """Rows finished in the task table, as those finished before migration 0015 are,
+    oldest first."""
+    now = timezone.now()
+    rows = [
+        Task.objects.create(
+            task_path="tests.testapp.tasks.add",
+            args=[i, i],
+            status=status,
+            attempts=1,
+            started_at=now - dt.timedelta(hours=1, seconds=count - i),
+            finished_at=now - dt.timedelta(minutes=1, seconds=count - i),
+            return_value=2 * i,
+            history=[{"outcome": status}],
+        )
+        for i in range(count)
+    ]
+    return [row.pk for row in rows]
 
 
 def test_elsewhere_than_postgresql_nothing_moves(vendor):
@@ -34,7 +42,7 @@ def test_elsewhere_than_postgresql_nothing_moves(vendor):
         pytest.skip("PostgreSQL moves them: the tests below")
     finished_in_place(2)
     assert move_finished_rows().rows == 0
-    assert Task.objects.filter(status=TaskStatus.CANCELLED).count() == 2
+    assert Task.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's finished rows")
@@ -51,6 +59,15 @@ def test_rows_finished_in_place_move_oldest_first_in_bounded_batches():
     assert tables_holding(ready.id) == ["task"]  # unfinished rows never move
     assert {row["id"]: row for row in Task.objects.values()} == before  # moved as they were
     assert move_finished_rows().rows == 0
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's finished rows")
+def test_failed_and_cancelled_rows_stay_for_a_requeue_or_a_discard():
+    """A requeue or a discard waiting for a row this moved would find nothing."""
+    kept = finished_in_place(1, TaskStatus.FAILED) + finished_in_place(1, TaskStatus.CANCELLED)
+    assert move_finished_rows().rows == 0
+    assert [tables_holding(pk) for pk in kept] == [["task"], ["task"]]
+    assert Task.objects.filter(pk__in=kept).requeue() == 2
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's finished rows")
@@ -85,5 +102,9 @@ def test_a_row_someone_holds_is_skipped_not_waited_for():
 def test_the_scheduler_moves_them_when_retention_is_due(settings):
     settings.RDBTASKS_RETENTION = None  # it moves them whether or not retention is set
     ids = finished_in_place(3)
-    Scheduler(jobs={}, declare_every=3600).step()
+    scheduler = Scheduler(jobs={}, declare_every=3600)
+    scheduler.step()
     assert [tables_holding(pk) for pk in ids] == [["finished"]] * 3
+    more = finished_in_place(1)
+    scheduler.step()  # retention is not due again for a minute: nor is the mover
+    assert tables_holding(more[0]) == ["task"]

@@ -116,6 +116,7 @@ def test_requeue_moves_a_failed_task_back_and_it_runs_and_moves_again():
     assert tables_holding(failed.id) == ["finished"]
     assert Task.objects.get(pk=failed.id).status == TaskStatus.SUCCESSFUL
     assert in_both() == 0
+    assert Task.objects.none().requeue() == Task.objects.filter(pk__in=[]).requeue() == 0
 
 
 def test_a_finished_row_cannot_be_made_unfinished_where_no_claim_reads():

@@ -35,43 +35,51 @@ holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 #: The table of finished tasks (PostgreSQL only).
 FINISHED_TABLE = "django_rdbtasks_finishedtask"
 
 
-def finished_table_exists(cursor: Any) -> bool:
-    """Whether migration 0015 made the table (a worker may start before ``migrate``)."""
-    cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [FINISHED_TABLE])
-    return bool(cursor.fetchone()[0])
+def moved_columns(cursor: Any, task_table: str) -> dict[str, str] | None:
+    """The columns a moved row is copied by, with their types; None where the table
+    of finished rows is missing (a worker may start before ``migrate``).
+
+    Every column of the task table but the generated ones (the table computes
+    them again), as the database has them now, not as the model does: during a
+    rolling deploy a worker of the release before copies a column that a
+    newer migration added, instead of dropping its value.
+    """
+    cursor.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = to_regclass(%s) AND to_regclass(%s) IS NOT NULL AND attnum > 0 "
+        "AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+        [task_table, FINISHED_TABLE],
+    )
+    return dict(cursor.fetchall()) or None
 
 
-def copied_columns(fields: Iterable[Any], connection: Any) -> dict[str, str]:
-    """The columns a moved row is copied by, with their types: those of these
-    (concrete) fields but the generated ones, which the table computes again."""
-    return {
-        field.column: field.db_type(connection)
-        for field in fields
-        if not getattr(field, "generated", False)
-    }
+def _quoted(column: str) -> str:
+    return '"' + column.replace('"', '""') + '"'
 
 
-def returning_written(columns: dict[str, str], assignments: Sequence[tuple[str, str]]) -> str:
+def returning_written(columns: Mapping[str, str], assignments: Sequence[tuple[str, str]]) -> str:
     """The RETURNING list of a DELETE that stands for an UPDATE: every column,
     with ``assignments`` (column, SQL over ``t``) written, named as the column.
     A written value is cast to its column's type: a NULL would be text."""
     written = dict(assignments)
     return ", ".join(
-        f"({written[column]})::{kind} AS {column}" if column in written else f"t.{column}"
+        f"({written[column]})::{kind} AS {_quoted(column)}"
+        if column in written
+        else f"t.{_quoted(column)}"
         for column, kind in columns.items()
     )
 
 
 def insert_moved(cte: str, columns: Iterable[str]) -> str:
     """An INSERT of what ``cte`` (a DELETE ... RETURNING every column) took."""
-    listed = ", ".join(columns)
+    listed = ", ".join(map(_quoted, columns))
     return f"INSERT INTO {FINISHED_TABLE} ({listed}) SELECT {listed} FROM {cte}"
 
 
@@ -83,7 +91,7 @@ def move_back_sql(task_table: str, columns: Iterable[str], ids: str) -> str:
     another transaction is moving at the same time is waited for, then found
     gone: the one that moved it decides.
     """
-    listed = ", ".join(columns)
+    listed = ", ".join(map(_quoted, columns))
     return (
         f"WITH moved AS (DELETE FROM ONLY {FINISHED_TABLE} WHERE id IN ({ids}) "
         f"RETURNING {listed}) INSERT INTO {task_table} ({listed}) SELECT {listed} FROM moved"
@@ -97,7 +105,7 @@ def move_finished_sql(task_table: str, columns: Iterable[str], statuses: Iterabl
     skipped if anyone holds them (a requeue, a worker's flag of a parent), so
     the statement never waits; the INSERT's row count is how many moved.
     """
-    listed = ", ".join(columns)
+    listed = ", ".join(map(_quoted, columns))
     finished = ", ".join(f"'{status}'" for status in statuses)
     return (
         f"WITH batch AS (SELECT id FROM ONLY {task_table} WHERE finished_at IS NOT NULL "

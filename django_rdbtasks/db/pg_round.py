@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .outcomes import SETTLES_DEPENDANTS
-from .pg_finished import copied_columns, insert_moved, returning_written
+from .pg_finished import insert_moved, returning_written
 from .ready_arms import DEFERRED, FRESH
 from .rows import CLAIM_COLUMNS
 
@@ -164,12 +164,8 @@ class RoundSQL:
     """Builds the statements of ``PostgreSQLDialect.exchange``."""
 
     def __init__(self, dialect: Dialect) -> None:
-        from ..models import Task
-
         self.d = dialect
         self.t = dialect.table
-        #: Every column of the task table, as a moved row is copied.
-        self.columns = copied_columns(Task._meta.concrete_fields, dialect.first_connection)
         self.s = dialect.limits.table
         self.now = dialect.now_sql
 
@@ -194,15 +190,16 @@ class RoundSQL:
         claim: bool,
         mode: ClaimMode | None,
         form: ClaimForm,
-        moves: bool = False,
+        moves: Mapping[str, str] | None = None,
     ) -> str:
         """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
         then claim in ``form`` if ``claim``. Rows come back marked: ``c``
         claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
-        key missing slots. With ``moves``, the rows of the outcomes that end a
-        task move to the table of finished rows (pg_finished.py)."""
+        key missing slots. With ``moves`` (the columns a moved row is copied by),
+        the rows of the outcomes that end a task move to the table of finished
+        rows (pg_finished.py)."""
         t = self.t
-        lock = MOVING_LOCK if moves else LOCK
+        lock = MOVING_LOCK if moves is not None else LOCK
         ctes: list[str] = [MINE.format(table=t, lock=lock)] if kinds else []
         done: list[str] = []
         for i, kind in enumerate(kinds):
@@ -216,15 +213,15 @@ class RoundSQL:
                 f"t.ctid = c.at AND {SAME_ID.format(source='c')} AND t.version = c.version "
                 f"AND {self.d.holder('t')} = %(worker)s{guard}"
             )
-            if moves and kind.ends_task:
+            if moves is not None and kind.ends_task:
                 # The row leaves the task table, written, for the finished
                 # rows' (pg_finished.py): fenced as the UPDATE is, so a stale
                 # holder's outcome neither deletes nor inserts a row.
                 ctes.append(
                     f"d{i} AS (DELETE FROM {t} AS t USING {rows} WHERE {fence} "
-                    f"RETURNING {returning_written(self.columns, assignments)})"
+                    f"RETURNING {returning_written(moves, assignments)})"
                 )
-                ctes.append(f"h{i} AS ({insert_moved(f'd{i}', self.columns)})")
+                ctes.append(f"h{i} AS ({insert_moved(f'd{i}', moves)})")
             else:
                 sets = ", ".join(f"{column} = {value}" for column, value in assignments)
                 ctes.append(

@@ -26,7 +26,7 @@ from .base import (
     candidate_count,
 )
 from .pg_cursor import worker_cursor
-from .pg_finished import finished_table_exists, insert_moved, returning_written
+from .pg_finished import insert_moved, moved_columns, returning_written
 from .pg_inserts import NOTIFY_CHANNEL, PostgreSQLInserts
 from .pg_round import (
     IN_MINE,
@@ -144,11 +144,16 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         #: Whether the table of finished rows is there to move them to
         #: (pg_finished.py); None: not asked yet.
         self.moves_finished: bool | None = None
+        #: The columns a moved row is copied by, with their types, as asked.
+        self.moved_columns: dict[str, str] = {}
 
     def moves(self, cursor: Any) -> bool:
         """Whether finished rows move to their own table (asked once, then known)."""
         if self.moves_finished is None:
-            self.moves_finished = finished_table_exists(cursor)
+            from ..models import Task
+
+            self.moved_columns = moved_columns(cursor, Task._meta.db_table) or {}
+            self.moves_finished = bool(self.moved_columns)
         return self.moves_finished
 
     def encode_outcome(self, outcome: Outcome) -> None:
@@ -157,7 +162,9 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     def forget_learnt(self) -> None:
         self.claim_forms.clear()
         self.locked_reads_until.clear()
+        # Asked again, and the rounds that move rows made again with the columns then.
         self.moves_finished = None
+        self._exchange_sql = {key: sql for key, sql in self._exchange_sql.items() if not key[-1]}
 
     def accepts_writes(self, cursor: Any) -> bool:
         # A standby (what libpq's target_session_attrs=read-write asks too).
@@ -295,7 +302,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         key = (kinds, frees, claim, mode, form, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
-            statement = self.round.statement(kinds, frees, claim, mode, form, moves)
+            moving = self.moved_columns if moves else None
+            statement = self.round.statement(kinds, frees, claim, mode, form, moving)
             compiled = self._exchange_sql[key] = compile_named(statement)
             if form == ClaimForm.LEAN and not frees:
                 self.preparable_rounds.add(compiled[0])
@@ -361,7 +369,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             fence = f"t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s"
             if moves and kind.ends_task:
                 # As the round moves a finished row (pg_round.py), with its dependants.
-                columns = self.round.columns
+                columns = self.moved_columns
                 sql = (
                     f"WITH d AS (DELETE FROM {self.table} AS t USING {outcome_rows('%s')} "
                     f"WHERE {fence} RETURNING {returning_written(columns, assignments)}), "

@@ -6,14 +6,16 @@
 - Every database: the foreign keys to the task table lose their database
   constraint (a constraint would not follow a row that moves). Django still
   cascades deletions, and retention deletes these rows with their tasks.
-  Dropping a constraint briefly takes a lock that holds writes to the task
-  table, and waits for the transactions open on it.
+  On PostgreSQL dropping a constraint takes an ACCESS EXCLUSIVE lock on the
+  task table until the migration commits (reads and writes wait), and
+  waits for the transactions open on it.
 - Backwards, the finished rows go back to the task table, then the
   constraints come back.
 
 Upgrade: migrate, then restart the workers. A worker of this version started
 before the migration finishes rows in place until it restarts; one of an
-earlier version keeps doing so. Either way nothing is lost or hidden.
+earlier version keeps doing so. Either way nothing is lost or hidden. To go
+back below 0015, stop the workers first.
 """
 
 import django.db.models.deletion

@@ -15,7 +15,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from ..db.functions import DbNow
-from ..db.pg_finished import copied_columns, finished_table_exists, move_back_sql
+from ..db.pg_finished import move_back_sql, moved_columns
 from ..states import TaskStatus
 from .ready import READY_DEFERRED, READY_FRESH, READY_LIMITED, ready_conditions, unfinished_rows
 
@@ -244,12 +244,18 @@ class TaskQuerySet(models.QuerySet["Task"]):
         if connection.vendor != "postgresql":
             return self._requeue(rows)
         with transaction.atomic(using=self.db), connection.cursor() as cursor:
-            if finished_table_exists(cursor):
-                ids, params = rows.order_by().values("pk").query.get_compiler(self.db).as_sql()
-                columns = copied_columns(self.model._meta.concrete_fields, connection)
-                table = connection.ops.quote_name(self.model._meta.db_table)
-                cursor.execute(move_back_sql(table, columns, ids), params)
-            return self._requeue(rows)
+            columns = moved_columns(cursor, self.model._meta.db_table)
+            if columns is None:
+                return self._requeue(rows)
+            # Locked first, then moved back and changed by id: a row that ends
+            # (and moves) meanwhile is not among them, so the UPDATE can never
+            # meet a moved row it did not move back (the CHECK would refuse it).
+            ids = list(rows.select_for_update().order_by("pk").values_list("pk", flat=True))
+            if not ids:
+                return 0
+            table = connection.ops.quote_name(self.model._meta.db_table)
+            cursor.execute(move_back_sql(table, columns, "SELECT unnest(%s::uuid[])"), [ids])
+            return self._requeue(self.model._default_manager.using(self.db).filter(pk__in=ids))
 
     @staticmethod
     def _requeue(rows: TaskQuerySet) -> int:

@@ -132,12 +132,13 @@ class Scheduler:
         retire_undeclared_jobs(self.database)
 
     def _apply_retention(self) -> bool:
-        """Apply RDBTASKS_RETENTION for a while, then move rows finished in place to
-        the finished rows' table (PostgreSQL: finished_rows.py); whether either
-        stopped with rows left."""
+        """Apply RDBTASKS_RETENTION for a while, then move some rows finished in
+        place to the finished rows' table (PostgreSQL: finished_rows.py, a
+        bounded number each time, whatever is left); whether retention stopped
+        with rows left."""
         from django.conf import settings
 
-        from ..finished_rows import move_finished_rows
+        from ..finished_rows import move_by_schedule
 
         incomplete = False
         if getattr(settings, "RDBTASKS_RETENTION", None):
@@ -145,7 +146,8 @@ class Scheduler:
 
             result = prune_by_setting(using=self.database, time_budget=self.retention_budget)
             incomplete = result is not None and result.incomplete
-        return move_finished_rows(self.database).more or incomplete
+        move_by_schedule(self.database)
+        return incomplete
 
     def stop(self) -> None:
         self.stopping.set()
