@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
 from django_rdbtasks.compat import task_backends
-from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db import dialect_for, forget_what_claims_learnt
 from django_rdbtasks.db.pg_finished import FINISHED_TABLE
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.dependencies import enqueue_after
@@ -220,3 +220,24 @@ def test_the_table_is_made_by_the_migration_with_its_check_and_indexes():
         "rdbtasks_finishedtask_job_search",
         "rdbtasks_finishedtask_dedup_search",
     }
+
+
+def test_a_column_the_model_does_not_know_is_moved_with_the_row():
+    """As a worker of the release before copies a column a newer migration added,
+    during a rolling deploy: the columns come from the database, not the model."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {TASK_TABLE} ADD COLUMN newer text")
+    try:
+        forget_what_claims_learnt()  # as a worker started now
+        result = tasks.add.enqueue(1, 1)
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {TASK_TABLE} SET newer = 'kept' WHERE id = %s", [result.id])
+        run_burst()
+        assert tables_holding(result.id) == ["finished"]
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT newer FROM ONLY {FINISHED_TABLE} WHERE id = %s", [result.id])
+            assert cursor.fetchone() == ("kept",)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {TASK_TABLE} DROP COLUMN newer")
+        forget_what_claims_learnt()
