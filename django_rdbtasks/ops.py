@@ -27,7 +27,7 @@ from django.db.models.functions import TruncHour, TruncMinute
 
 from .compat import task_backends
 from .db import dialect_for
-from .db.pg_finished import FINISHED_TABLE
+from .db.pg_finished import estimated_rows
 from .jobs import database_now
 from .models import Task, TaskStatus, Worker
 from .models.ready import ready_conditions
@@ -353,17 +353,7 @@ def estimated_task_rows(using: str | None = None) -> RowCount:
     estimate: float | None = None
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            # With the table of finished rows that inherits it (db/pg_finished.py).
-            # -1: never analyzed yet (PostgreSQL 14+): count instead, unless
-            # that is the new table of finished rows alone.
-            cursor.execute(
-                "SELECT CASE WHEN bool_or(oid = to_regclass(%s) AND reltuples >= 0) "
-                "THEN sum(greatest(reltuples, 0)) END FROM pg_class "
-                "WHERE oid IN (to_regclass(%s), to_regclass(%s))",
-                [*[connection.ops.quote_name(table)] * 2, FINISHED_TABLE],
-            )
-            row = cursor.fetchone()
-            estimate = row[0] if row and row[0] is not None else None
+            estimate = estimated_rows(cursor, table)
         elif connection.vendor == "mysql":
             cursor.execute(
                 "SELECT table_rows FROM information_schema.tables "

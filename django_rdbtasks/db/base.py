@@ -86,9 +86,7 @@ class Dialect(TaskInserts):
     row_lock_sql = "FOR UPDATE SKIP LOCKED"
     #: An INSERT of ``{values}`` that skips rows whose unique key exists.
     insert_ignore_sql = "INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
-    #: What the worker's reads and writes put before the task table's name:
-    #: PostgreSQL's ``ONLY`` leaves out the table of finished rows that
-    #: inherits it (pg_finished.py).
+    #: Before the task table's name in the worker's reads and writes (pg_finished.py).
     only_sql = ""
 
     def __init__(self, connection: Any) -> None:
@@ -98,10 +96,8 @@ class Dialect(TaskInserts):
         #: see ``connection``).
         self.first_connection = connection
         qn = connection.ops.quote_name
-        #: The task table, as the worker's reads, updates and deletes name it.
-        self.table = self.only_sql + qn(Task._meta.db_table)
-        #: The task table, as an INSERT or COPY names it.
-        self.insert_table = qn(Task._meta.db_table)
+        self.table = self.only_sql + qn(Task._meta.db_table)  # its reads, updates, deletes
+        self.insert_table = qn(Task._meta.db_table)  # an INSERT's, a COPY's
         self._pk_field = Task._meta.pk
         self._claim_cols = ", ".join(CLAIM_COLUMNS)
         self._cand_cols = ", ".join(CANDIDATE_COLUMNS)

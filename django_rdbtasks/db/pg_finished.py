@@ -114,3 +114,16 @@ def move_finished_sql(task_table: str, columns: Iterable[str], statuses: Iterabl
         f"RETURNING {listed}) "
         f"INSERT INTO {FINISHED_TABLE} ({listed}) SELECT {listed} FROM moved"
     )
+
+
+def estimated_rows(cursor: Any, task_table: str) -> float | None:
+    """The planner's estimate of the task table's rows, this table's included; None
+    where the task table was never analyzed (-1, PostgreSQL 14+): count then."""
+    cursor.execute(
+        "SELECT CASE WHEN bool_or(oid = to_regclass(%s) AND reltuples >= 0) "
+        "THEN sum(greatest(reltuples, 0)) END FROM pg_class "
+        "WHERE oid IN (to_regclass(%s), to_regclass(%s))",
+        [task_table, task_table, FINISHED_TABLE],
+    )
+    row = cursor.fetchone()
+    return None if row is None or row[0] is None else float(row[0])
