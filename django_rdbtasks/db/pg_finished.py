@@ -26,7 +26,8 @@ returned, with the outcome written, into this table, in the same statement
 (pg_round.py). Requeue moves it back (``move_back_sql``). Rows finished
 elsewhere (a cancel before the start, a dependant ended by its parent's
 failure, rows older than the migration) stay where they are: readers see
-them either way, and retention prunes both.
+them either way, retention prunes both, and the scheduler moves the
+SUCCESSFUL ones (``move_finished_sql``, finished_rows.py).
 
 MySQL, MariaDB and SQLite have one table: InnoDB keeps rows in primary-key
 order, and a new UUIDv7 row goes to the right edge of the table whatever it
