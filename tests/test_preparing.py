@@ -15,7 +15,8 @@ from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ENQUEUE_CALL = "rdbtasks_enqueue_v1("
+#: The single enqueue's statement, as the server holds it once prepared.
+ENQUEUE_STATEMENT = 'INSERT INTO "django_rdbtasks_task"'
 
 
 @pytest.fixture(autouse=True)
@@ -40,11 +41,11 @@ def test_a_connection_that_enqueues_once_prepares_nothing():
     assert prepared() == []
 
 
-def test_from_the_second_enqueue_the_call_is_prepared_and_nothing_else():
+def test_from_the_second_enqueue_the_insert_is_prepared_and_nothing_else():
     for number in range(5):
         tasks.add.enqueue(number, 1)
     (statement,) = prepared()
-    assert ENQUEUE_CALL in statement
+    assert ENQUEUE_STATEMENT in statement
     # The project's own queries are neither counted nor prepared.
     assert connection.connection.prepare_threshold is None
     for _ in range(10):
@@ -53,7 +54,7 @@ def test_from_the_second_enqueue_the_call_is_prepared_and_nothing_else():
     assert Task.objects.count() == 5
 
 
-def test_a_rollback_drops_the_prepared_call_and_its_second_run_after_prepares_it_again():
+def test_a_rollback_drops_the_prepared_insert_and_its_second_run_after_prepares_it_again():
     tasks.add.enqueue(1, 1)
     tasks.add.enqueue(2, 1)
     with pytest.raises(ZeroDivisionError), transaction.atomic():
@@ -62,7 +63,7 @@ def test_a_rollback_drops_the_prepared_call_and_its_second_run_after_prepares_it
     assert prepared() == []
     tasks.add.enqueue(4, 1)
     tasks.add.enqueue(5, 1)
-    assert [ENQUEUE_CALL in statement for statement in prepared()] == [True]
+    assert [ENQUEUE_STATEMENT in statement for statement in prepared()] == [True]
     assert sorted(Task.objects.values_list("args", flat=True)) == [[1, 1], [2, 1], [4, 1], [5, 1]]
 
 
@@ -88,22 +89,22 @@ def test_inside_a_transaction_a_deallocated_statement_fails_the_transaction_and_
     assert sorted(Task.objects.values_list("args", flat=True)) == [[1, 1], [2, 1], [4, 1]]
 
 
-def test_inside_a_transaction_the_call_is_prepared_from_its_second_run():
+def test_inside_a_transaction_the_insert_is_prepared_from_its_second_run():
     # A project that enqueues only inside transactions (ATOMIC_REQUESTS, a
-    # task that enqueues) gets the prepared call too.
+    # task that enqueues) gets the prepared INSERT too.
     with transaction.atomic():
         tasks.add.enqueue(1, 1)
         assert prepared() == []
         tasks.add.enqueue(2, 1)
         (statement,) = prepared()
         tasks.add.enqueue(3, 1)
-    assert ENQUEUE_CALL in statement
+    assert ENQUEUE_STATEMENT in statement
     assert prepared() == [statement]
     assert Task.objects.count() == 3
 
 
-def enqueue_calls() -> list[str]:
-    return [statement for statement in prepared() if ENQUEUE_CALL in statement]
+def enqueue_inserts() -> list[str]:
+    return [statement for statement in prepared() if ENQUEUE_STATEMENT in statement]
 
 
 def test_a_preparing_run_that_fails_leaves_no_statement_psycopg_does_not_know():
@@ -115,17 +116,17 @@ def test_a_preparing_run_that_fails_leaves_no_statement_psycopg_does_not_know():
     with transaction.atomic():
         for _ in range(5):
             tasks.sync_account.enqueue("acme")
-        assert len(enqueue_calls()) == 1, prepared()
+        assert len(enqueue_inserts()) == 1, prepared()
     # Each in a transaction of its own: a failure rolls it back, and psycopg
     # deallocates all it prepared.
     for _ in range(5):
         tasks.sync_account.enqueue("acme")
-    assert len(enqueue_calls()) <= 1, prepared()
+    assert len(enqueue_inserts()) <= 1, prepared()
     for number in range(3):  # in and out of transactions, one statement
         tasks.add.enqueue(number, 1)
         with transaction.atomic():
             tasks.add.enqueue(number, 2)
-    assert len(enqueue_calls()) == 1, prepared()
+    assert len(enqueue_inserts()) == 1, prepared()
     assert Task.objects.count() == 7
 
 
@@ -137,7 +138,7 @@ def test_of_the_statements_the_enqueues_cursor_runs_only_the_single_enqueues_is_
         bulk_enqueue(tasks.rated, [((1,), {})] * 2)
     tasks.add.enqueue(1, 1)
     tasks.add.enqueue(2, 1)
-    assert len(prepared()) == 1 and enqueue_calls() == prepared(), prepared()
+    assert len(prepared()) == 1 and enqueue_inserts() == prepared(), prepared()
     assert Task.objects.count() == 17
 
 
@@ -158,4 +159,4 @@ def test_a_project_that_prepares_statements_itself_keeps_its_threshold():
     for number in range(5):
         tasks.add.enqueue(number, 1)
     assert connection.connection.prepare_threshold == 2
-    assert any(ENQUEUE_CALL in statement for statement in prepared())
+    assert any(ENQUEUE_STATEMENT in statement for statement in prepared())

@@ -1,9 +1,14 @@
-"""PostgreSQL's enqueue: one row as a call of the enqueue function, a bulk enqueue by COPY.
+"""PostgreSQL's enqueue: one row as one INSERT, a bulk enqueue by COPY.
 
-One row (a request enqueues one task) is one round trip: a call of
-``rdbtasks_enqueue_v1`` (migration 0005), whose INSERT PL/pgSQL plans once per
-session, and which sends the NOTIFY PostgreSQL delivers at commit; where the
-function is missing, the same row as a plain INSERT.
+One row (a request enqueues one task) is one round trip, with the NOTIFY
+PostgreSQL delivers at commit in the same statement. Where the enqueue's cursor
+keeps its statements prepared in the session (``preparing.py``), it is a plain
+INSERT, planned once per session. Where it cannot (behind a pooler, or while
+queries are logged), it is a call of ``rdbtasks_enqueue_v1`` (migration 0005),
+whose INSERT PL/pgSQL plans once per session instead. The prepared INSERT costs
+the server about a tenth less than the prepared call (the backend's own CPU,
+96.5 against 106.9 µs a task: PL/pgSQL sets its expressions up again in every
+transaction).
 
 A bulk enqueue's rows (``NewBatch``: one task, its arguments per row) go in
 with ``COPY ... FROM STDIN`` in the text format, which costs the server about
@@ -30,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..states import TaskStatus
 from .cursors import copy_in
-from .preparing import preparing_cursor_class
+from .preparing import prepares, preparing_cursor_class
 from .rows import INSERT_COLUMNS, NewBatch, NewTask
 
 NOTIFY_CHANNEL = "rdbtasks"
@@ -144,14 +149,15 @@ class PostgreSQLInserts:
 
     @functools.cached_property
     def insert_one_sql(self) -> dict[bool, str]:
-        """One row as a plain INSERT, where the enqueue function is missing; by ``notify``."""
+        """One row as a plain INSERT, by ``notify``; its clock back as the function returns it."""
         now = self.now_sql
         one_row = (
             f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) "
             "VALUES (%s::uuid, %s, %s, "
             f"%s, %s, %s::jsonb, %s::jsonb, %s, COALESCE(%s::timestamptz, {now}), {now}, %s, "
             "0, '', 0, '[]'::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::jsonb) "
-            "RETURNING enqueued_at"
+            # Microseconds since the epoch, as the enqueue function returns them.
+            "RETURNING (extract(epoch FROM enqueued_at) * 1000000)::bigint"
         )
         return {
             False: one_row,
@@ -198,11 +204,11 @@ class PostgreSQLInserts:
                 t.waiting_on,
                 t.on_parent_failure,
             ]
-            if self.enqueue_function_exists(cursor):
+            if prepares(cursor) or not self.enqueue_function_exists(cursor):
+                cursor.execute(self.insert_one_sql[notify], [*params, t.run_after, t.trace_context])
+            else:
                 cursor.execute(self.enqueue_call_sql, [*params, t.trace_context, notify])
-                return _EPOCH + dt.timedelta(microseconds=cursor.fetchone()[0])
-            cursor.execute(self.insert_one_sql[notify], [*params, t.run_after, t.trace_context])
-            return cursor.fetchone()[0]
+            return _EPOCH + dt.timedelta(microseconds=cursor.fetchone()[0])
         queues = sorted({t.queue_name for t in tasks}) if notify else []
         cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
         return cursor.fetchone()[0]

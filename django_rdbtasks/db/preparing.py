@@ -108,6 +108,13 @@ class SessionPreparing:
         return row is not None and row[0] == self.connection.info.backend_pid  # type: ignore[attr-defined]
 
 
+def prepares(cursor: Any) -> bool:
+    """Whether ``cursor`` (a driver cursor, or Django's wrapper of one) keeps its
+    statements prepared: a preparing cursor not yet found behind a pooler."""
+    driver_cursor = getattr(cursor, "cursor", cursor)
+    return isinstance(driver_cursor, SessionPreparing) and driver_cursor.direct is not False
+
+
 @functools.cache
 def preparing_cursor_class() -> type:
     """The cursor class, made on first use (Django defines its base only under psycopg 3)."""
