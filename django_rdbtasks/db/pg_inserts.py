@@ -208,7 +208,11 @@ class PostgreSQLInserts:
                 cursor.execute(self.insert_one_sql[notify], [*params, t.run_after, t.trace_context])
             else:
                 cursor.execute(self.enqueue_call_sql, [*params, t.trace_context, notify])
-            return _EPOCH + dt.timedelta(microseconds=cursor.fetchone()[0])
+            # From the driver's cursor: its rows are in memory once the
+            # statement has run, so there is no error of the database's to
+            # translate, and Django's wrapper makes a new function per call.
+            row = getattr(cursor, "cursor", cursor).fetchone()
+            return _EPOCH + dt.timedelta(microseconds=row[0])
         queues = sorted({t.queue_name for t in tasks}) if notify else []
         cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
         return cursor.fetchone()[0]

@@ -47,6 +47,12 @@ import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+try:  # psycopg 3; this cursor is never made under psycopg 2
+    from psycopg.errors import InvalidSqlStatementName
+    from psycopg.pq import TransactionStatus
+except ImportError:  # pragma: no cover
+    pass
+
 #: A threshold no statement reaches: psycopg then runs prepared what it has
 #: prepared already, and prepares nothing new.
 _NEVER = sys.maxsize
@@ -65,9 +71,6 @@ class SessionPreparing:
 
     def execute_in_session(self, query: Any, params: Any, kwargs: dict[str, Any]) -> Any:
         """``query`` (one of ``preparable``), prepared once it has run once."""
-        from psycopg.errors import InvalidSqlStatementName
-        from psycopg.pq import TransactionStatus
-
         run = super().execute  # type: ignore[misc]
         connection = self.connection  # type: ignore[attr-defined]
         run_once: set[Any] = self.__dict__.setdefault("run_once", set())
