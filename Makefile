@@ -65,6 +65,7 @@ venvs: .venv/.installed .venv-dj61/.installed
 
 lint: .venv/.installed
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 	cd example_project && ../.venv/bin/python manage.py makemigrations --check --dry-run
 	cd example_project && ../.venv-dj61/bin/python manage.py makemigrations --check --dry-run

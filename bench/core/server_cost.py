@@ -45,12 +45,16 @@ class ServerMeter:
         self.lasting = self._children()
 
     def read(self) -> Reading:
-        row = self.conns[0].execute(
-            "SELECT pg_current_wal_lsn()::text, count(*) FILTER (WHERE backend_type ="
-            " 'client backend' AND datname <> ALL(%s)), (SELECT wal_fpi FROM pg_stat_wal)"
-            " FROM pg_stat_activity",
-            (self.databases,),
-        ).fetchone()
+        row = (
+            self.conns[0]
+            .execute(
+                "SELECT pg_current_wal_lsn()::text, count(*) FILTER (WHERE backend_type ="
+                " 'client backend' AND datname <> ALL(%s)), (SELECT wal_fpi FROM pg_stat_wal)"
+                " FROM pg_stat_activity",
+                (self.databases,),
+            )
+            .fetchone()
+        )
         assert row is not None
         # Someone else's sessions: their work would be in the figures.
         self.strangers = max(self.strangers, int(row[1]))
