@@ -48,6 +48,11 @@ def kept_cursor(connection: Any, dialect: Dialect, *, prepare: bool = False) -> 
     return kept[2]
 
 
+def driver_cursor(cursor: Any) -> Any:
+    """The driver's cursor under ``cursor`` (Django's wrapper of one, or one itself)."""
+    return getattr(cursor, "cursor", cursor)
+
+
 def copy_in(
     cursor: Any,
     statement: str,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..states import TaskStatus
-from .cursors import copy_in
+from .cursors import copy_in, driver_cursor
 from .preparing import prepares, preparing_cursor_class
 from .rows import INSERT_COLUMNS, NewBatch, NewTask
 
@@ -211,7 +211,7 @@ class PostgreSQLInserts:
             # From the driver's cursor: its rows are in memory once the
             # statement has run, so there is no error of the database's to
             # translate, and Django's wrapper makes a new function per call.
-            row = getattr(cursor, "cursor", cursor).fetchone()
+            row = driver_cursor(cursor).fetchone()
             return _EPOCH + dt.timedelta(microseconds=row[0])
         queues = sorted({t.queue_name for t in tasks}) if notify else []
         cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
@@ -273,8 +273,9 @@ class PostgreSQLInserts:
         except ImportError:  # psycopg2
             return connection.create_cursor()
         cls = preparing_cursor_class() if prepare else ServerBindingCursor
-        # Of the statements run on it, only the single enqueue's are prepared.
-        options = {"preparable": [self.enqueue_call_sql, *self.insert_one_sql.values()]}
+        # Of the statements run on it, only the single enqueue's INSERT is
+        # prepared (the function's call is made only where nothing is).
+        options = {"preparable": list(self.insert_one_sql.values())}
         cursor = cls(connection.connection, **(options if prepare else {}))
         # As on Django's own cursors: datetimes in the connection's time zone.
         register_tzloader(connection.timezone, cursor)

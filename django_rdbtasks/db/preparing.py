@@ -47,6 +47,8 @@ import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from .cursors import driver_cursor
+
 try:  # psycopg 3; this cursor is never made under psycopg 2
     from psycopg.errors import InvalidSqlStatementName
     from psycopg.pq import TransactionStatus
@@ -114,8 +116,8 @@ class SessionPreparing:
 def prepares(cursor: Any) -> bool:
     """Whether ``cursor`` (a driver cursor, or Django's wrapper of one) keeps its
     statements prepared: a preparing cursor not yet found behind a pooler."""
-    driver_cursor = getattr(cursor, "cursor", cursor)
-    return isinstance(driver_cursor, SessionPreparing) and driver_cursor.direct is not False
+    driver = driver_cursor(cursor)
+    return isinstance(driver, SessionPreparing) and driver.direct is not False
 
 
 @functools.cache
