@@ -40,7 +40,7 @@ class Harness:
         queues: Sequence[str] | None = None,
         until_idle: bool = True,
         raise_errors: bool = False,
-        jobs: bool = True,
+        jobs: bool = False,
         max_tasks: int = 10_000,
     ) -> DrainReport:
         return drain(

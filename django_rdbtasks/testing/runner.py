@@ -247,7 +247,7 @@ def drain(
     backend: str = "default",
     until_idle: bool = True,
     raise_errors: bool = False,
-    jobs: bool = True,
+    jobs: bool = False,
     max_tasks: int = 10_000,
 ) -> DrainReport:
     """Run the backend's runnable tasks here and now; what ran, and how each ended.
@@ -259,7 +259,9 @@ def drain(
     runnable: move the clock (``TaskClock.advance``) to make it so.
     ``raise_errors``: raise a failed attempt's exception (once its outcome is
     written) instead of only recording it. ``jobs``: fire the cron jobs due at
-    the database's now first (``tick_jobs``). ``max_tasks`` bounds a drain of
+    the database's now first (``tick_jobs``); off by default, so that what a
+    drain runs does not depend on where the clock stands against a schedule.
+    ``max_tasks`` bounds a drain of
     tasks that keep enqueueing more.
     """
     if queue is not None and queues is not None:
