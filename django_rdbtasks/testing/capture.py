@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arguments import encode_arguments
-from ..compat import TaskResult, framework_signals, task_backends
+from ..compat import TaskResult, framework_signals
 from ..states import TaskStatus
+from .runner import rdb_backend
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def enqueued_tasks(task: Any = None, *, backend: str = "default") -> list[Enqueu
     """The tasks waiting to run (READY) in the backend's database, oldest first."""
     from ..models import Task as TaskRow
 
-    rows = TaskRow.objects.using(task_backends[backend].database).filter(
+    rows = TaskRow.objects.using(rdb_backend(backend).database).filter(
         status=TaskStatus.READY, backend_name=backend
     )
     if task is not None:

@@ -6,7 +6,6 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from ..compat import task_backends
 from .capture import (
     Enqueued,
     assert_enqueued,
@@ -15,7 +14,7 @@ from .capture import (
     enqueued_tasks,
 )
 from .clock import TaskClock
-from .runner import DrainReport, drain, tick_jobs
+from .runner import DrainReport, drain, rdb_backend, tick_jobs
 
 
 class Harness:
@@ -27,7 +26,7 @@ class Harness:
 
     def __init__(self, backend: str = "default") -> None:
         self.backend = backend
-        self.database = task_backends[backend].database
+        self.database = rdb_backend(backend).database
         self.clock = TaskClock(self.database)
 
     #: ``with rdbtasks.captured_tasks() as captured: ...``

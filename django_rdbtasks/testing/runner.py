@@ -125,13 +125,7 @@ class InProcessRunner:
         *,
         lease: float = 30.0,
     ) -> None:
-        instance = task_backends[backend]
-        if not isinstance(instance, RDBTaskBackend):
-            raise TypeError(
-                f"Task backend {backend!r} is {type(instance).__name__}, not RDBTaskBackend: "
-                "drain() runs this app's tasks only."
-            )
-        self.backend = instance
+        instance = self.backend = rdb_backend(backend)
         self.database = instance.database
         self.queues = list(queues or instance.queues)
         unknown = sorted(set(self.queues) - set(instance.queues))
@@ -199,6 +193,17 @@ class InProcessRunner:
         outcome = executor.run(running)
         store.dialect.encode_outcome(outcome)
         return outcome, running
+
+
+def rdb_backend(alias: str) -> RDBTaskBackend:
+    """The task backend ``alias``, which must be this app's."""
+    instance = task_backends[alias]
+    if not isinstance(instance, RDBTaskBackend):
+        raise TypeError(
+            f"Task backend {alias!r} is {type(instance).__name__}, not RDBTaskBackend: "
+            "django_rdbtasks.testing works with this app's backend only."
+        )
+    return instance
 
 
 def _ran(outcome: Outcome, running: Running) -> RanTask:

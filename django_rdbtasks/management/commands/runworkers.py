@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 from django.utils.module_loading import autodiscover_modules
 
+from ...backend import RDBTaskBackend
 from ...compat import task_backends
 from ...observability.metrics import MetricsServer
 from ...states import ClaimMode
@@ -210,10 +211,13 @@ class Command(BaseCommand):
         that transaction, instead (docs/testing.md).
         """
         try:
-            database = task_backends[backend].database
-            connection = connections[database]
+            instance = task_backends[backend]
         except Exception:
             return  # an unknown backend is refused with the other options, below
+        if not isinstance(instance, RDBTaskBackend):
+            return  # likewise
+        database = instance.database
+        connection: Any = connections[database]
         if connection.vendor == "sqlite" and connection.is_in_memory_db():
             raise CommandError(
                 f"runworkers cannot run on the in-memory SQLite database of {database!r}: "
