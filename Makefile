@@ -106,13 +106,17 @@ test: venvs lint
 	done
 
 # One Django line (VENV) over the databases of URLS (all three unless given),
-# the tests MARKS selects; stops at the first database that fails.
+# the tests MARKS selects, then example_project's own tests (docs/testing.md);
+# stops at the first database that fails.
 URLS ?= sqlite $(PG_URL) $(MYSQL_URL)
 test-line:
 	@for url in $(URLS); do \
 	  echo "=== $(VENV) $$url"; \
 	  if [ "$$url" = sqlite ]; then u=; else u=$$url; fi; \
 	  DATABASE_URL=$$u $(VENV)/bin/pytest -m "$(MARKS)" $(PYTEST_ARGS) || exit 1; \
+	  echo "=== $(VENV) $$url: example_project's own tests"; \
+	  (cd example_project && DATABASE_URL=$$u TEST_DATABASE_NAME=$${RDBTASKS_TEST_DB:-test_rdbtasks}_example \
+	    ../$(VENV)/bin/pytest -q) || exit 1; \
 	done
 
 # Servers the cluster tests start themselves, from Debian's packages.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .base import Dialect
 
 _dialects: dict[tuple[str, str], Dialect] = {}
+#: Aliases whose clock a test pinned (``testing.clock``): alias -> the instant.
+_pinned: dict[str, dt.datetime] = {}
 
 
 def dialect_for(connection: Any) -> Dialect:
@@ -31,8 +34,22 @@ def dialect_for(connection: Any) -> Dialect:
             raise NotImplementedError(
                 f"django-rdbtasks does not support the {connection.vendor!r} database."
             )
-        dialect = _dialects[key] = cls(connection)
+        dialect = _dialects[key] = cls(connection, pinned_now=_pinned.get(connection.alias))
     return dialect
+
+
+def pin_clock(alias: str, at: dt.datetime | None) -> None:
+    """Make every statement on ``alias`` read ``at`` as the database's now (None: its clock).
+
+    For tests (``django_rdbtasks.testing.TaskClock``): the alias's dialect is
+    made again, so that each statement it builds carries the instant.
+    """
+    if at is None:
+        _pinned.pop(alias, None)
+    else:
+        _pinned[alias] = at
+    for key in [key for key in _dialects if key[0] == alias]:
+        del _dialects[key]
 
 
 def forget_what_claims_learnt() -> None:

@@ -17,6 +17,7 @@ worker had won it.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
@@ -89,9 +90,15 @@ class Dialect(TaskInserts):
     #: Before the task table's name in the worker's reads and writes (pg_finished.py).
     only_sql = ""
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, *, pinned_now: dt.datetime | None = None) -> None:
         from ..models import Task
 
+        if pinned_now is not None:
+            # A test pinned this alias's clock (testing.clock): every statement
+            # built below reads that instant instead of the server's clock.
+            self.now_sql = self.time_literal(pinned_now)
+        #: Whether ``now_sql`` is a pinned instant rather than the server's clock.
+        self.clock_pinned = pinned_now is not None
         #: The connection the dialect was made with (another thread's, maybe:
         #: see ``connection``).
         self.first_connection = connection
@@ -108,6 +115,10 @@ class Dialect(TaskInserts):
         self.ready = ReadyReads(self)
 
     # -- pieces each database spells its own way -------------------------------------
+
+    def time_literal(self, at: dt.datetime) -> str:
+        """An instant as SQL, of the type ``now_sql`` gives (a pinned clock's now)."""
+        raise NotImplementedError
 
     def now_plus_sql(self, placeholder: str) -> str:
         raise NotImplementedError

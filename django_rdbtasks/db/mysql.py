@@ -14,6 +14,7 @@ race). So only the optimistic mode runs there; see ``docs/galera.md``.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,10 @@ class MySQLDialect(Dialect):
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + INTERVAL {placeholder} MICROSECOND)"
+
+    def time_literal(self, at: dt.datetime) -> str:
+        utc = at.astimezone(dt.UTC).replace(tzinfo=None)
+        return f"CAST('{utc.isoformat(sep=' ', timespec='microseconds')}' AS DATETIME(6))"
 
     def accepts_writes(self, cursor: Any) -> bool:
         # A replica is set read_only (MySQL's super_read_only sets it too). A

@@ -114,6 +114,7 @@ class PostgreSQLInserts:
         insert_table: str
         connection: Any
         now_sql: str
+        clock_pinned: bool
 
     insert_is_one_statement = True
 
@@ -204,7 +205,8 @@ class PostgreSQLInserts:
                 t.waiting_on,
                 t.on_parent_failure,
             ]
-            if prepares(cursor) or not self.enqueue_function_exists(cursor):
+            # A pinned clock (testing) is in the INSERT's text, not the function's.
+            if self.clock_pinned or prepares(cursor) or not self.enqueue_function_exists(cursor):
                 cursor.execute(self.insert_one_sql[notify], [*params, t.run_after, t.trace_context])
             else:
                 cursor.execute(self.enqueue_call_sql, [*params, t.trace_context, notify])
@@ -228,7 +230,8 @@ class PostgreSQLInserts:
 
         ``meanwhile`` runs while the server writes the rows, once they are sent.
         """
-        if getattr(cursor, "copy", None) is None:  # psycopg 2: one JSON INSERT
+        # psycopg 2 cannot COPY; a pinned clock (testing) must be written, not defaulted.
+        if getattr(cursor, "copy", None) is None or self.clock_pinned:  # one JSON INSERT
             if meanwhile is not None:
                 meanwhile()
             return self.insert_tasks(cursor, batch.rows(), notify)

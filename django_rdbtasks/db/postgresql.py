@@ -7,6 +7,7 @@ so it never waits on a row another session holds.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import time
@@ -99,8 +100,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     row_lock_sql = "FOR NO KEY UPDATE SKIP LOCKED"  # see pg_round.MINE
     only_sql = "ONLY "  # not the finished rows' table (pg_finished.py)
 
-    def __init__(self, connection: Any) -> None:
-        super().__init__(connection)
+    def __init__(self, connection: Any, *, pinned_now: dt.datetime | None = None) -> None:
+        super().__init__(connection, pinned_now=pinned_now)
         t = self.table
         self.round = RoundSQL(self)
         # Rows another session holds locked are left for a later heartbeat
@@ -186,6 +187,9 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
+
+    def time_literal(self, at: dt.datetime) -> str:
+        return f"'{at.astimezone(dt.UTC).isoformat()}'::timestamptz"
 
     def json_append_sql(self, column: str, placeholder: str) -> str:
         return f"{column} || jsonb_build_array({placeholder}::jsonb)"

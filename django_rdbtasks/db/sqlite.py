@@ -8,6 +8,7 @@ writer until SQLite's busy timeout: one more reason SQLite is for development.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,15 @@ class SQLiteDialect(Dialect):
         return None
 
     def now_plus_sql(self, placeholder: str) -> str:
-        return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', {placeholder})"
+        # A pinned clock's literal is a time value STRFTIME reads as it reads 'NOW'.
+        moment = self.now_sql if self.clock_pinned else "'NOW'"
+        return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {moment}, {placeholder})"
+
+    def time_literal(self, at: dt.datetime) -> str:
+        # The text Django stores an aware datetime as (UTC, microseconds), so
+        # that it compares with a stored one as the instants do.
+        utc = at.astimezone(dt.UTC).replace(tzinfo=None)
+        return f"'{utc.isoformat(sep=' ', timespec='microseconds')}'"
 
     def seconds_param(self, seconds: float) -> Any:
         return f"{seconds:+.6f} seconds"

@@ -137,6 +137,28 @@ def bound_user_connections(lease: float) -> list[str]:
     return changed
 
 
+#: The driver connections a forked child inherited from its parent: referenced until
+#: the child's ``os._exit``, never closed or collected (see ``leave_inherited``).
+_inherited: list[Any] = []
+
+
+def leave_inherited_connections() -> None:
+    """In a forked child, first thing: connect anew, leaving the parent's sessions alone.
+
+    The parent's connections are its own (``runworkers`` called from a test
+    keeps the test's): the child must neither use them, which would interleave
+    two processes' statements on one session, nor close them, which would end
+    the parent's session (a MySQL connection says goodbye to the server as it
+    is closed or collected). So each is forgotten by its Django wrapper, which
+    connects again when the child first uses it, and kept referenced until the
+    child exits.
+    """
+    for wrapper in connections.all(initialized_only=True):
+        if wrapper.connection is not None:
+            _inherited.append(wrapper.connection)
+            wrapper.connection = None
+
+
 def close_in_thread(alias: str) -> None:
     try:
         wrapper = connections[alias]

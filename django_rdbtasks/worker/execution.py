@@ -150,8 +150,13 @@ class Executor:
         poll_interval: float,
         progress_interval: float,
         stopping: threading.Event,
+        after_task: Callable[[], None] = reset_task_connections,
     ) -> None:
         self.backend = backend
+        #: What is undone after each task: on a worker, what the task left on
+        #: its thread's connections; in a test's in-process drain (``testing``),
+        #: only a check, since the test's own transaction is open on them.
+        self.after_task = after_task
         self.store = store
         self.lease = lease
         self.poll_interval = poll_interval
@@ -238,7 +243,7 @@ class Executor:
         finally:
             running.started = None
             current_task.reset(token)
-            reset_task_connections()
+            self.after_task()
         if control is not None:
             control.flush()
         if running.cancel:

@@ -28,17 +28,19 @@ logger = logging.getLogger("django_rdbtasks.worker")
 
 
 class ClaimStore:
-    def __init__(self, alias: str, database: str) -> None:
+    def __init__(self, alias: str, database: str, *, prepares: bool | None = None) -> None:
         #: The worker's own connection alias (``connection.worker_alias``),
-        #: opened in the thread that makes the store.
+        #: opened in the thread that makes the store; or, in a test's
+        #: in-process drain (``testing``), the test's own alias.
         self.alias = alias
         self.database = database
         #: One dialect per alias and database: the same in every thread.
         self.dialect: Dialect = dialect_for(open_in_thread(alias))
         self.public_id = self.dialect.public_id
         #: Behind a transaction pooler the next statement may run in another
-        #: server session: nothing is kept prepared in one.
-        self.prepares = not is_pooled(alias)
+        #: server session: nothing is kept prepared in one. Nor in a session
+        #: that is not the worker's own: preparing sets plan settings on it.
+        self.prepares = not is_pooled(alias) if prepares is None else prepares
 
     @property
     def connection(self) -> Any:

@@ -23,7 +23,13 @@ from ..reads import read_database
 from ..retrying import Backoff, close_quietly, retry_database
 from ..schema import APP_LABEL, Reminder, unapplied_migrations, what_to_do
 from .autoscale import AutoscalePolicy, sample_load
-from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
+from .connection import (
+    bound_user_connections,
+    close_in_thread,
+    leave_inherited_connections,
+    open_in_thread,
+    worker_alias,
+)
 from .exits import RECYCLED, exit_reason
 from .loop import Worker
 from .processtree import die_with_parent
@@ -51,6 +57,7 @@ def _child_main(
     supervisor_pid: int,
     metrics: MetricsServer | None = None,
 ) -> None:
+    leave_inherited_connections()
     if metrics is not None:
         metrics.in_child()
     # The child stays in the supervisor's process group, so a kill of the
@@ -121,14 +128,19 @@ class Supervisor:
         self._mark_after = 0.0
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        # Put back on return: runworkers may be called from a program (a test).
+        previous = {
+            signum: signal.signal(signum, self._on_signal)
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
         # Its own calls (waiting for migrate, autoscale samples) end in seconds
         # when the server is cut off silently, so it acts on its signals.
         bound_user_connections(float(self.worker_options.get("lease", 30.0)))
         try:
             return self._supervise()
         finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             if self.metrics is not None:
                 self.metrics.close()
 
@@ -205,12 +217,16 @@ class Supervisor:
         database = _database(self.worker_options)
         reminder = Reminder()
         while True:
+            # Closed after the look if it opened it: a connection of the caller's
+            # (runworkers called from a test) is the caller's to close.
+            opened = connections[database].connection is None
             try:
                 missing = unapplied_migrations(database, APP_LABEL)
             except DatabaseError:
                 missing = []
             finally:
-                close_quietly(database)
+                if opened:
+                    close_quietly(database)
             if not missing:
                 if reminder.said_at is not None:
                     logger.info("the task tables are there now: starting the worker processes")
@@ -311,7 +327,8 @@ class Supervisor:
                 pass
 
     def _start(self, slot: int | str) -> None:
-        connections.close_all()  # never share a connection with a child
+        # The child leaves every connection it inherits (leave_inherited_connections):
+        # none is shared, and none this process did not open is closed.
         kind = SCHEDULER if slot == SCHEDULER else "worker"
         process = self._context.Process(
             target=_child_main,

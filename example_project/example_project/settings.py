@@ -47,7 +47,12 @@ TEMPLATES = [
         },
     }
 ]
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+# An empty DATABASE_URL (as make passes it for SQLite) means the default too.
+DATABASES = {
+    "default": env.db_url_config(
+        env("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+    )
+}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Several worker processes write to one file: wait for the lock, and take
     # it when a transaction begins rather than upgrading a read lock later.
@@ -59,6 +64,14 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
             "init_command": "PRAGMA journal_mode=WAL;",
         }
     )
+# Its tests' database (make test runs two Django lines side by side on one server).
+# On SQLite a file, not memory: a real worker's processes must open it too
+# (docs/testing.md).
+_test_name = env("TEST_DATABASE_NAME", default="")
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    _test_name = str(BASE_DIR / f"{_test_name or 'test_db'}.sqlite3")
+if _test_name:
+    DATABASES["default"]["TEST"] = {"NAME": _test_name}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -7,6 +7,9 @@ class Invoice(models.Model):
     customer = models.EmailField()
     amount_cents = models.PositiveIntegerField()
     sent_at = models.DateTimeField(null=True, blank=True)
+    #: The card payment of the checkout workflow (shop.tasks.checkout), and its refund.
+    payment = models.CharField(max_length=50, blank=True, default="")
+    refunded = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return f"Invoice {self.pk} for {self.customer}"

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from django_rdbtasks.checkout import record_processor
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
+from django_rdbtasks.dependencies import Workflow
 from django_rdbtasks.jobs import periodic
 
 from .models import Device, Invoice
@@ -46,3 +47,25 @@ def poll_device(device: Device) -> None:
 def nightly_report() -> int:
     """A cron Job declared in code: fires once a night across all hosts."""
     return Invoice.objects.filter(sent_at__isnull=False).count()
+
+
+@task(max_attempts=3, backoff=1.0)
+def charge_card(invoice_id: int) -> dict:
+    invoice = Invoice.objects.get(pk=invoice_id)
+    invoice.payment = f"pay-{invoice_id}"  # the payment provider's id
+    invoice.save(update_fields=["payment"])
+    return {"payment": invoice.payment}
+
+
+@task(max_attempts=5, backoff=1.0)
+def refund_card(invoice_id: int, *, step_result: dict) -> None:
+    """Undoes charge_card when a later step of the checkout fails for good."""
+    Invoice.objects.filter(pk=invoice_id, payment=step_result["payment"]).update(refunded=True)
+
+
+def checkout(invoice_id: int) -> dict:
+    """Charge the card, then send the invoice; refund the card if the invoice cannot be sent."""
+    flow = Workflow(name=f"checkout {invoice_id}")
+    flow.add("charge", charge_card, invoice_id, compensate_with=refund_card)
+    flow.add("send", send_invoice, invoice_id, depends_on=["charge"])
+    return flow.enqueue()

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
 import logging
-import sys
 from importlib import import_module
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.utils.module_loading import autodiscover_modules
 
+from ...backend import RDBTaskBackend
+from ...compat import task_backends
 from ...observability.metrics import MetricsServer
 from ...states import ClaimMode
 from ...worker import Supervisor, Worker
@@ -147,6 +148,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self._refuse_where_workers_cannot_share(options["backend"])
         self._setup_logging(options["log_level"])
         # Django 6.1's checks connect (the server version): bounded like the rest.
         bound_user_connections(options["lease"])
@@ -192,7 +194,44 @@ class Command(BaseCommand):
             autoscale_interval=options["autoscale_interval"],
             metrics=self._metrics(options),
         )
-        sys.exit(supervisor.run())
+        code = supervisor.run()
+        if code:
+            # Through CommandError: manage.py exits with the code, call_command() raises.
+            raise CommandError(f"the workers stopped with exit code {code}", returncode=code)
+
+    def _refuse_where_workers_cannot_share(self, backend: str) -> None:
+        """Refuse, before anything runs, a database the worker processes would not see.
+
+        Workers are processes of their own, each with its own connection: they
+        see only what is committed to a database they can open. An in-memory
+        SQLite database is a different, empty database in every connection (a
+        worker's effects would vanish while its log says they succeeded), and
+        what a test's open transaction wrote is invisible to them until it
+        commits. ``django_rdbtasks.testing.drain`` runs tasks in-process, in
+        that transaction, instead (docs/testing.md).
+        """
+        try:
+            instance = task_backends[backend]
+        except Exception:
+            return  # an unknown backend is refused with the other options, below
+        if not isinstance(instance, RDBTaskBackend):
+            return  # likewise
+        database = instance.database
+        connection: Any = connections[database]
+        if connection.vendor == "sqlite" and connection.is_in_memory_db():
+            raise CommandError(
+                f"runworkers cannot run on the in-memory SQLite database of {database!r}: "
+                "each worker process would open an empty database of its own, and the "
+                "tasks' effects would vanish. Use a database file, or run tasks in-process "
+                "with django_rdbtasks.testing.drain() (docs/testing.md)."
+            )
+        if connection.in_atomic_block:
+            raise CommandError(
+                f"runworkers was called inside an open transaction on {database!r} (a "
+                "TestCase?): worker processes cannot see what it wrote until it commits. "
+                "In a TestCase, run tasks in-process with django_rdbtasks.testing.drain(); "
+                "a real worker needs a TransactionTestCase (docs/testing.md)."
+            )
 
     def _autoscale(self, options: dict[str, Any]) -> AutoscalePolicy | None:
         if options["autoscale"] is None:
