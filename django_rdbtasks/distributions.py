@@ -64,7 +64,7 @@ def packages_required_by(module_names: Iterable[str]) -> frozenset[str]:
     distribution that is not installed is skipped (a marker excluded it, or it
     is optional in practice); nothing here imports anything.
     """
-    installed = {}
+    installed: dict[str, Installed] = {}
     for distribution in installed_distributions():
         # The first on sys.path wins, as it does for an import.
         installed.setdefault(distribution.name, distribution)
@@ -123,7 +123,9 @@ def _packages_of(distribution: metadata.Distribution) -> set[str]:
     """
     record = distribution.read_text("RECORD") or ""
     sources = [path for path in map(_record_path, record.splitlines()) if path.endswith(".py")]
-    package_dirs = {path[: -len("/__init__.py")] for path in sources if path.endswith("/__init__.py")}
+    package_dirs = {
+        path[: -len("/__init__.py")] for path in sources if path.endswith("/__init__.py")
+    }
     packages = {
         directory.replace("/", ".")
         for directory in package_dirs
@@ -140,7 +142,9 @@ def _packages_of(distribution: metadata.Distribution) -> set[str]:
     if not packages:
         top_level = distribution.read_text("top_level.txt") or ""
         packages = {line.strip() for line in top_level.splitlines() if line.strip()}
-    importable = {package for package in packages if all(p.isidentifier() for p in package.split("."))}
+    importable = {
+        package for package in packages if all(p.isidentifier() for p in package.split("."))
+    }
     # A package under a directory of the distribution that has no __init__.py
     # (wagtail/project_template/home) is inside its top-most package anyway.
     return {package for package in importable if not within(package, importable - {package})}

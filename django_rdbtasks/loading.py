@@ -83,9 +83,7 @@ def _required_packages() -> frozenset[str]:
 
 def is_trusted_module(module_name: str) -> bool:
     """Rules 1 to 3 of the module docstring: what every process of the project trusts."""
-    return within(module_name, _configured_packages()) or within(
-        module_name, _required_packages()
-    )
+    return within(module_name, _configured_packages()) or within(module_name, _required_packages())
 
 
 def _may_import(module_name: str) -> bool:

@@ -25,7 +25,6 @@ from django_rdbtasks.compat import InvalidTask
 from django_rdbtasks.distributions import installed_distributions, packages_required_by
 from django_rdbtasks.exceptions import InvalidTaskPath
 from django_rdbtasks.loading import (
-    check_loadable,
     declared_task_paths,
     is_trusted_module,
     load_task,
