@@ -19,6 +19,9 @@ from tests.settings import DATABASES, INSTALLED_APPS
 
 INSTALLED_APPS = [
     *INSTALLED_APPS,
+    "tests.libraries.pages",
+    "wagtail.users",
+    "wagtail.admin",
     "wagtail.search",
     "wagtail",
     "modelcluster",
@@ -39,6 +42,8 @@ if HAS_DJANGO_TASKS:
     MAINTENANCE_TASKS = {"MAX_RUNTIME": 0}
 
 WAGTAIL_SITE_NAME = "django-rdbtasks tests"
+WAGTAILADMIN_BASE_URL = "http://testserver"
+ROOT_URLCONF = "tests.libraries.urls"
 # The tests check that the worker ran the library's tasks, so the settings
 # that would silence them are left as the libraries ship them.
 SILENCED_SYSTEM_CHECKS: list[str] = []
