@@ -85,24 +85,35 @@ def packages_required_by(module_names: Iterable[str]) -> frozenset[str]:
 
 
 def installed_distributions() -> list[Installed]:
-    """Every distribution on ``sys.path`` with its packages and requirements."""
+    """Every distribution on ``sys.path`` with its packages and requirements.
+
+    One whose metadata cannot be read (not UTF-8, unreadable, no name) is left
+    out: it then vouches for nothing, the safe side of a trust rule.
+    """
     found = []
     for distribution in metadata.distributions():
-        headers = _headers(distribution)
-        name = headers.get("Name")
-        if not name:
-            continue  # a broken dist-info: no metadata to trust
-        requires = headers.get_all("Requires-Dist") or []
-        if not requires and distribution.read_text("requires.txt") is not None:
-            requires = distribution.requires or []  # an egg-info's are in requires.txt
-        found.append(
-            Installed(
-                name=normalize(name),
-                packages=frozenset(_packages_of(distribution)),
-                requires=frozenset(_followed_requirements(requires)),
-            )
-        )
+        try:
+            installed = _read(distribution)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if installed is not None:
+            found.append(installed)
     return found
+
+
+def _read(distribution: metadata.Distribution) -> Installed | None:
+    headers = _headers(distribution)
+    name = headers.get("Name")
+    if not name:
+        return None
+    requires = headers.get_all("Requires-Dist") or []
+    if not requires and distribution.read_text("requires.txt") is not None:
+        requires = distribution.requires or []  # an egg-info's are in requires.txt
+    return Installed(
+        name=normalize(name),
+        packages=frozenset(_packages_of(distribution)),
+        requires=frozenset(_followed_requirements(requires)),
+    )
 
 
 def _headers(distribution: metadata.Distribution) -> Message:

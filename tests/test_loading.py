@@ -167,6 +167,15 @@ def test_an_editable_install_is_known_by_its_top_level_txt(site):
     assert packages_required_by(["rdbt_editable.apps"]) == {"rdbt_editable", "rdbt_straylib"}
 
 
+def test_a_distribution_whose_metadata_cannot_be_read_vouches_for_nothing(site):
+    info = site / "rdbt_garbled-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_bytes(b"Name: rdbt-garbled\nRequires-Dist: \xff\xfe\n")
+    (info / "RECORD").write_text("rdbt_garbled/__init__.py,,\n")
+    assert "rdbt-garbled" not in {d.name for d in installed_distributions()}
+    assert "rdbt_shoplib" in packages_required_by(["rdbt_shopapp"])  # the others still count
+
+
 # -- which modules are trusted ---------------------------------------------------------------
 
 
