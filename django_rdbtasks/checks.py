@@ -263,7 +263,7 @@ def check_declared_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.
     models, URLs); a module imported later is checked at its first enqueue.
     """
     from .exceptions import InvalidTaskPath
-    from .loading import SETTING, check_loadable, declared_task_paths
+    from .loading import SETTING, check_loadable, declared_task_paths, is_trusted_module
 
     errors: list[checks.CheckMessage] = []
     for path in sorted(declared_task_paths()):
@@ -271,13 +271,22 @@ def check_declared_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.
             check_loadable(path)
         except InvalidTaskPath as exc:
             module = path.rpartition(".")[0]
+            if module == "__main__" or module.startswith("__main__."):
+                hint = "Declare it in a module of an installed app."
+            elif not is_trusted_module(module):
+                hint = (
+                    f"Move it into an installed app, or add {module!r} (or a package above "
+                    f"it) to {SETTING}."
+                )
+            else:  # task()(function) bound to another name: the path finds the function
+                hint = (
+                    "A worker finds a task by its function's name in its module: put @task() "
+                    "on the function itself."
+                )
             errors.append(
                 checks.Error(
                     f"Task {path!r} cannot be enqueued: {exc}",
-                    hint=(
-                        f"Move it into an installed app, or add {module!r} (or a package "
-                        f"above it) to {SETTING}."
-                    ),
+                    hint=hint,
                     id="django_rdbtasks.E012",
                 )
             )

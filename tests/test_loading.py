@@ -294,6 +294,23 @@ def test_the_check_passes_tasks_of_apps_of_required_libraries_and_of_the_setting
         assert check_declared_tasks() == []
 
 
+def test_the_check_says_so_of_a_task_bound_to_another_name(shop_installed):
+    (shop_installed / "rdbt_shoplib" / "aliases.py").write_text(
+        TASKS_MODULE + "\n\ndef send_impl(word):\n    return word\n\n\nsend = task()(send_impl)\n"
+    )
+    importlib.import_module("rdbt_shoplib.aliases")
+    (error,) = [e for e in check_declared_tasks() if "rdbt_shoplib.aliases" in e.msg]
+    assert error.msg == (
+        "Task 'rdbt_shoplib.aliases.send_impl' cannot be enqueued: "
+        "'rdbt_shoplib.aliases.send_impl' is not a task: found function, "
+        "expected an object made with the @task decorator."
+    )
+    assert error.hint == (
+        "A worker finds a task by its function's name in its module: put @task() on the "
+        "function itself."
+    )
+
+
 @pytest.mark.django_db
 def test_manage_py_check_fails_on_such_a_task():
     from tests import not_an_app  # noqa: F401
