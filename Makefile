@@ -9,7 +9,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 PYTEST_ARGS ?=
 
-.PHONY: venvs test test-line test-clusters test-quick test-stress lint worker bench clean
+.PHONY: venvs test test-line test-libraries test-clusters test-quick test-stress lint worker bench clean
 
 # mysqlclient (in the test extra, and for the example on MySQL) compiles from
 # source: it needs these Debian packages, plus Python's headers.
@@ -45,14 +45,14 @@ endef
 	@$(call need_packages,$(MYSQLCLIENT_BUILD_DEPS),$(PY_DJ52))
 	$(PY_DJ52) -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q "Django>=5.2,<5.3" -e ".[test]"
+	.venv/bin/pip install -q "Django>=5.2,<5.3" -e ".[test,test-libraries]"
 	touch $@
 
 .venv-dj61/.installed: pyproject.toml
 	@$(call need_packages,$(MYSQLCLIENT_BUILD_DEPS),$(PY_DJ61))
 	$(PY_DJ61) -m venv .venv-dj61
 	.venv-dj61/bin/pip install -q --upgrade pip
-	.venv-dj61/bin/pip install -q "Django>=6.1,<6.2" -e ".[test]"
+	.venv-dj61/bin/pip install -q "Django>=6.1,<6.2" -e ".[test,test-libraries,test-libraries-dj61]"
 	touch $@
 
 .venv-example/.installed: pyproject.toml
@@ -89,12 +89,15 @@ test: venvs lint
 	  { { RDBTASKS_TEST_DB=test_rdbtasks $(MAKE) --no-print-directory test-line VENV=.venv \
 	      MARKS="not server_restart" URLS="sqlite $(PG_URL)" \
 	    && RDBTASKS_TEST_DB=test_rdbtasks $(MAKE) --no-print-directory test-line VENV=.venv \
-	      MARKS="not slow" URLS="$(MYSQL_URL)"; } \
+	      MARKS="not slow" URLS="$(MYSQL_URL)" \
+	    && RDBTASKS_TEST_DB=test_rdbtasks $(MAKE) --no-print-directory test-libraries VENV=.venv; } \
 	    2>&1 | sed -u "s/^/[django 5.2] /" | tee $$logs/five; } & five=$$!; \
 	  { { RDBTASKS_TEST_DB=test_rdbtasks_dj61 $(MAKE) --no-print-directory test-line \
 	      VENV=.venv-dj61 MARKS="not slow" URLS="sqlite $(PG_URL)" \
 	    && RDBTASKS_TEST_DB=test_rdbtasks_dj61 $(MAKE) --no-print-directory test-line \
 	      VENV=.venv-dj61 MARKS="not server_restart" URLS="$(MYSQL_URL)" \
+	    && RDBTASKS_TEST_DB=test_rdbtasks_dj61 $(MAKE) --no-print-directory test-libraries \
+	      VENV=.venv-dj61 \
 	    && RDBTASKS_TEST_DB=test_rdbtasks_clusters $(MAKE) --no-print-directory test-clusters; } \
 	    2>&1 | sed -u "s/^/[django 6.1] /" | tee $$logs/six; } & six=$$!; \
 	  wait $$five; a=$$?; wait $$six; b=$$?; \
@@ -117,6 +120,19 @@ test-line:
 	  echo "=== $(VENV) $$url: example_project's own tests"; \
 	  (cd example_project && DATABASE_URL=$$u TEST_DATABASE_NAME=$${RDBTASKS_TEST_DB:-test_rdbtasks}_example \
 	    ../$(VENV)/bin/pytest -q) || exit 1; \
+	done
+
+# Real libraries that declare tasks of their own (tests/libraries/, with the
+# settings tests/settings_libraries.py, which install their apps): Wagtail on
+# both lines, django-crontask and django-maintenance-tasks on Django 6.1. Their
+# worker-process tests included (seconds each), on SQLite and PostgreSQL.
+LIBRARY_URLS ?= sqlite $(PG_URL)
+test-libraries:
+	@for url in $(LIBRARY_URLS); do \
+	  echo "=== $(VENV) $$url (libraries)"; \
+	  if [ "$$url" = sqlite ]; then u=; else u=$$url; fi; \
+	  DATABASE_URL=$$u $(VENV)/bin/pytest --ds tests.settings_libraries tests/libraries \
+	    $(PYTEST_ARGS) || exit 1; \
 	done
 
 # Servers the cluster tests start themselves, from Debian's packages.

@@ -30,7 +30,7 @@ from .db.rows import NewBatch, NewTask, new_ids
 from .exceptions import InvalidTaskPath
 from .keys import task_key
 from .limits import limit_for, limit_spec, queue_limits_option, validate_limit
-from .loading import check_loadable, load_task
+from .loading import check_loadable, load_task, note_declared
 from .models import Task as TaskRow
 from .models import TaskStatus, uuid7
 from .observability import tracing
@@ -137,6 +137,8 @@ class RDBTaskBackend(BaseTaskBackend):
             value = getattr(task, option, None)
             if value is not None and not (isinstance(value, str) or callable(value)):
                 raise InvalidTask(f"{option} must be a format string or a callable.")
+        # For the system check of tasks no worker would load (checks.py, E012).
+        note_declared(task.module_path)
 
     def _validate_once(self, task: Task) -> None:
         if self._valid_tasks.get(id(task)) is task:

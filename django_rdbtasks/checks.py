@@ -247,3 +247,47 @@ def check_foreign_keys_to_tasks(
         and field.related_model._meta.concrete_model is Task  # a proxy's rows too
         and getattr(field, "db_constraint", False)
     ]
+
+
+# -- Tasks no worker would load (issue 44) ---------------------------------------------
+
+
+@checks.register()
+def check_declared_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E012: a task of this backend declared in a module no worker would import.
+
+    ``enqueue()`` refuses such a task every time (``loading.check_loadable``);
+    said here, by ``manage.py check`` and ``runworkers`` at start, a deploy
+    stops instead of a user's request failing. Only the tasks made by the time
+    the checks run are known: those of modules imported at start-up (apps,
+    models, URLs); a module imported later is checked at its first enqueue.
+    """
+    from .exceptions import InvalidTaskPath
+    from .loading import SETTING, check_loadable, declared_task_paths, is_trusted_module
+
+    errors: list[checks.CheckMessage] = []
+    for path in sorted(declared_task_paths()):
+        try:
+            check_loadable(path)
+        except InvalidTaskPath as exc:
+            module = path.rpartition(".")[0]
+            if module == "__main__" or module.startswith("__main__."):
+                hint = "Declare it in a module of an installed app."
+            elif not is_trusted_module(module):
+                hint = (
+                    f"Move it into an installed app, or add {module!r} (or a package above "
+                    f"it) to {SETTING}."
+                )
+            else:  # task()(function) bound to another name: the path finds the function
+                hint = (
+                    "A worker finds a task by its function's name in its module: put @task() "
+                    "on the function itself."
+                )
+            errors.append(
+                checks.Error(
+                    f"Task {path!r} cannot be enqueued: {exc}",
+                    hint=hint,
+                    id="django_rdbtasks.E012",
+                )
+            )
+    return errors

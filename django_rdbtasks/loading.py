@@ -1,9 +1,40 @@
 """Find the framework ``Task`` a row names, and nothing else.
 
-A row's ``task_path`` comes from the database, so it is never trusted: only
-modules of installed apps (or modules already imported) are imported, and the
-object found must be a framework ``Task`` whose own path is the row's path.
-Nothing found at a path is ever called unless it passes those checks.
+A row's ``task_path`` comes from the database, so it is never trusted. A
+worker imports the module a path names only if that module is *trusted*:
+
+1. part of an installed app (``INSTALLED_APPS``);
+2. part of a distribution that provides an installed app, or that such a
+   distribution requires, directly or through others (read from the installed
+   packages' metadata, ``distributions.py``): Wagtail's page saves enqueue
+   ``modelsearch.tasks.insert_or_update_object_task``, and the ``wagtail``
+   distribution requires ``modelsearch``, which is not an app;
+3. under a package listed in ``RDBTASKS_TASK_MODULES``, for the rest (a
+   project package that is not an app, a library no app requires);
+4. or already imported by this process (a worker imports its apps, and what
+   they import, at start).
+
+The object found there must then be a framework ``Task`` whose own path is the
+row's path: anything else (a function, a class, ``os.system``, an alias of a
+task under another name) fails the task with ``InvalidTaskPath`` and is never
+called.
+
+Why this set. Trusted means: code the project itself chose to install and can
+reach from its apps, so code it can declare and enqueue tasks from. It is
+known from configuration alone, the same in every process, so a worker that
+has not imported a library's task module yet still runs the library's task,
+and ``enqueue()`` (``check_loadable``) can say at once what a worker would.
+Not "any importable module", as django-tasks-db does (``import_string`` of the
+row's path, then the ``Task`` check): that imports on the database's word
+every module on ``sys.path``, the standard library and development tools
+included, running whatever their import does, and runs any task they hold.
+Not "modules whose ``Task`` this process has created" alone (the backend's
+``validate_task`` sees each ``@task`` as it is made, ``declared_task_paths``):
+a worker has created only the tasks of modules it happened to import, so it
+would refuse a library's task the web process enqueued. That record still
+serves: the system check ``django_rdbtasks.E012`` tests every task declared
+by start-up against the rule, so ``manage.py check`` says what ``enqueue()``
+would otherwise refuse in a user's request.
 """
 
 from __future__ import annotations
@@ -11,15 +42,21 @@ from __future__ import annotations
 import importlib
 import sys
 from functools import cache
-from typing import cast
+from typing import Any, cast
 
 from django.apps import apps
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from .compat import TASK_BASE_CLASSES, Task
+from .distributions import packages_required_by, within
 from .exceptions import InvalidTaskPath
 
 _loaded: dict[str, Task | InvalidTaskPath] = {}
+
+#: What a path's module would be refused with, by the setting to name.
+SETTING = "RDBTASKS_TASK_MODULES"
 
 
 class TaskNotHere(InvalidTaskPath):
@@ -31,28 +68,57 @@ class TaskNotHere(InvalidTaskPath):
 
 
 @cache
-def _allowed_prefixes() -> tuple[str, ...]:
+def _configured_packages() -> tuple[str, ...]:
+    """Rules 1 and 3: what the settings name, known without reading any metadata."""
     names = [config.name for config in apps.get_app_configs()]
-    names += list(getattr(settings, "RDBTASKS_TASK_MODULES", []))
+    names += list(getattr(settings, SETTING, []))
     return tuple(names)
 
 
+@cache
+def _required_packages() -> frozenset[str]:
+    """Rule 2, read once per process (about 50 ms for 70 distributions), when first needed."""
+    return packages_required_by(config.name for config in apps.get_app_configs())
+
+
+def is_trusted_module(module_name: str) -> bool:
+    """Rules 1 to 3 of the module docstring: what every process of the project trusts."""
+    return within(module_name, _configured_packages()) or within(module_name, _required_packages())
+
+
 def _may_import(module_name: str) -> bool:
-    return module_name in sys.modules or _in_allowed_package(module_name)
+    return module_name in sys.modules or is_trusted_module(module_name)
 
 
-def _in_allowed_package(module_name: str) -> bool:
-    return any(
-        module_name == prefix or module_name.startswith(prefix + ".")
-        for prefix in _allowed_prefixes()
-    )
-
-
-def _outside_apps(path: str, module_name: str) -> InvalidTaskPath:
+def _untrusted(path: str, module_name: str) -> InvalidTaskPath:
     return InvalidTaskPath(
-        f"{path!r}: module {module_name!r} is not part of an installed app "
-        "(add its package to RDBTASKS_TASK_MODULES to allow it)."
+        f"{path!r}: module {module_name!r} is not part of an installed app, nor of a "
+        "distribution an installed app requires, so workers do not import it "
+        f"(add its package to {SETTING} to allow it)."
     )
+
+
+_declared: set[str] = set()
+
+
+def note_declared(path: str) -> None:
+    """Record that a task at ``path`` was made in this process (the backend's ``validate_task``)."""
+    _declared.add(path)
+
+
+def declared_task_paths() -> frozenset[str]:
+    """The paths of the tasks of this project's backends made in this process so far."""
+    return frozenset(_declared)
+
+
+@receiver(setting_changed)
+def _forget_trust(*, setting: str, **kwargs: Any) -> None:
+    """Tests change INSTALLED_APPS or the setting: what was decided from them no longer holds."""
+    if setting in ("INSTALLED_APPS", SETTING):
+        _configured_packages.cache_clear()
+        _required_packages.cache_clear()
+        _loaded.clear()
+        _reachable.clear()
 
 
 def _load(path: str) -> Task:
@@ -60,7 +126,7 @@ def _load(path: str) -> Task:
     if not module_name or not attribute.isidentifier():
         raise InvalidTaskPath(f"{path!r} is not a dotted path to a task.")
     if not _may_import(module_name):
-        raise _outside_apps(path, module_name)
+        raise _untrusted(path, module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -69,6 +135,12 @@ def _load(path: str) -> Task:
                 f"{path!r}: this worker's code has no module {module_name!r} ({exc})"
             ) from exc
         raise InvalidTaskPath(f"{path!r}: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        # A trusted module can still fail at import in its own way (Django's GIS
+        # without GDAL raises ImproperlyConfigured): the row's fault, not the worker's.
+        raise InvalidTaskPath(
+            f"{path!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not hasattr(module, attribute):
         # Under an allowed module: a later release may have it (TaskNotHere).
         raise TaskNotHere(f"{path!r}: module {module_name!r} has no {attribute!r}.")
@@ -113,9 +185,10 @@ def check_loadable(path: str) -> None:
 
     What ``load_task`` would say in a worker, said where the task is enqueued.
     Here the task's module is imported whatever it is, so ``sys.modules``
-    proves nothing: a worker imports only installed apps and
-    ``RDBTASKS_TASK_MODULES``, and its ``__main__`` is ``manage.py``, not the
-    script that defined the task. Cached per path: one import at most.
+    proves nothing: a worker goes by rules 1 to 3 of the module docstring (what
+    it imported at start is not known here), and its ``__main__`` is
+    ``manage.py``, not the script that defined the task. Cached per path: one
+    import at most.
     """
     try:
         refused = _reachable[path]
@@ -141,6 +214,6 @@ def _unreachable(path: str) -> InvalidTaskPath | None:
         _load(path)  # what a worker says first, where it would say anything
     except InvalidTaskPath as exc:
         return exc
-    if not _in_allowed_package(module_name):
-        return _outside_apps(path, module_name)
+    if not is_trusted_module(module_name):
+        return _untrusted(path, module_name)
     return None

@@ -144,7 +144,11 @@ def test_get_result_of_unknown_id_raises():
         backend.get_result("not-a-uuid")
 
 
-NOT_AN_APP = "'tests.not_an_app.report': module 'tests.not_an_app' is not part of an installed app"
+NOT_AN_APP = (
+    "'tests.not_an_app.report': module 'tests.not_an_app' is not part of an installed app, "
+    "nor of a distribution an installed app requires, so workers do not import it "
+    "(add its package to RDBTASKS_TASK_MODULES to allow it)."
+)
 
 
 def test_a_task_a_worker_cannot_import_is_refused_at_enqueue():
