@@ -32,6 +32,7 @@ from .jobs import database_now
 from .models import Task, TaskStatus, Worker
 from .models.ready import ready_conditions
 from .reads import read_database, replica_lag
+from .suggest import did_you_mean
 
 FINISHED = TaskStatus.finished()
 #: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
@@ -196,6 +197,29 @@ def configured_queues(using: str) -> list[str]:
         if isinstance(backend, RDBTaskBackend) and backend.database == using:
             names.update(backend.queues)
     return sorted(names)
+
+
+def unknown_queue_problems(
+    names: Iterable[str], tasks: QuerySet[Task], configured: Iterable[str]
+) -> list[str]:
+    """What is wrong with queue names an operator typed, one sentence each (none: all known).
+
+    A typo must not read as an empty, healthy queue (``status --queue defualt
+    --max-ready 0`` stayed green forever): a name is known if ``configured``
+    (the backends' QUEUES) has it or a task of ``tasks`` is in it (a queue
+    since removed from QUEUES still holds its tasks).
+    """
+    known = set(configured)
+    problems = []
+    for name in dict.fromkeys(names):
+        if name in known or tasks.filter(queue_name=name).exists():
+            continue
+        listed = ", ".join(sorted(known)) or "none"
+        problems.append(
+            f"No queue {name!r}: no task is in it, and QUEUES has {listed}."
+            + did_you_mean(name, known)
+        )
+    return problems
 
 
 def snapshot(
@@ -405,7 +429,8 @@ def worker_as_dict(worker: Worker, now: dt.datetime) -> dict[str, Any]:
         "queues": list(worker.queues),
         "mode": worker.mode,
         "threads": worker.threads,
-        "batch": worker.batch,
+        # None: no --batch, claimed ahead adaptively (the registry stores 0).
+        "batch": worker.batch or None,
         "running": worker.running,
         "done": worker.done,
         "failed": worker.failed,
@@ -443,15 +468,30 @@ class HealthCheck:
 
 
 def health_limits(**overrides: float | None) -> dict[str, float]:
-    """``RDBTASKS_HEALTH`` with the non-None ``overrides`` (lower-case names) on top."""
-    limits = {k.upper(): v for k, v in getattr(settings, "RDBTASKS_HEALTH", {}).items()}
-    unknown = set(limits) - set(HEALTH_LIMITS)
-    if unknown:
-        raise ValueError(f"RDBTASKS_HEALTH: unknown keys {sorted(unknown)}.")
+    """``RDBTASKS_HEALTH`` with the non-None ``overrides`` (lower-case names) on top.
+
+    ``ValueError`` names every problem at once: unknown keys (with the nearest
+    known one) and values that are not numbers.
+    """
+    limits = {str(k).upper(): v for k, v in getattr(settings, "RDBTASKS_HEALTH", {}).items()}
+    problems = [
+        f"RDBTASKS_HEALTH: unknown key {name!r}." + did_you_mean(name, HEALTH_LIMITS)
+        for name in sorted(set(limits) - set(HEALTH_LIMITS))
+    ]
     for name, value in overrides.items():
         if value is not None:
             limits[name.upper()] = value
-    return {name: float(value) for name, value in limits.items() if value is not None}
+    numbers: dict[str, float] = {}
+    for name, value in limits.items():
+        if value is None or name not in HEALTH_LIMITS:
+            continue
+        try:
+            numbers[name] = float(value)
+        except (TypeError, ValueError):
+            problems.append(f"RDBTASKS_HEALTH[{name!r}] must be a number, not {value!r}.")
+    if problems:
+        raise ValueError(" ".join(problems))
+    return numbers
 
 
 def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:

@@ -128,7 +128,7 @@ def test_requeue_command_acts_as_a_user() -> None:
     staff("viewer", ["django_rdbtasks.view_task"])
     out = StringIO()
     call_command("requeue", "--all", "--user", "mail", stdout=out)
-    assert "Requeued 1 tasks." in out.getvalue()
+    assert "Requeued 1 task." in out.getvalue()
     assert Task.objects.get(pk=tasks["email"].pk).status == TaskStatus.READY
     assert Task.objects.get(pk=tasks["default"].pk).status == TaskStatus.FAILED
     with pytest.raises(CommandError, match="may not retry"):

@@ -57,7 +57,7 @@ def test_status_table() -> None:
     assert default[1:6] == ["1", "0", "0", "1", "0"]
     assert default[6].endswith("s")  # the lag, about 30 s
     assert next(line for line in lines if line.startswith("TOTAL")).split()[1] == "2"
-    assert "Workers: 1 alive, running 1 tasks." in out
+    assert "Workers: 1 alive, running 1 task." in out
     assert "Health" not in out  # no limit configured
 
 
@@ -295,10 +295,10 @@ def test_prunetasks_by_setting(settings) -> None:
     _finished("FAILED", 3)
     _finished("SUCCESSFUL", 300)
     _, out = run("prunetasks", "--by-setting", "--dry-run")
-    assert "Would delete 1 FAILED tasks older than 2d" in out
+    assert "Would delete 1 FAILED task older than 2d" in out
     assert "  FAILED in queue default: 1" in out
     _, out = run("prunetasks", "--by-setting")
-    assert "Deleted 1 tasks (FAILED 1)" in out
+    assert "Deleted 1 task (FAILED 1)" in out
     assert Task.objects.get().status == "SUCCESSFUL"
 
 
@@ -337,10 +337,10 @@ def test_prunetasks_told_not_to_ask_counts_nothing_before_deleting(
     assert list(Task.objects.values_list("pk", flat=True)) == [young.pk]
     settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "12h"}
     _, out = run("prunetasks", "--by-setting", "--confirm-above", "0", flag)
-    assert "Deleted 1 tasks" in out and counted == [] and not Task.objects.exists()
+    assert "Deleted 1 task (" in out and counted == [] and not Task.objects.exists()
     _finished("SUCCESSFUL", 10)
     _, out = run("prunetasks", "--older-than", "7d", "--dry-run", flag)
-    assert out.startswith("Would delete 1 tasks") and len(counted) == 1
+    assert out.startswith("Would delete 1 task finished") and len(counted) == 1
 
 
 @pytest.mark.parametrize("value", [7, "7", "1m"])
@@ -363,7 +363,7 @@ def test_requeue_needs_a_filter_or_all() -> None:
     _failed()
     with pytest.raises(CommandError, match="Say which tasks"):
         call_command("requeue", stdout=StringIO())
-    assert run("requeue", "--all")[1] == "Requeued 1 tasks.\n"
+    assert run("requeue", "--all")[1] == "Requeued 1 task.\n"
     assert Task.objects.get().status == TaskStatus.READY
 
 
@@ -388,10 +388,10 @@ def test_requeue_by_time_range_dry_run_and_limit() -> None:
     assert run("requeue", "--since", "1h", "--dry-run")[1] == "Would requeue 3 tasks.\n"
     assert Task.objects.filter(status=TaskStatus.READY).count() == 0
     until = (moment - dt.timedelta(days=1)).isoformat()
-    assert run("requeue", "--until", until)[1] == "Requeued 1 tasks.\n"
+    assert run("requeue", "--until", until)[1] == "Requeued 1 task.\n"
     assert Task.objects.get(pk=old.pk).status == TaskStatus.READY
     until_7min = run("requeue", "--since", "1h", "--until", "7min", "--limit", "1")[1]
-    assert until_7min == "Requeued 1 tasks.\n"
+    assert until_7min == "Requeued 1 task.\n"
     left = Task.objects.filter(pk__in=[t.pk for t in recent], status=TaskStatus.FAILED).count()
     assert left == 2
     with pytest.raises(CommandError, match="neither an age"):

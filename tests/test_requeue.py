@@ -37,7 +37,7 @@ def test_an_unknown_task_path_is_named_with_the_near_ones_and_nothing_is_requeue
         requeue("--task", "tests.testapp.tasks.allways_fails")
     message = str(refused.value)
     assert "No task has the path 'tests.testapp.tasks.allways_fails'" in message
-    assert "Did you mean tests.testapp.tasks.always_fails?" in message
+    assert "Did you mean 'tests.testapp.tasks.always_fails'?" in message
     assert Task.objects.get(pk=row.pk).status == TaskStatus.FAILED
 
 
@@ -46,7 +46,7 @@ def test_a_task_path_is_known_by_its_rows_or_by_the_code() -> None:
     assert requeue("--task", "tests.testapp.tasks.record") == ("Requeued 0 tasks.\n", "")
     # A row has it, though the code no longer does (renamed since): requeued.
     failed(task_path="tests.testapp.tasks.renamed_since")
-    assert requeue("--task", "tests.testapp.tasks.renamed_since")[0] == "Requeued 1 tasks.\n"
+    assert requeue("--task", "tests.testapp.tasks.renamed_since")[0] == "Requeued 1 task.\n"
 
 
 def test_an_unknown_queue_is_named_with_the_configured_ones() -> None:
@@ -56,7 +56,7 @@ def test_an_unknown_queue_is_named_with_the_configured_ones() -> None:
     # Configured but empty, or not configured but holding tasks: known.
     assert requeue("--queue", "other")[0] == "Requeued 0 tasks.\n"
     failed(queue_name="removed")
-    assert requeue("--queue", "removed")[0] == "Requeued 1 tasks.\n"
+    assert requeue("--queue", "removed")[0] == "Requeued 1 task.\n"
     assert Task.objects.filter(status=TaskStatus.FAILED).count() == 1
 
 

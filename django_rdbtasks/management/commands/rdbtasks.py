@@ -12,7 +12,9 @@ worker host (a Kubernetes pod): see docs/deploy.md.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 import socket
 import sys
 import threading
@@ -24,8 +26,10 @@ from django.db import DatabaseError, connections
 
 from ... import ops
 from ...durations import parse_age
+from ...models import Task
 from ...schema import unapplied_migrations
 from ...states import TaskStatus
+from ..text import counted, refuse
 
 EXIT_UNHEALTHY = 1
 EXIT_DATABASE = 2
@@ -180,17 +184,16 @@ class Command(BaseCommand):
     # -- status ------------------------------------------------------------------------
 
     def status(self, options: dict[str, Any]) -> None:
-        try:
-            window = parse_age(options["window"])
-            limits = ops.health_limits(
-                max_lag=options["max_lag"],
-                min_workers=options["min_workers"],
-                max_ready=options["max_ready"],
-                max_stalled=options["max_stalled"],
-                max_failed=options["max_failed"],
+        window, limits = self._status_arguments(options)
+        using = options["database"] or ops.default_database()
+        if options["queues"]:
+            refuse(
+                ops.unknown_queue_problems(
+                    options["queues"],
+                    Task.objects.using(using),
+                    ops.configured_queues(using),
+                )
             )
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
         snap = ops.snapshot(
             options["database"],
             window=window,
@@ -213,6 +216,33 @@ class Command(BaseCommand):
         if not healthy:
             # Like `makemigrations --check`: the output says why, the code says that.
             sys.exit(EXIT_UNHEALTHY)
+
+    @staticmethod
+    def _status_arguments(options: dict[str, Any]) -> tuple[dt.timedelta, dict[str, float]]:
+        """The window and the health limits, or every problem with them in one refusal."""
+        problems = []
+        window = dt.timedelta(hours=1)
+        try:
+            window = parse_age(options["window"])
+        except ValueError as exc:
+            problems.append(f"--window: {exc}")
+        limits: dict[str, float] = {}
+        try:
+            limits = ops.health_limits(
+                max_lag=options["max_lag"],
+                min_workers=options["min_workers"],
+                max_ready=options["max_ready"],
+                max_stalled=options["max_stalled"],
+                max_failed=options["max_failed"],
+            )
+        except ValueError as exc:
+            problems.append(str(exc))
+        for name, value in limits.items():
+            if not 0 <= value < math.inf:  # NaN too
+                flag = "--" + name.lower().replace("_", "-")
+                problems.append(f"{flag} (or RDBTASKS_HEALTH[{name!r}]) must be 0 or more.")
+        refuse(problems)
+        return window, limits
 
     def _status_text(self, snap: ops.Snapshot, checks: list[ops.HealthCheck]) -> str:
         window = seconds_text(snap.window.total_seconds())
@@ -265,7 +295,7 @@ class Command(BaseCommand):
 
     def _workers_line(self, snap: ops.Snapshot) -> str:
         running = sum(worker.running for worker in snap.workers)
-        text = f"Workers: {len(snap.workers)} alive, running {running} tasks"
+        text = f"Workers: {len(snap.workers)} alive, running {counted(running, 'task')}"
         if snap.gone_workers:
             text += f"; {snap.gone_workers} gone without stopping (no heartbeat)"
         return text + "."
@@ -358,7 +388,8 @@ class Command(BaseCommand):
                 ",".join(w["queues"]),
                 w["mode"],
                 w["threads"],
-                w["batch"],
+                # The admin's word for no --batch (the registry stores 0, JSON null).
+                w["batch"] or "adaptive",
                 w["running"],
                 w["done"],
                 w["failed"],
