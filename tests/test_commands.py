@@ -115,6 +115,64 @@ def test_status_window_needs_a_unit(window, message) -> None:
         call_command("rdbtasks", "status", "--window", window, stdout=StringIO())
 
 
+def test_status_refuses_an_unknown_queue_as_requeue_does() -> None:
+    """Issue 39: ``--queue defualt --max-ready 0`` printed zeros, ``Health: OK``, exit 0."""
+    make_task(queue_name="default")
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "rdbtasks", "status", "--queue", "defualt", "--max-ready", "0", stdout=StringIO()
+        )
+    assert str(refused.value) == (
+        "No queue 'defualt': no task is in it, and QUEUES has default, emails, other. "
+        "Did you mean 'default'?"
+    )
+    assert refused.value.returncode == 1
+    # The queue that is there fails the same limit, and says so.
+    assert run("rdbtasks", "status", "--queue", "default", "--max-ready", "0")[0] == 1
+    # A queue since removed from QUEUES is known while it holds tasks.
+    make_task(queue_name="retired-queue")
+    assert run("rdbtasks", "status", "--queue", "retired-queue")[0] == 0
+
+
+def test_status_names_every_bad_argument_at_once() -> None:
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "rdbtasks",
+            "status",
+            "--window",
+            "99999999d",
+            "--max-lag",
+            "-1",
+            "--min-workers",
+            "-2",
+            stdout=StringIO(),
+        )
+    message = str(refused.value)
+    assert message.startswith("Refused, nothing was done:")
+    assert "--window: '99999999d' is too long an age: at most 36500d" in message
+    assert "--max-lag (or RDBTASKS_HEALTH['MAX_LAG']) must be 0 or more." in message
+    assert "--min-workers (or RDBTASKS_HEALTH['MIN_WORKERS']) must be 0 or more." in message
+
+
+def test_status_names_a_misspelt_health_setting(settings) -> None:
+    settings.RDBTASKS_HEALTH = {"MAX_LAGG": 60, "MIN_WORKERS": "many"}
+    with pytest.raises(CommandError) as refused:
+        call_command("rdbtasks", "status", stdout=StringIO())
+    assert "RDBTASKS_HEALTH: unknown key 'MAX_LAGG'. Did you mean 'MAX_LAG'?" in str(refused.value)
+    assert "RDBTASKS_HEALTH['MIN_WORKERS'] must be a number, not 'many'." in str(refused.value)
+
+
+def test_workers_listing_says_adaptive_where_no_batch_was_given() -> None:
+    make_worker("host-a:101", batch=0)
+    make_worker("host-a:102", batch=25)
+    _, out = run("rdbtasks", "workers")
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert " adaptive " in lines["host-a:101"] and " 0 " not in lines["host-a:101"]
+    assert " 25 " in lines["host-a:102"]
+    data = {w["name"]: w for w in json.loads(run("rdbtasks", "workers", "--json")[1])}
+    assert data["host-a:101"]["batch"] is None and data["host-a:102"]["batch"] == 25
+
+
 def test_status_exits_2_when_the_database_cannot_be_read(monkeypatch) -> None:
     from django_rdbtasks import ops
 
@@ -197,6 +255,64 @@ def test_prunetasks_refuses_unclear_orders(args, message) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("prunetasks", *args, stdout=StringIO())
     assert Task.objects.filter(pk=old.pk).exists()
+
+
+@pytest.mark.parametrize("age", ["99999999d", "100000d"])
+def test_prunetasks_refuses_an_age_reaching_before_year_one(age) -> None:
+    """Issue 39: an OverflowError traceback (``now - age``), now a clear refusal."""
+    old = _finished("SUCCESSFUL", 30)
+    with pytest.raises(CommandError, match="too long an age: at most 36500d"):
+        call_command("prunetasks", "--older-than", age, "--yes", stdout=StringIO())
+    assert Task.objects.filter(pk=old.pk).exists()
+    # The longest age accepted still reads, and deletes nothing younger.
+    _, out = run("prunetasks", "--older-than", "36500d", "--yes")
+    assert out.startswith("Deleted 0 tasks in 0 batches")
+
+
+def test_prunetasks_refuses_a_negative_pause_before_deleting_anything() -> None:
+    """Issue 39: ``--pause -1`` deleted a first batch, then ended in a traceback."""
+    for _ in range(3):
+        _finished("SUCCESSFUL", 30)
+    with pytest.raises(CommandError, match=r"--pause must be 0 or more seconds, not -1\."):
+        call_command(
+            "prunetasks",
+            "--older-than",
+            "7d",
+            "--batch-size",
+            "1",
+            "--pause",
+            "-1",
+            "--yes",
+            stdout=StringIO(),
+        )
+    assert Task.objects.count() == 3
+
+
+def test_prunetasks_names_every_bad_argument_at_once() -> None:
+    _finished("SUCCESSFUL", 30)
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "prunetasks",
+            "--older-than",
+            "7",
+            "--batch-size",
+            "0",
+            "--pause",
+            "nan",
+            stdout=StringIO(),
+        )
+    message = str(refused.value)
+    for problem in ("--batch-size must be at least 1.", "--pause must be 0 or more", "has no unit"):
+        assert problem in message, message
+    assert Task.objects.count() == 1
+
+
+def test_prunetasks_counts_agree_with_their_nouns() -> None:
+    _finished("SUCCESSFUL", 30)
+    _, out = run("prunetasks", "--older-than", "7d", "--dry-run")
+    assert out.startswith("Would delete 1 task finished more than 7d ago: SUCCESSFUL 1.")
+    _, out = run("prunetasks", "--older-than", "7d", "--yes")
+    assert out == "Deleted 1 task in 1 batch: SUCCESSFUL 1.\n"
 
 
 def test_prunetasks_refuses_unfinished_statuses() -> None:
