@@ -520,3 +520,9 @@ def test_requeue_cancelled_ones_only_when_asked() -> None:
     assert Task.objects.get(pk=cancelled.pk).status == TaskStatus.CANCELLED
     run("requeue", "--all", "--status", "cancelled")
     assert Task.objects.get(pk=cancelled.pk).status == TaskStatus.READY
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--within", "0"), ("--timeout", "-5")])
+def test_probe_refuses_a_time_that_is_not_positive(flag, value) -> None:
+    with pytest.raises(CommandError, match=f"{flag} must be a positive number of seconds"):
+        call_command("rdbtasks", "probe", "live", flag, value, stdout=StringIO())

@@ -303,6 +303,13 @@ class Command(BaseCommand):
     # -- probes ------------------------------------------------------------------------
 
     def probe(self, options: dict[str, Any]) -> None:
+        refuse(
+            [
+                f"--{name} must be a positive number of seconds, not {options[name]}."
+                for name in ("within", "timeout")
+                if not 0 < options[name] < math.inf
+            ]
+        )
         using = options["database"] or ops.default_database()
         if options["kind"] == "live":
             self._probe_live(using, options["within"], options["timeout"])
