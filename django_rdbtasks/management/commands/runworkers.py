@@ -155,9 +155,10 @@ class Command(BaseCommand):
             default="INFO",
             type=str.upper,
             choices=LOG_LEVELS,
-            help="The level of every record the workers write, each task's line and the "
-            "framework's records of tasks included (default INFO: one line per task; "
-            "WARNING: only retries' and failures' lines). See docs/observability.md.",
+            help="The level of the workers' records (logger django_rdbtasks). Each task "
+            "is one record: INFO, or ERROR with its traceback when it fails for good; the "
+            "framework's own records of it (django.tasks) are not written. Default INFO: "
+            "a line per task; WARNING: failures and problems only. See docs/observability.md.",
         )
         metrics = parser.add_argument_group("metrics (the 'metrics' extra: prometheus-client)")
         metrics.add_argument(
