@@ -95,9 +95,7 @@ def test_the_signals_are_still_sent_and_other_senders_records_still_written(capl
     [record] = [
         r for r in caplog.records if r.name == FRAMEWORK_LOGGER and "state=" in r.getMessage()
     ]
-    assert record.getMessage() == (
-        f"Task id={result.id} path=tests.testapp.tasks.add state=READY"
-    )
+    assert record.getMessage() == (f"Task id={result.id} path=tests.testapp.tasks.add state=READY")
 
 
 def self_backend():
