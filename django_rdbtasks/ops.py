@@ -25,6 +25,7 @@ from django.db import connections, router, transaction
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncHour, TruncMinute
 
+from .cleanup import CleanupReport, cleanup_report
 from .compat import task_backends
 from .db import dialect_for
 from .db.pg_finished import estimated_rows
@@ -148,6 +149,8 @@ class Snapshot:
     read_from: str = ""
     #: Seconds that copy was behind the primary (None: unknown, or read from the primary).
     replica_lag: float | None = None
+    #: What holds back the cleanup of the tables (cleanup.py), read on the primary.
+    cleanup: CleanupReport | None = None
 
     @property
     def off_primary(self) -> bool:
@@ -184,6 +187,7 @@ class Snapshot:
                 "running": sum(w.running for w in self.workers),
                 "list": [worker_as_dict(w, self.now) for w in self.workers],
             },
+            "cleanup": None if self.cleanup is None else self.cleanup.as_dict(),
         }
 
 
@@ -228,12 +232,15 @@ def snapshot(
     window: dt.timedelta = dt.timedelta(hours=1),
     queues: Sequence[str] | None = None,
     replica: bool = False,
+    cleanup: bool = False,
 ) -> Snapshot:
     """Counts per queue and status, lag, throughput and live workers, at one instant.
 
     ``replica``: read them from the backend's READ_DATABASE, if it has one
     (reads.py); the times are then the replica's clock, and what it shows is
-    as old as its replication lag, which the snapshot carries.
+    as old as its replication lag, which the snapshot carries. ``cleanup``:
+    also what holds back the cleanup of the tables (cleanup.py), read on the
+    primary, whose sessions are the ones vacuum waits for.
     """
     using = using or default_database()
     source = read_database(using) if replica else using
@@ -270,6 +277,7 @@ def snapshot(
         gone_workers=gone_workers(source).count(),
         read_from=source,
         replica_lag=replica_lag(source) if source != using else None,
+        cleanup=cleanup_report(using) if cleanup else None,
     )
 
 
@@ -450,6 +458,8 @@ HEALTH_LIMITS = {
     "MAX_READY": "runnable tasks there may be (queue depth)",
     "MAX_STALLED": "running tasks whose worker stopped renewing their lease",
     "MAX_FAILED": "tasks that may fail for good in the window (an hour)",
+    "MAX_XMIN_AGE": "seconds the oldest open transaction or snapshot of the task database "
+    "may hold back the cleanup of dead rows (see docs/admin.md)",
 }
 
 
@@ -502,6 +512,7 @@ def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:
         "MAX_READY": snap.total.ready,
         "MAX_STALLED": snap.total.stalled,
         "MAX_FAILED": snap.total.failed,
+        "MAX_XMIN_AGE": None if snap.cleanup is None else snap.cleanup.oldest_age,
     }
     checks = []
     for name, limit in limits.items():

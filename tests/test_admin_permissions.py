@@ -95,6 +95,8 @@ def test_dashboard_counts_only_the_teams_queues() -> None:
     queues = page.split('id="rdbtasks-queues"')[1].split("</table>")[0]
     assert "?queue=emails" in queues and "?queue=default" not in queues
     assert "tasks in the table" not in page  # the table's total is everyone's
+    # Nor what holds back cleanup: other sessions' queries, of every queue.
+    assert 'id="rdbtasks-cleanup"' not in page
     total = queues.split("rdbtasks-total")[1]
     assert total.count('class="rdbtasks-count-failed"') == 1 and ">1</a>" in total
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 import uuid
 from io import StringIO
 
@@ -16,7 +18,7 @@ from django.db import OperationalError
 
 from django_rdbtasks.models import Task, TaskStatus
 from tests.browser.support import make_task, make_worker, now
-from tests.conftest import ROOT
+from tests.conftest import ROOT, held_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -526,3 +528,38 @@ def test_requeue_cancelled_ones_only_when_asked() -> None:
 def test_probe_refuses_a_time_that_is_not_positive(flag, value) -> None:
     with pytest.raises(CommandError, match=f"{flag} must be a positive number of seconds"):
         call_command("rdbtasks", "probe", "live", flag, value, stdout=StringIO())
+
+
+# -- what holds back cleanup (issue 39, point 5) -----------------------------------------------
+
+
+def test_status_shows_what_holds_back_cleanup_and_fails_max_xmin_age(vendor, monkeypatch) -> None:
+    from django_rdbtasks import cleanup
+
+    if vendor == "sqlite":
+        # Nothing holds anything back there: no section, and the limit holds.
+        code, out = run("rdbtasks", "status", "--max-xmin-age", "0")
+        assert code == 0 and "Cleanup" not in out and "max_xmin_age: none" in out
+        return
+    monkeypatch.setattr(cleanup, "SHOWN_AFTER", 1.0)
+    with held_snapshot(application="rdbtasks-status-test"):
+        time.sleep(1.5)
+        code, out = run("rdbtasks", "status", "--max-xmin-age", "1")
+        assert code == 1, out
+        assert "Cleanup: the oldest open transaction is " in out
+        assert re.search(r"max_xmin_age: [\d.]+ \(must be <= 1\) FAILED", out), out
+        holder = next(line for line in out.splitlines() if line.startswith("session "))
+        assert "idle in transaction" in holder
+        if vendor == "postgresql":
+            assert "rdbtasks-status-test" in holder
+            assert "django_rdbtasks_task" in out  # its table's dead rows and vacuums
+        else:
+            assert "InnoDB history list length" in out
+        assert run("rdbtasks", "status", "--max-xmin-age", "3600")[0] == 0
+        data = json.loads(run("rdbtasks", "status", "--json", "--max-xmin-age", "1")[1])
+    [check] = data["health"]["checks"]
+    assert check["name"] == "MAX_XMIN_AGE" and check["value"] >= 1.5 and not check["ok"]
+    [holder_data] = data["cleanup"]["holders"]
+    assert holder_data["state"] == "idle in transaction" and holder_data["age"] >= 1.5
+    # Once it ends, the limit holds again.
+    assert run("rdbtasks", "status", "--max-xmin-age", "60")[0] == 0

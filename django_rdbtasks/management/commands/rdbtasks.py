@@ -25,11 +25,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from ... import ops
+from ...cleanup import SHOWN_AFTER, CleanupReport
+from ...db.pg_finished import FINISHED_TABLE
 from ...durations import parse_age
 from ...models import Task
 from ...schema import unapplied_migrations
 from ...states import TaskStatus
 from ..text import counted, refuse
+
+#: The tables whose vacuum the status always reports, dead rows or not.
+TASK_TABLES = (Task._meta.db_table, FINISHED_TABLE)
 
 EXIT_UNHEALTHY = 1
 EXIT_DATABASE = 2
@@ -119,6 +124,12 @@ class Command(BaseCommand):
         limits.add_argument(
             "--max-failed", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_FAILED"]
         )
+        limits.add_argument(
+            "--max-xmin-age",
+            type=float,
+            metavar="SECONDS",
+            help=ops.HEALTH_LIMITS["MAX_XMIN_AGE"],
+        )
 
         probe = subcommands.add_parser(
             "probe",
@@ -199,6 +210,7 @@ class Command(BaseCommand):
             window=window,
             queues=options["queues"],
             replica=not options["primary"],
+            cleanup=True,
         )
         checks = ops.check_health(snap, limits)
         healthy = all(check.ok for check in checks)
@@ -234,6 +246,7 @@ class Command(BaseCommand):
                 max_ready=options["max_ready"],
                 max_stalled=options["max_stalled"],
                 max_failed=options["max_failed"],
+                max_xmin_age=options["max_xmin_age"],
             )
         except ValueError as exc:
             problems.append(str(exc))
@@ -274,6 +287,8 @@ class Command(BaseCommand):
         if snap.off_primary:
             behind = "unknown" if snap.replica_lag is None else seconds_text(snap.replica_lag)
             lines.insert(1, f"Read from {snap.read_from}, a replica; replication lag: {behind}.")
+        if snap.cleanup is not None and snap.cleanup.supported:
+            lines += ["", cleanup_text(snap.cleanup)]
         if checks:
             lines += ["", "Health: " + ("OK" if all(c.ok for c in checks) else "UNHEALTHY")]
             lines += [f"  {check.describe()}" for check in checks]
@@ -408,6 +423,67 @@ class Command(BaseCommand):
             for row, w in zip(table, workers, strict=True)
         ]
         self.stdout.write(format_table([*headers, "HEARTBEAT"], table_rows, right={4, 5, 6, 7, 8}))
+
+
+def cleanup_text(report: CleanupReport) -> str:
+    """What holds back the cleanup of the tables: the oldest holders, the dead rows."""
+    if report.oldest_age is None:
+        headline = "Cleanup: no transaction open"
+    else:
+        headline = f"Cleanup: the oldest open transaction is {seconds_text(report.oldest_age)} old"
+    if report.oldest_xid_age is not None:
+        headline += f" ({report.oldest_xid_age:,} transactions behind at most)"
+    if report.history_length is not None:
+        headline += f"; InnoDB history list length {report.history_length:,}"
+    lines = [headline + "."]
+    if report.holders:
+        lines += [
+            f"Holding back the cleanup (open for {SHOWN_AFTER:g}s or more; "
+            "docs/admin.md says what to do):",
+            format_table(
+                ["HOLDER", "AGE", "XID AGE", "STATE", "APPLICATION", "CLIENT", "USER", "QUERY"],
+                [
+                    [
+                        f"{holder.kind} {holder.name}",
+                        seconds_text(holder.age),
+                        "-" if holder.xid_age is None else f"{holder.xid_age:,}",
+                        holder.state or "-",
+                        holder.application or "-",
+                        holder.client or "-",
+                        holder.user or "-",
+                        " ".join(holder.query.split())[:60] or "-",
+                    ]
+                    for holder in report.holders
+                ],
+                right={1, 2},
+            ),
+        ]
+    tables = [t for t in report.tables if t.dead_rows or t.table in TASK_TABLES]
+    if tables:
+        lines.append(
+            format_table(
+                ["TABLE", "LIVE ROWS", "DEAD ROWS", "LAST VACUUM", "LAST AUTOVACUUM"],
+                [
+                    [
+                        t.table,
+                        f"{t.live_rows:,}",
+                        f"{t.dead_rows:,}",
+                        _ago(report, t.last_vacuum),
+                        _ago(report, t.last_autovacuum),
+                    ]
+                    for t in tables
+                ],
+                right={1, 2},
+            )
+        )
+    lines += [f"Note: {problem}" for problem in report.problems]
+    return "\n".join(lines)
+
+
+def _ago(report: CleanupReport, moment: Any) -> str:
+    if moment is None or report.now is None:
+        return "never"
+    return seconds_text(max(0.0, (report.now - moment).total_seconds())) + " ago"
 
 
 def _bounded(work: Callable[[], Any], timeout: float) -> Any:
