@@ -114,6 +114,8 @@ class CleanupReport:
     history_length: int | None = None
     #: What could not be read, and why (a privilege missing): the report is partial.
     problems: list[str] = field(default_factory=list)
+    #: What else stops the cleanup (autovacuum turned off), one sentence each.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def supported(self) -> bool:
@@ -145,6 +147,7 @@ class CleanupReport:
                 for t in self.tables
             ],
             "problems": list(self.problems),
+            "notes": list(self.notes),
         }
 
 
@@ -254,6 +257,15 @@ PG_TABLES = """
     ORDER BY n_dead_tup DESC
 """
 
+#: Autovacuum, for the server and for each of the app's tables that turns it off.
+PG_AUTOVACUUM = """
+    -- rdbtasks_cleanup_autovacuum
+    SELECT current_setting('autovacuum') = 'on',
+           array(SELECT relname::text FROM pg_class
+                 WHERE oid IN (SELECT to_regclass(name) FROM unnest(%s::text[]) AS name)
+                   AND reloptions @> ARRAY['autovacuum_enabled=false'])
+"""
+
 #: Whether this user sees every session's transaction (a superuser, or a
 #: member of pg_read_all_stats); others' rows show NULLs instead.
 PG_SEES_ALL = """
@@ -328,6 +340,15 @@ def _postgresql(cursor: Any, report: CleanupReport) -> None:
     report.oldest_age = max(ages, default=None)
     cursor.execute(PG_TABLES, [app_tables()])
     report.tables = [TableCleanup(*row) for row in cursor.fetchall()]
+    cursor.execute(PG_AUTOVACUUM, [app_tables()])
+    server_on, tables_off = cursor.fetchone()
+    if not server_on:
+        report.notes.append(
+            "autovacuum is off on this server: dead rows stay until VACUUM is run "
+            "(by hand or by a scheduled job)."
+        )
+    for table in tables_off or []:
+        report.notes.append(f"autovacuum is off for {table} (autovacuum_enabled = false).")
 
 
 def _older_xid(report: CleanupReport, xid_age: int | None) -> None:

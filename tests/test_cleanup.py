@@ -107,3 +107,22 @@ def test_sqlite_has_nothing_to_report(vendor) -> None:
         pytest.skip("SQLite's case")
     report = cleanup_report("default")
     assert not report.supported and report.holders == [] and report.oldest_age is None
+
+
+def test_autovacuum_turned_off_is_said(vendor) -> None:
+    if vendor != "postgresql":
+        pytest.skip("autovacuum is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        server_on = cursor.fetchone()[0] == "on"
+        cursor.execute("ALTER TABLE django_rdbtasks_worker SET (autovacuum_enabled = false)")
+    try:
+        notes = cleanup_report("default").notes
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE django_rdbtasks_worker RESET (autovacuum_enabled)")
+    assert "autovacuum is off for django_rdbtasks_worker (autovacuum_enabled = false)." in notes
+    assert any(note.startswith("autovacuum is off on this server") for note in notes) == (
+        not server_on
+    )
+    assert cleanup_report("default").notes == ([] if server_on else notes[:1])

@@ -284,7 +284,7 @@ def cleanup_section(report: CleanupReport | None) -> dict[str, Any] | None:
             }
             for table in report.tables
         ],
-        "problems": report.problems,
+        "problems": [*report.notes, *report.problems],
     }
 
 

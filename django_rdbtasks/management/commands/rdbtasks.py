@@ -476,7 +476,7 @@ def cleanup_text(report: CleanupReport) -> str:
                 right={1, 2},
             )
         )
-    lines += [f"Note: {problem}" for problem in report.problems]
+    lines += [f"Note: {note}" for note in [*report.notes, *report.problems]]
     return "\n".join(lines)
 
 
