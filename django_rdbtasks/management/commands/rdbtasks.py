@@ -458,8 +458,10 @@ def cleanup_text(report: CleanupReport) -> str:
                 right={1, 2},
             ),
         ]
+    # The tables' dead rows where something holds them: alone they are the
+    # everyday state of a busy queue, waiting for the next autovacuum.
     tables = [t for t in report.tables if t.dead_rows or t.table in TASK_TABLES]
-    if tables:
+    if tables and report.holders:
         lines.append(
             format_table(
                 ["TABLE", "LIVE ROWS", "DEAD ROWS", "LAST VACUUM", "LAST AUTOVACUUM"],
