@@ -363,6 +363,8 @@ def _older_xid(report: CleanupReport, xid_age: int | None) -> None:
 #: known). Each keeps the undo of every change made since its read view began,
 #: in every table. Needs the PROCESS privilege. This connection is left out.
 #: (No COALESCE: MariaDB cuts COALESCE(enum, '') to the literal's type's length.)
+#: INNODB_TRX is a copy InnoDB refreshes only when nobody has read it for
+#: 0.1 s: read more often than that, by anyone, it stays as it was.
 MYSQL_TRANSACTIONS = """
     -- rdbtasks_cleanup_transactions
     SELECT t.trx_mysql_thread_id,

@@ -222,8 +222,11 @@ def database_features_known(django_db_setup, django_db_blocker):
 def held_snapshot(application: str = "rdbtasks-test-holder") -> Iterator[Any]:
     """A second connection to the test database with a transaction open and a
     snapshot taken (REPEATABLE READ, then idle): what a console left open, a
-    report or ``pg_dump`` is to vacuum. Yields the connection; rolled back and
-    closed on exit. PostgreSQL and MySQL/MariaDB only."""
+    report or ``pg_dump`` is to vacuum. Yields its session's id as the reports
+    name it (the backend's pid, the thread id); rolled back and closed on exit.
+    PostgreSQL and MySQL/MariaDB only. On MySQL/MariaDB other databases'
+    transactions on the same server are holders too (InnoDB purges for all of
+    them at once): look for this one."""
     settings = connection.settings_dict
     if connection.vendor == "postgresql":
         import psycopg
@@ -253,8 +256,9 @@ def held_snapshot(application: str = "rdbtasks-test-holder") -> Iterator[Any]:
         cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         cursor.execute("SELECT count(*) FROM django_rdbtasks_task")
         cursor.fetchall()
+    session = other.info.backend_pid if connection.vendor == "postgresql" else other.thread_id()
     try:
-        yield other
+        yield str(session)
     finally:
         other.rollback()
         other.close()

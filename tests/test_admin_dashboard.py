@@ -164,13 +164,13 @@ def test_dashboard_shows_what_holds_back_cleanup(vendor, monkeypatch) -> None:
         assert 'id="rdbtasks-cleanup"' not in text(client.get(url("task_dashboard")))
         return
     monkeypatch.setattr(cleanup, "SHOWN_AFTER", 1.0)
-    with held_snapshot(application="rdbtasks-dashboard-test"):
+    with held_snapshot(application="rdbtasks-dashboard-test") as session:
         time.sleep(1.5)
         page = text(client.get(url("task_dashboard")))
     section = page.split('id="rdbtasks-cleanup"')[1].split("</section>")[0]
     assert "Oldest open transaction: 1." in section or "Oldest open transaction: 2." in section
     holders = section.split('id="rdbtasks-cleanup-holders"')[1].split("</table>")[0]
-    assert "session <code>" in holders and "idle in transaction" in holders
+    assert f"session <code>{session}</code>" in holders and "idle in transaction" in holders
     if vendor == "postgresql":
         assert "rdbtasks-dashboard-test" in holders
         tables = section.split('id="rdbtasks-cleanup-tables"')[1].split("</table>")[0]

@@ -543,13 +543,13 @@ def test_status_shows_what_holds_back_cleanup_and_fails_max_xmin_age(vendor, mon
         assert code == 0 and "Cleanup" not in out and "max_xmin_age: none" in out
         return
     monkeypatch.setattr(cleanup, "SHOWN_AFTER", 1.0)
-    with held_snapshot(application="rdbtasks-status-test"):
+    with held_snapshot(application="rdbtasks-status-test") as session:
         time.sleep(1.5)
         code, out = run("rdbtasks", "status", "--max-xmin-age", "1")
         assert code == 1, out
         assert "Cleanup: the oldest open transaction is " in out
         assert re.search(r"max_xmin_age: [\d.]+ \(must be <= 1\) FAILED", out), out
-        holder = next(line for line in out.splitlines() if line.startswith("session "))
+        holder = next(line for line in out.splitlines() if line.startswith(f"session {session} "))
         assert "idle in transaction" in holder
         if vendor == "postgresql":
             assert "rdbtasks-status-test" in holder
@@ -560,7 +560,7 @@ def test_status_shows_what_holds_back_cleanup_and_fails_max_xmin_age(vendor, mon
         data = json.loads(run("rdbtasks", "status", "--json", "--max-xmin-age", "1")[1])
     [check] = data["health"]["checks"]
     assert check["name"] == "MAX_XMIN_AGE" and check["value"] >= 1.5 and not check["ok"]
-    [holder_data] = data["cleanup"]["holders"]
+    [holder_data] = [h for h in data["cleanup"]["holders"] if h["name"] == session]
     assert holder_data["state"] == "idle in transaction" and holder_data["age"] >= 1.5
-    # Once it ends, the limit holds again.
-    assert run("rdbtasks", "status", "--max-xmin-age", "60")[0] == 0
+    if vendor == "postgresql":  # this database's sessions only: nothing else holds it
+        assert run("rdbtasks", "status", "--max-xmin-age", "60")[0] == 0

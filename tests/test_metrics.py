@@ -388,7 +388,8 @@ def test_the_view_serves_what_holds_back_cleanup(staff_client, vendor, monkeypat
         time.sleep(1.5)
         found = samples(staff_client.get("/metrics/").content.decode())
     assert value(found, "rdbtasks_cleanup_oldest_transaction_seconds") >= 1.5
-    assert value(found, "rdbtasks_cleanup_holders", kind="session") == 1
+    # At least this one (on MySQL/MariaDB, other databases' transactions hold InnoDB too).
+    assert value(found, "rdbtasks_cleanup_holders", kind="session") >= 1
     assert value(found, "rdbtasks_cleanup_holders", kind="replication slot") == 0
     if vendor == "postgresql":
         assert value(found, "rdbtasks_cleanup_xmin_age_transactions") >= 0
