@@ -151,6 +151,22 @@ class CleanupReport:
         }
 
 
+def task_tables() -> tuple[str, ...]:
+    """The tables whose dead rows are shown whenever something holds the cleanup back."""
+    from .models import Task
+
+    return (Task._meta.db_table, FINISHED_TABLE)
+
+
+def shown_tables(report: CleanupReport) -> list[TableCleanup]:
+    """The tables the status and the dashboard show: where something holds the cleanup
+    back, the task tables and any with dead rows. Alone, dead rows are a busy
+    queue's everyday state, waiting for the next autovacuum."""
+    if not report.holders:
+        return []
+    return [t for t in report.tables if t.dead_rows or t.table in task_tables()]
+
+
 def app_tables() -> list[str]:
     """The tables of this app, the task table first (and PostgreSQL's table of finished rows)."""
     from .models import Task

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .. import ops
-from ..cleanup import CleanupReport
+from ..cleanup import CleanupReport, shown_tables
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
 from .display import breakable, concurrency_text, cron_in_words, duration_text, when_text
 from .filters import ListState, visible_queues
@@ -282,7 +282,7 @@ def cleanup_section(report: CleanupReport | None) -> dict[str, Any] | None:
                 "last_vacuum": when_text(table.last_vacuum),
                 "last_autovacuum": when_text(table.last_autovacuum),
             }
-            for table in report.tables
+            for table in shown_tables(report)
         ],
         "problems": [*report.notes, *report.problems],
     }

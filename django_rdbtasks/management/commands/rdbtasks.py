@@ -25,16 +25,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from ... import ops
-from ...cleanup import SHOWN_AFTER, CleanupReport
-from ...db.pg_finished import FINISHED_TABLE
+from ...cleanup import SHOWN_AFTER, CleanupReport, shown_tables
 from ...durations import parse_age
 from ...models import Task
 from ...schema import unapplied_migrations
 from ...states import TaskStatus
 from ..text import counted, refuse
-
-#: The tables whose vacuum the status always reports, dead rows or not.
-TASK_TABLES = (Task._meta.db_table, FINISHED_TABLE)
 
 EXIT_UNHEALTHY = 1
 EXIT_DATABASE = 2
@@ -458,10 +454,8 @@ def cleanup_text(report: CleanupReport) -> str:
                 right={1, 2},
             ),
         ]
-    # The tables' dead rows where something holds them: alone they are the
-    # everyday state of a busy queue, waiting for the next autovacuum.
-    tables = [t for t in report.tables if t.dead_rows or t.table in TASK_TABLES]
-    if tables and report.holders:
+    tables = shown_tables(report)
+    if tables:
         lines.append(
             format_table(
                 ["TABLE", "LIVE ROWS", "DEAD ROWS", "LAST VACUUM", "LAST AUTOVACUUM"],
