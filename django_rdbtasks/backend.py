@@ -38,7 +38,8 @@ from .pooling import pooling_checks
 from .rdbtask import RDBTask
 from .reads import read_database_checks
 from .results import RDBTaskResult, ready_result, stamp_enqueued_at
-from .stored import result_from_row, unloadable_task
+from .stored import replace_unvalidated, result_from_row, unloadable_task
+from .suggest import did_you_mean
 
 # What this module has always offered, wherever it is defined now.
 __all__ = ["RDBTask", "RDBTaskBackend", "RDBTaskResult", "bulk_enqueue"]
@@ -46,6 +47,15 @@ __all__ = ["RDBTask", "RDBTaskBackend", "RDBTaskResult", "bulk_enqueue"]
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF = 1.0
 DEFAULT_MAX_BACKOFF = 3600.0
+
+#: The keys of a ``TASKS`` entry the framework reads; any other is a typo (an error).
+KNOWN_KEYS = ("BACKEND", "QUEUES", "OPTIONS")
+
+#: Tasks made (by ``@task`` or ``using()``) with a queue their backend's QUEUES
+#: lacks, by (backend alias, path, queue): reported by a system check
+#: (checks.py, E062) and refused at enqueue. Bounded: ``using()`` makes copies.
+DECLARED_OUTSIDE_QUEUES: dict[tuple[str, str, str], Task] = {}
+DECLARED_OUTSIDE_QUEUES_MAX = 1000
 
 #: The backend's ``OPTIONS``; any other key is probably a typo (a warning).
 KNOWN_OPTIONS = frozenset(
@@ -78,11 +88,18 @@ class RDBTaskBackend(BaseTaskBackend):
     supports_async_task = True
 
     def __init__(self, alias: str, params: dict) -> None:
+        queues = params.get("QUEUES")
+        if queues is not None and not isinstance(queues, Iterable):
+            params = {**params, "QUEUES": []}  # the framework's set() would raise: E003 says it
         super().__init__(alias, params)
+        if queues is not None and not isinstance(queues, Iterable):
+            params = {**params, "QUEUES": queues}
         options = self.options
         #: Bad OPTIONS, reported by check() and refused by enqueue(): raising
         #: here instead would make ``manage.py check`` crash rather than say so.
         self.option_errors: list[str] = []
+        #: What is wrong with the entry itself (its keys), for check() only.
+        self.settings_errors: list[str] = self._settings_errors(params)
         self.database: str = options.get("DATABASE", "default")
         self.max_attempts = self._number_option("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS, 1, int)
         self.backoff = self._number_option("BACKOFF", DEFAULT_BACKOFF, 0, float)
@@ -100,6 +117,35 @@ class RDBTaskBackend(BaseTaskBackend):
         #: this backend's configuration (the framework makes a new backend when
         #: TASKS changes), so the same task object needs checking once.
         self._valid_tasks: dict[int, Task] = {}
+
+    def _settings_errors(self, params: dict) -> list[str]:
+        """Unknown keys of the TASKS entry, and QUEUES that is not a list of names.
+
+        QUEUES given as one string (``"QUEUES": "default"``) is refused by
+        enqueue and by the checks; meanwhile it counts as that one queue, so
+        that the error says QUEUES and not "Queue 'default' is not valid".
+        """
+        errors = [
+            f"TASKS[{self.alias!r}] has the key {key!r}, which the Tasks framework does "
+            f"not read (it reads {', '.join(KNOWN_KEYS)}).{did_you_mean(str(key), KNOWN_KEYS)}"
+            for key in params
+            if key not in KNOWN_KEYS
+        ]
+        queues = params.get("QUEUES")
+        if isinstance(queues, str):
+            self.queues = {queues}
+            self.option_errors.append(
+                f"TASKS[{self.alias!r}]['QUEUES'] must be a list of queue names, not the "
+                f"string {queues!r}: write [{queues!r}]."
+            )
+        elif queues is not None and (
+            not isinstance(queues, list | tuple | set | frozenset)
+            or not all(isinstance(name, str) and name for name in queues)
+        ):
+            self.option_errors.append(
+                f"TASKS[{self.alias!r}]['QUEUES'] must be a list of queue names, not {queues!r}."
+            )
+        return errors
 
     def _number_option(self, name: str, default: Any, minimum: float, kind: type) -> Any:
         raw = self.options.get(name, default)
@@ -119,7 +165,43 @@ class RDBTaskBackend(BaseTaskBackend):
 
     # -- validation --------------------------------------------------------------------
 
+    def queue_problem(self, task: Task) -> str | None:
+        """Why ``task``'s queue is not one of this backend's QUEUES (None: it is).
+
+        The framework's own words ("Queue 'x' is not valid for backend.") name
+        neither the task nor the setting to change.
+        """
+        if not self.queues or task.queue_name in self.queues:
+            return None
+        return (
+            f"Queue {task.queue_name!r} is not valid for backend {self.alias!r}: task "
+            f"{task.module_path} uses it, and TASKS[{self.alias!r}]['QUEUES'] is "
+            f"{sorted(self.queues)}. Add it to QUEUES, or give the task one of those "
+            f"(@task(queue_name=...) or .using(queue_name=...))."
+            + did_you_mean(task.queue_name, self.queues)
+        )
+
+    def validate_declaration(self, task: Task) -> None:
+        """What the framework checks as a task is made (``@task``, ``using()``): all of
+        ``validate_task`` but the queue.
+
+        A queue missing from QUEUES refused there ends every ``manage.py``
+        command in a traceback at import, wherever a module imports the task.
+        Such a task is remembered instead, reported by ``manage.py check``
+        (E062, which also stops ``runworkers``), and refused by ``enqueue()``.
+        """
+        if self.queue_problem(task) is None:
+            self.validate_task(task)
+            return
+        self.validate_task(replace_unvalidated(task, queue_name=sorted(self.queues)[0]))
+        if len(DECLARED_OUTSIDE_QUEUES) >= DECLARED_OUTSIDE_QUEUES_MAX:
+            DECLARED_OUTSIDE_QUEUES.clear()
+        DECLARED_OUTSIDE_QUEUES[(self.alias, task.module_path, task.queue_name)] = task
+
     def validate_task(self, task: Task) -> None:
+        problem = self.queue_problem(task)
+        if problem is not None:
+            raise InvalidTask(problem)
         super().validate_task(task)
         max_attempts = getattr(task, "max_attempts", None)
         if max_attempts is not None and (
@@ -161,6 +243,9 @@ class RDBTaskBackend(BaseTaskBackend):
         errors += [
             checks.Error(f"Task backend {self.alias!r}: {message}", id="django_rdbtasks.E003")
             for message in self.option_errors
+        ]
+        errors += [
+            checks.Error(message, id="django_rdbtasks.E060") for message in self.settings_errors
         ]
         errors += pooling_checks(self)
         errors += read_database_checks(self)

@@ -153,24 +153,81 @@ def mysql_isolation_level(vendor: str, settings: Mapping[str, Any]) -> str | Non
 
 @checks.register()
 def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .jobs import declared_jobs, validate_task_path
+    """Every declared job (RDBTASKS_JOBS, @periodic), each error by the job's name.
 
-    errors: list[checks.CheckMessage] = []
-    try:
-        jobs = declared_jobs()
-    except TypeError as exc:
-        return [checks.Error(f"RDBTASKS_JOBS: {exc}", id="django_rdbtasks.E010")]
+    One job's typo does not hide the others' errors: each job is read and
+    checked on its own (``read_declared_jobs``).
+    """
+    from .discovery import task_module_failures
+    from .jobs import read_declared_jobs, validate_job_target, validate_task_path
+
+    task_module_failures()  # the @periodic of the tasks modules, as a worker has them
+    jobs, problems = read_declared_jobs()
+    errors: list[checks.CheckMessage] = [
+        checks.Error(
+            f"Job {name!r}: {' '.join(found)}" if name else " ".join(found),
+            id="django_rdbtasks.E011" if name else "django_rdbtasks.E010",
+        )
+        for name, found in problems.items()
+    ]
     for name, spec in jobs.items():
-        try:
-            spec.validate()
-            if not spec.task_path:
-                raise ValidationError("it names no task ('task': 'app.tasks.function').")
-            validate_task_path(spec.task_path)
-        except ValidationError as exc:
+        messages: list[str] = []
+        for validate, arguments in (
+            (spec.validate, ()),
+            (validate_task_path, (spec.task_path,)),
+            (validate_job_target, (spec.task_path, spec.queue_name, spec.priority)),
+        ):
+            try:
+                validate(*arguments)
+            except ValidationError as exc:
+                messages += exc.messages
+        if messages:
             errors.append(
-                checks.Error(f"Job {name!r}: {'; '.join(exc.messages)}", id="django_rdbtasks.E011")
+                checks.Error(f"Job {name!r}: {'; '.join(messages)}", id="django_rdbtasks.E011")
             )
     return errors
+
+
+@checks.register()
+def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The modules a worker imports (discovery.py) import; what they declare is valid.
+
+    E063: a ``tasks`` module (or one of RDBTASKS_IMPORTS) that fails to import:
+    every worker would fail to start. E062: a task made with a queue its
+    backend's QUEUES lacks (refused by enqueue, reported here instead of a
+    traceback at import). W064: a module of the project with ``@periodic``
+    that no worker imports, so its jobs would never be scheduled.
+    """
+    from .backend import DECLARED_OUTSIDE_QUEUES, RDBTaskBackend
+    from .discovery import periodic_outside_task_modules, task_module_failures
+
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"Importing {module} failed: {type(exc).__name__}: {exc}",
+            hint="Workers import every installed app's tasks module and RDBTASKS_IMPORTS "
+            "before they start; each must import without error.",
+            id="django_rdbtasks.E063",
+        )
+        for module, exc in task_module_failures().items()
+    ]
+    seen = set()
+    for task in list(DECLARED_OUTSIDE_QUEUES.values()):
+        backend = task.get_backend()
+        problem = backend.queue_problem(task) if isinstance(backend, RDBTaskBackend) else None
+        if problem is not None and problem not in seen:
+            seen.add(problem)
+            messages.append(checks.Error(problem, id="django_rdbtasks.E062"))
+    for found in periodic_outside_task_modules():
+        messages.append(
+            checks.Warning(
+                f"{found.module} declares @periodic jobs ({', '.join(found.functions)}), but "
+                "no worker imports it: they would never be scheduled.",
+                hint=f"Move them into a tasks module, import {found.module} from one, or add "
+                f"{found.module!r} to RDBTASKS_IMPORTS.",
+                id="django_rdbtasks.W064",
+            )
+        )
+    return messages
 
 
 @checks.register()

@@ -24,6 +24,12 @@ UNITS: dict[str, int] = {
 #: What the messages show as the accepted forms.
 FORMS = "7d, 12h, 30min, 45s, 2w or 1d12h (or a datetime.timedelta in settings)"
 
+#: The longest age accepted. Every age is subtracted from the database clock
+#: (``now - age``), and a ``timedelta`` far short of ``timedelta.max`` already
+#: takes that below year 1 (``OverflowError``); MySQL's DATETIME starts at year
+#: 1000. A hundred years is older than any task, so it still means "all of them".
+MAX_AGE = dt.timedelta(days=36500)
+
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)([a-z]+)")
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
 
@@ -32,12 +38,13 @@ def parse_age(value: object) -> dt.timedelta:
     """A non-negative ``timedelta`` from ``value``, or ``ValueError`` saying what is accepted.
 
     ``value`` is a ``timedelta`` or text of one or more number-and-unit parts:
-    ``"7d"``, ``"1d12h"``, ``"1.5h"``, ``"90 min"``.
+    ``"7d"``, ``"1d12h"``, ``"1.5h"``, ``"90 min"``; at most ``MAX_AGE``, so
+    that ``now - age`` is a time every database can compare with.
     """
     if isinstance(value, dt.timedelta):
         if value < dt.timedelta(0):
             raise ValueError(f"{value!r} is negative; an age is 0 or more: {FORMS}.")
-        return value
+        return _at_most_max(value, value)
     if isinstance(value, bool | int | float):
         raise ValueError(f"{value!r} has no unit: write an age like {FORMS}.")
     if not isinstance(value, str):
@@ -58,12 +65,22 @@ def parse_age(value: object) -> dt.timedelta:
         if unit not in UNITS:
             raise ValueError(f"{value!r}: {unit!r} is not a unit; write an age like {FORMS}.")
         seconds += float(number) * UNITS[unit]
-    try:
-        return dt.timedelta(seconds=seconds)
-    except OverflowError:
-        raise ValueError(
-            f"{value!r} is too long an age: at most {dt.timedelta.max.days} days."
-        ) from None
+    if seconds > MAX_AGE.total_seconds():
+        raise _too_long(value)
+    return dt.timedelta(seconds=seconds)
+
+
+def _at_most_max(age: dt.timedelta, value: object) -> dt.timedelta:
+    if age > MAX_AGE:
+        raise _too_long(value)
+    return age
+
+
+def _too_long(value: object) -> ValueError:
+    return ValueError(
+        f"{value!r} is too long an age: at most {MAX_AGE.days}d (a hundred years), "
+        "which already reaches back before any task."
+    )
 
 
 def format_age(age: dt.timedelta) -> str:

@@ -13,6 +13,7 @@ is retired (``retired_at``) and never fires again, unless code declares it again
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -26,13 +27,14 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 
-from .compat import TASK_BASE_CLASSES, Task
+from .compat import TASK_BASE_CLASSES, InvalidTask, Task
 from .db import dialect_for
 from .db.functions import DbNow
 from .exceptions import InvalidTaskPath
 from .loading import check_loadable, load_task
 from .models import Job, JobRecord, MisfirePolicy
 from .states import TaskStatus
+from .suggest import did_you_mean
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
 
@@ -77,7 +79,13 @@ def validate_task_path(path: str) -> None:
         raise ValidationError(str(exc)) from exc
 
 
-def validate_job_fields(cron: str, timezone: str, task_path: str) -> None:
+def validate_job_fields(
+    cron: str,
+    timezone: str,
+    task_path: str,
+    queue_name: str = "",
+    priority: int | None = None,
+) -> None:
     errors: dict[str, list[str]] = {}
     for name, check, value in (
         ("cron", validate_cron, cron),
@@ -88,6 +96,11 @@ def validate_job_fields(cron: str, timezone: str, task_path: str) -> None:
             check(value)
         except ValidationError as exc:
             errors[name] = exc.messages
+    if "task_path" not in errors:
+        try:
+            validate_job_target(task_path, queue_name, priority)
+        except ValidationError as exc:
+            errors.update(exc.message_dict)
     if errors:
         raise ValidationError(errors)
 
@@ -136,13 +149,47 @@ class JobSpec:
     enabled: bool = True
 
     def validate(self) -> None:
-        validate_cron(self.cron)
-        validate_timezone(self.timezone)
+        """Every problem of the declaration at once (one ``ValidationError``).
+
+        Not the task path nor the queue: those need the apps loaded and the
+        task imported, and the system check asks them (``validate_job_target``).
+        """
+        problems = [
+            f"{name} must be {kind}, not {getattr(self, name)!r}."
+            for name, kind, valid in (
+                ("cron", "a cron expression (text)", isinstance(self.cron, str)),
+                ("timezone", "a time zone name", isinstance(self.timezone, str)),
+                # Every tick would fail to enqueue: a task takes keyword arguments by name.
+                ("kwargs", "a dict of keyword arguments", isinstance(self.kwargs, dict)),
+                ("queue_name", "a queue name (text)", isinstance(self.queue_name, str)),
+                (
+                    "priority",
+                    "a whole number or None",
+                    self.priority is None
+                    or (isinstance(self.priority, int) and not isinstance(self.priority, bool)),
+                ),
+                ("enabled", "True or False", isinstance(self.enabled, bool)),
+            )
+            if not valid
+        ]
+        for name, check in (("cron", validate_cron), ("timezone", validate_timezone)):
+            if isinstance(getattr(self, name), str):
+                try:
+                    check(getattr(self, name))
+                except ValidationError as exc:
+                    problems += exc.messages
         if self.misfire_policy not in MisfirePolicy.values:
-            raise ValidationError(
+            problems.append(
                 f"misfire_policy must be one of {MisfirePolicy.values}, "
                 f"not {self.misfire_policy!r}."
             )
+        if isinstance(self.kwargs, dict):
+            try:
+                json.dumps(self.kwargs)
+            except (TypeError, ValueError) as exc:
+                problems.append(f"kwargs must be JSON (a job's row keeps them): {exc}.")
+        if problems:
+            raise ValidationError(problems)
 
 
 _decorated: dict[str, JobSpec] = {}
@@ -181,7 +228,8 @@ def periodic(
             task_path=task.module_path,
             cron=cron,
             timezone=timezone,
-            kwargs=dict(kwargs or {}),
+            # A copy of a dict; anything else as given, for validate() to name.
+            kwargs=dict(kwargs) if isinstance(kwargs, dict) else {} if kwargs is None else kwargs,
             misfire_policy=misfire_policy,
             queue_name=queue_name,
             priority=priority,
@@ -190,7 +238,7 @@ def periodic(
             spec.validate()
         except ValidationError as exc:
             raise ImproperlyConfigured(
-                f"@periodic on {task.module_path}: {exc.messages[0]}"
+                f"@periodic on {task.module_path}: {' '.join(exc.messages)}"
             ) from exc
         _decorated[spec.name] = spec
         return task
@@ -206,14 +254,114 @@ def _name_of(thing: Any) -> str:
     return f"{module}.{name}" if module and name else repr(thing)
 
 
-def declared_jobs() -> dict[str, JobSpec]:
-    """Jobs from the ``RDBTASKS_JOBS`` setting and from ``@periodic``; the setting wins."""
+#: The keys of an ``RDBTASKS_JOBS`` entry (``task`` or ``task_path``; the name is its key).
+JOB_SETTING_KEYS = (
+    "task",
+    "task_path",
+    "cron",
+    "timezone",
+    "kwargs",
+    "misfire_policy",
+    "queue_name",
+    "priority",
+    "enabled",
+)
+
+
+def read_declared_jobs() -> tuple[dict[str, JobSpec], dict[str, list[str]]]:
+    """The jobs of ``RDBTASKS_JOBS`` and ``@periodic`` (the setting wins), and the problems.
+
+    Problems are by job name (``""``: the setting as a whole). A job with a
+    problem of its setting's shape (an unknown key, no task, no cron) is left
+    out of the jobs; every other job is still read, so that one typo does not
+    hide the other jobs' errors.
+    """
     jobs = dict(_decorated)
-    for name, options in getattr(settings, "RDBTASKS_JOBS", {}).items():
-        options = dict(options)
-        task_path = options.pop("task", None) or options.pop("task_path", None)
-        jobs[name] = JobSpec(name=name, task_path=task_path, **options)
+    problems: dict[str, list[str]] = {}
+    setting = getattr(settings, "RDBTASKS_JOBS", None) or {}
+    if not isinstance(setting, Mapping):
+        return jobs, {"": [f"RDBTASKS_JOBS must be a dict of job name to job, not {setting!r}."]}
+    for name, options in setting.items():
+        if not isinstance(options, Mapping):
+            problems[str(name)] = [
+                f"must be a dict like {{'task': 'app.tasks.function', 'cron': '0 3 * * *'}}, "
+                f"not {options!r}."
+            ]
+            continue
+        found = [
+            f"{key!r} is not a job's setting (it takes {', '.join(JOB_SETTING_KEYS)})."
+            + (
+                " A job's name is its key in RDBTASKS_JOBS."
+                if key == "name"
+                else did_you_mean(str(key), JOB_SETTING_KEYS)
+            )
+            for key in options
+            if key not in JOB_SETTING_KEYS
+        ]
+        values = {key: value for key, value in options.items() if key in JOB_SETTING_KEYS}
+        task_path = values.pop("task", None) or values.pop("task_path", None)
+        values.pop("task_path", None)
+        if not task_path:
+            found.append("it names no task ('task': 'app.tasks.function').")
+        if "cron" not in values:
+            found.append("it has no cron expression ('cron': '0 3 * * *').")
+        if found:
+            problems[str(name)] = found
+            jobs.pop(name, None)  # not a @periodic's of the same name either: the setting wins
+            continue
+        jobs[name] = JobSpec(name=name, task_path=task_path, **values)
+    return jobs, problems
+
+
+def declared_jobs() -> dict[str, JobSpec]:
+    """Jobs from the ``RDBTASKS_JOBS`` setting and from ``@periodic``; the setting wins.
+
+    ``ImproperlyConfigured`` names every problem of the setting at once
+    (``manage.py check`` reports them before a scheduler ever gets here).
+    """
+    jobs, problems = read_declared_jobs()
+    if problems:
+        raise ImproperlyConfigured(
+            "RDBTASKS_JOBS: "
+            + " ".join(
+                f"{f'job {name!r}: ' if name else ''}{' '.join(found)}"
+                for name, found in problems.items()
+            )
+        )
     return jobs
+
+
+def validate_job_target(task_path: str, queue_name: str, priority: int | None) -> None:
+    """The queue and priority a job gives its task are ones the task's backend accepts.
+
+    A job with a queue its backend's QUEUES lacks fails every tick; refused
+    here by field (``queue_name``, ``priority``), for the admin's form and the
+    system check. A task path that loads no task is ``validate_task_path``'s.
+    """
+    from .backend import RDBTaskBackend
+
+    if not queue_name and priority is None:
+        return
+    try:
+        task = load_task(task_path)
+    except InvalidTaskPath:
+        return
+    backend = task.get_backend()
+    errors: dict[str, list[str]] = {}
+    if queue_name and isinstance(backend, RDBTaskBackend) and backend.queues:
+        if queue_name not in backend.queues:
+            errors["queue_name"] = [
+                f"Queue {queue_name!r} is not in TASKS[{backend.alias!r}]['QUEUES'] "
+                f"({', '.join(sorted(backend.queues))}), so every tick would fail to enqueue."
+                + did_you_mean(queue_name, backend.queues)
+            ]
+    if priority is not None:
+        try:
+            backend.validate_task(task.using(priority=priority))
+        except (InvalidTask, ValueError, TypeError) as exc:
+            errors["priority"] = [str(exc)]
+    if errors:
+        raise ValidationError(errors)
 
 
 def sync_declared_jobs(using: str = "default", jobs: Mapping[str, JobSpec] | None = None) -> None:

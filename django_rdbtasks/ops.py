@@ -25,6 +25,7 @@ from django.db import connections, router, transaction
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncHour, TruncMinute
 
+from .cleanup import CleanupReport, cleanup_report
 from .compat import task_backends
 from .db import dialect_for
 from .db.pg_finished import estimated_rows
@@ -32,6 +33,7 @@ from .jobs import database_now
 from .models import Task, TaskStatus, Worker
 from .models.ready import ready_conditions
 from .reads import read_database, replica_lag
+from .suggest import did_you_mean
 
 FINISHED = TaskStatus.finished()
 #: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
@@ -147,6 +149,8 @@ class Snapshot:
     read_from: str = ""
     #: Seconds that copy was behind the primary (None: unknown, or read from the primary).
     replica_lag: float | None = None
+    #: What holds back the cleanup of the tables (cleanup.py), read on the primary.
+    cleanup: CleanupReport | None = None
 
     @property
     def off_primary(self) -> bool:
@@ -183,6 +187,7 @@ class Snapshot:
                 "running": sum(w.running for w in self.workers),
                 "list": [worker_as_dict(w, self.now) for w in self.workers],
             },
+            "cleanup": None if self.cleanup is None else self.cleanup.as_dict(),
         }
 
 
@@ -198,18 +203,44 @@ def configured_queues(using: str) -> list[str]:
     return sorted(names)
 
 
+def unknown_queue_problems(
+    names: Iterable[str], tasks: QuerySet[Task], configured: Iterable[str]
+) -> list[str]:
+    """What is wrong with queue names an operator typed, one sentence each (none: all known).
+
+    A typo must not read as an empty, healthy queue (``status --queue defualt
+    --max-ready 0`` stayed green forever): a name is known if ``configured``
+    (the backends' QUEUES) has it or a task of ``tasks`` is in it (a queue
+    since removed from QUEUES still holds its tasks).
+    """
+    known = set(configured)
+    problems = []
+    for name in dict.fromkeys(names):
+        if name in known or tasks.filter(queue_name=name).exists():
+            continue
+        listed = ", ".join(sorted(known)) or "none"
+        problems.append(
+            f"No queue {name!r}: no task is in it, and QUEUES has {listed}."
+            + did_you_mean(name, known)
+        )
+    return problems
+
+
 def snapshot(
     using: str | None = None,
     *,
     window: dt.timedelta = dt.timedelta(hours=1),
     queues: Sequence[str] | None = None,
     replica: bool = False,
+    cleanup: bool = False,
 ) -> Snapshot:
     """Counts per queue and status, lag, throughput and live workers, at one instant.
 
     ``replica``: read them from the backend's READ_DATABASE, if it has one
     (reads.py); the times are then the replica's clock, and what it shows is
-    as old as its replication lag, which the snapshot carries.
+    as old as its replication lag, which the snapshot carries. ``cleanup``:
+    also what holds back the cleanup of the tables (cleanup.py), read on the
+    primary, whose sessions are the ones vacuum waits for.
     """
     using = using or default_database()
     source = read_database(using) if replica else using
@@ -246,6 +277,7 @@ def snapshot(
         gone_workers=gone_workers(source).count(),
         read_from=source,
         replica_lag=replica_lag(source) if source != using else None,
+        cleanup=cleanup_report(using) if cleanup else None,
     )
 
 
@@ -405,7 +437,8 @@ def worker_as_dict(worker: Worker, now: dt.datetime) -> dict[str, Any]:
         "queues": list(worker.queues),
         "mode": worker.mode,
         "threads": worker.threads,
-        "batch": worker.batch,
+        # None: no --batch, claimed ahead adaptively (the registry stores 0).
+        "batch": worker.batch or None,
         "running": worker.running,
         "done": worker.done,
         "failed": worker.failed,
@@ -425,6 +458,8 @@ HEALTH_LIMITS = {
     "MAX_READY": "runnable tasks there may be (queue depth)",
     "MAX_STALLED": "running tasks whose worker stopped renewing their lease",
     "MAX_FAILED": "tasks that may fail for good in the window (an hour)",
+    "MAX_XMIN_AGE": "seconds the oldest open transaction or snapshot of the task database "
+    "may hold back the cleanup of dead rows (see docs/admin.md)",
 }
 
 
@@ -443,15 +478,30 @@ class HealthCheck:
 
 
 def health_limits(**overrides: float | None) -> dict[str, float]:
-    """``RDBTASKS_HEALTH`` with the non-None ``overrides`` (lower-case names) on top."""
-    limits = {k.upper(): v for k, v in getattr(settings, "RDBTASKS_HEALTH", {}).items()}
-    unknown = set(limits) - set(HEALTH_LIMITS)
-    if unknown:
-        raise ValueError(f"RDBTASKS_HEALTH: unknown keys {sorted(unknown)}.")
+    """``RDBTASKS_HEALTH`` with the non-None ``overrides`` (lower-case names) on top.
+
+    ``ValueError`` names every problem at once: unknown keys (with the nearest
+    known one) and values that are not numbers.
+    """
+    limits = {str(k).upper(): v for k, v in getattr(settings, "RDBTASKS_HEALTH", {}).items()}
+    problems = [
+        f"RDBTASKS_HEALTH: unknown key {name!r}." + did_you_mean(name, HEALTH_LIMITS)
+        for name in sorted(set(limits) - set(HEALTH_LIMITS))
+    ]
     for name, value in overrides.items():
         if value is not None:
             limits[name.upper()] = value
-    return {name: float(value) for name, value in limits.items() if value is not None}
+    numbers: dict[str, float] = {}
+    for name, value in limits.items():
+        if value is None or name not in HEALTH_LIMITS:
+            continue
+        try:
+            numbers[name] = float(value)
+        except (TypeError, ValueError):
+            problems.append(f"RDBTASKS_HEALTH[{name!r}] must be a number, not {value!r}.")
+    if problems:
+        raise ValueError(" ".join(problems))
+    return numbers
 
 
 def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:
@@ -462,6 +512,7 @@ def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:
         "MAX_READY": snap.total.ready,
         "MAX_STALLED": snap.total.stalled,
         "MAX_FAILED": snap.total.failed,
+        "MAX_XMIN_AGE": None if snap.cleanup is None else snap.cleanup.oldest_age,
     }
     checks = []
     for name, limit in limits.items():

@@ -35,3 +35,10 @@ class RDBTask(Task):
     #: if it does not within ``OPTIONS["TIMEOUT_GRACE"]``, its process is recycled.
     #: Either way the run fails with ``TaskTimeout`` (retried if attempts remain).
     timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        # As the framework's, except that a queue missing from the backend's
+        # QUEUES is not refused while the task is made (at import): it is
+        # reported by the system checks and refused by enqueue (backend.py).
+        backend = self.get_backend()
+        getattr(backend, "validate_declaration", backend.validate_task)(self)

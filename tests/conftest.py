@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection, connections
@@ -214,3 +216,49 @@ def database_features_known(django_db_setup, django_db_blocker):
 
     with django_db_blocker.unblock():
         checks.run_checks(databases=list(connections))
+
+
+@contextmanager
+def held_snapshot(application: str = "rdbtasks-test-holder") -> Iterator[Any]:
+    """A second connection to the test database with a transaction open and a
+    snapshot taken (REPEATABLE READ, then idle): what a console left open, a
+    report or ``pg_dump`` is to vacuum. Yields its session's id as the reports
+    name it (the backend's pid, the thread id); rolled back and closed on exit.
+    PostgreSQL and MySQL/MariaDB only. On MySQL/MariaDB other databases'
+    transactions on the same server are holders too (InnoDB purges for all of
+    them at once): look for this one."""
+    settings = connection.settings_dict
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        other = psycopg.connect(
+            host=settings["HOST"] or None,
+            port=settings["PORT"] or None,
+            user=settings["USER"] or None,
+            password=settings["PASSWORD"] or None,
+            dbname=settings["NAME"],
+            application_name=application,
+        )
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM django_rdbtasks_task").fetchone()
+    else:
+        import MySQLdb
+
+        other = MySQLdb.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=int(settings["PORT"] or 3306),
+            user=settings["USER"],
+            password=settings["PASSWORD"] or "",
+            database=settings["NAME"],
+        )
+        cursor = other.cursor()
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cursor.execute("SELECT count(*) FROM django_rdbtasks_task")
+        cursor.fetchall()
+    session = other.info.backend_pid if connection.vendor == "postgresql" else other.thread_id()
+    try:
+        yield str(session)
+    finally:
+        other.rollback()
+        other.close()

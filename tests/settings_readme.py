@@ -6,7 +6,8 @@ the typos a user makes. tests/test_checks.py runs ``manage.py check`` on it in
 a process of its own, since INSTALLED_APPS is read once per process.
 
 RDBTASKS_TEST_README_BACKPORT=first|last adds ``django_tasks`` before or after
-this app; RDBTASKS_TEST_README_GOOD=1 gives TASKS and DATABASES as the README has
+this app; RDBTASKS_TEST_README_IMPORTS names modules for RDBTASKS_IMPORTS (comma
+separated); RDBTASKS_TEST_README_GOOD=1 gives TASKS and DATABASES as the README has
 them, SQLite's OPTIONS included.
 """
 
@@ -50,3 +51,6 @@ TASKS = {
         ),
     }
 }
+
+if os.environ.get("RDBTASKS_TEST_README_IMPORTS"):
+    RDBTASKS_IMPORTS = os.environ["RDBTASKS_TEST_README_IMPORTS"].split(",")

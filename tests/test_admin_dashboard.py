@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pytest
 from django.conf import settings
@@ -24,6 +25,7 @@ from tests.browser.support import (
     text,
     url,
 )
+from tests.conftest import held_snapshot
 
 if "django.contrib.admin" in settings.INSTALLED_APPS:
     from django_rdbtasks.admin import Chart
@@ -152,3 +154,27 @@ def test_chart_scales_bars_into_the_plot() -> None:
         "12:40",
         "12:50",
     ]
+
+
+def test_dashboard_shows_what_holds_back_cleanup(vendor, monkeypatch) -> None:
+    from django_rdbtasks import cleanup
+
+    client = client_for(*VIEW)
+    if vendor == "sqlite":
+        assert 'id="rdbtasks-cleanup"' not in text(client.get(url("task_dashboard")))
+        return
+    monkeypatch.setattr(cleanup, "SHOWN_AFTER", 1.0)
+    with held_snapshot(application="rdbtasks-dashboard-test") as session:
+        time.sleep(1.5)
+        page = text(client.get(url("task_dashboard")))
+    section = page.split('id="rdbtasks-cleanup"')[1].split("</section>")[0]
+    assert "Oldest open transaction: 1." in section or "Oldest open transaction: 2." in section
+    holders = section.split('id="rdbtasks-cleanup-holders"')[1].split("</table>")[0]
+    assert f"session <code>{session}</code>" in holders and "idle in transaction" in holders
+    if vendor == "postgresql":
+        assert "rdbtasks-dashboard-test" in holders
+        tables = section.split('id="rdbtasks-cleanup-tables"')[1].split("</table>")[0]
+        assert "<code>django_rdbtasks_task</code>" in tables
+    else:
+        assert "InnoDB history list length" in section
+    assert "What holds back cleanup" in section  # where docs/admin.md says what to do

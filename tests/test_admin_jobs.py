@@ -94,6 +94,15 @@ def test_a_paused_job_shows_no_next_runs() -> None:
         ("task_path", "elsewhere.tasks.job", "not part of an installed app"),
         ("task_path", "tests.testapp.tasks.not_a_task", "is not a task"),
         ("kwargs", "[1, 2]", "must be a JSON object"),
+        # Issue 39: accepted, and then every tick failed to enqueue.
+        (
+            "queue_name",
+            "emials",
+            "Queue &#x27;emials&#x27; is not in TASKS[&#x27;default&#x27;][&#x27;QUEUES&#x27;] "
+            "(default, emails, other), so every tick would fail to enqueue. "
+            "Did you mean &#x27;emails&#x27;?",
+        ),
+        ("priority", "1000", "priority must be a whole number between -100 and 100"),
     ],
 )
 def test_job_form_validates_cron_timezone_task_and_kwargs(field, value, message) -> None:

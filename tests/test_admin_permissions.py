@@ -95,6 +95,8 @@ def test_dashboard_counts_only_the_teams_queues() -> None:
     queues = page.split('id="rdbtasks-queues"')[1].split("</table>")[0]
     assert "?queue=emails" in queues and "?queue=default" not in queues
     assert "tasks in the table" not in page  # the table's total is everyone's
+    # Nor what holds back cleanup: other sessions' queries, of every queue.
+    assert 'id="rdbtasks-cleanup"' not in page
     total = queues.split("rdbtasks-total")[1]
     assert total.count('class="rdbtasks-count-failed"') == 1 and ">1</a>" in total
 
@@ -128,7 +130,7 @@ def test_requeue_command_acts_as_a_user() -> None:
     staff("viewer", ["django_rdbtasks.view_task"])
     out = StringIO()
     call_command("requeue", "--all", "--user", "mail", stdout=out)
-    assert "Requeued 1 tasks." in out.getvalue()
+    assert "Requeued 1 task." in out.getvalue()
     assert Task.objects.get(pk=tasks["email"].pk).status == TaskStatus.READY
     assert Task.objects.get(pk=tasks["default"].pk).status == TaskStatus.FAILED
     with pytest.raises(CommandError, match="may not retry"):

@@ -598,3 +598,36 @@ def test_discard_needs_the_permission_and_a_failed_or_cancelled_task() -> None:
     response = client.post(url("task_discard", running.pk), follow=True)
     assert "1 task was kept" in text(response)
     assert Task.objects.filter(pk__in=[failed.pk, running.pk]).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_and_get_result_agree_on_the_attempts_after_a_retry() -> None:
+    """Issue 39: the page said ``Attempts: 3/3`` where ``get_result().attempts == 6``."""
+    from django_rdbtasks.worker import Worker
+    from tests.testapp.tasks import always_fails  # max_attempts=2, no backoff
+
+    def drain() -> None:
+        assert Worker(burst=True).run(install_signals=False) == 0
+
+    result = always_fails.enqueue("boom")
+    drain()
+    client = client_for(*RETRY)
+    page = text(client.get(url("task_change", result.id)))
+    assert '<div class="readonly">2/2</div>' in page  # nothing else to say yet
+    client.post(url("task_retry", result.id))
+    drain()
+    result.refresh()
+    assert (result.status, result.attempts) == ("FAILED", 4)
+    page = text(client.get(url("task_change", result.id)))
+    summary = page.split("field-attempts_detail")[1].split('<div class="readonly">')[1]
+    summary = summary.split("</div>")[0]
+    assert summary == (
+        '2/2 <span class="rdbtasks-muted" title="2 of its 2 attempts spent since it was last '
+        'requeued; 4 attempts in all, as get_result().attempts counts them.">(4 in all)</span>'
+    )
+    # The history numbers every attempt as get_result() counts them, and shows the
+    # counter a requeue started again.
+    rows = re.findall(
+        r'<td class="rdbtasks-num">(\d+)</td>\s*<td class="rdbtasks-num">(\d+/\d+)</td>', page
+    )
+    assert rows == [("1", "1/2"), ("2", "2/2"), ("3", "1/2"), ("4", "2/2")]

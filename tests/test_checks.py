@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import os
 import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from io import StringIO
 
 import pytest
 from django.core import checks as django_checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, models
@@ -19,8 +22,10 @@ from django.test.utils import isolate_apps
 
 from django_rdbtasks.checks import (
     FRAMEWORK_CHECK_MODULES,
+    check_declared_jobs,
     check_foreign_keys_to_tasks,
     check_task_backends,
+    check_task_modules,
     mysql_isolation_level,
     sqlite_missing,
 )
@@ -255,3 +260,173 @@ def test_a_foreign_key_to_tasks_with_a_constraint_is_an_error_on_postgresql() ->
     assert "db_constraint=False" in (found[0].hint or "")
     # The package's own relations to Task, and the test project's, pass.
     assert check_foreign_keys_to_tasks() == []
+
+
+# -- an operator's configuration mistakes, each named (issue 39) -----------------------------
+
+
+@pytest.fixture
+def bad_queue_module() -> Iterator[None]:
+    """tests.operators_bad_queue imported afresh, and forgotten afterwards."""
+    from django_rdbtasks.backend import DECLARED_OUTSIDE_QUEUES
+
+    sys.modules.pop("tests.operators_bad_queue", None)
+    yield
+    sys.modules.pop("tests.operators_bad_queue", None)
+    DECLARED_OUTSIDE_QUEUES.clear()
+
+
+def test_a_queue_missing_from_queues_is_a_check_naming_queues_not_an_error_at_import(
+    bad_queue_module,
+) -> None:
+    from django_rdbtasks.compat import InvalidTask
+
+    module = importlib.import_module("tests.operators_bad_queue")  # no InvalidTask here
+    errors = [m for m in check_task_modules() if m.id == "django_rdbtasks.E062"]
+    assert len(errors) == 1
+    assert errors[0].msg == (
+        "Queue 'emials' is not valid for backend 'default': task "
+        "tests.operators_bad_queue.send_newsletter uses it, and "
+        "TASKS['default']['QUEUES'] is ['default', 'emails', 'other']. Add it to QUEUES, "
+        "or give the task one of those (@task(queue_name=...) or .using(queue_name=...)). "
+        "Did you mean 'emails'?"
+    )
+    # Refused where it would be written, in the same words.
+    with pytest.raises(InvalidTask, match=r"TASKS\['default'\]\['QUEUES'\]"):
+        module.send_newsletter.enqueue()
+    # A queue that is there is not reported.
+    module.send_newsletter.using(queue_name="emails")
+    assert [m.id for m in check_task_modules() if m.id == "django_rdbtasks.E062"] == [
+        "django_rdbtasks.E062"
+    ]
+
+
+def test_manage_check_names_queues_where_the_import_used_to_end_in_a_traceback() -> None:
+    code, ids, output = manage_check(
+        RDBTASKS_TEST_README_GOOD="1", RDBTASKS_TEST_README_IMPORTS="tests.operators_bad_queue"
+    )
+    assert code == 1, output
+    assert ids == {"django_rdbtasks.E062": 1}, output
+    assert "TASKS['default']['QUEUES'] is ['default', 'emails']" in output
+    assert "tests.operators_bad_queue.send_newsletter" in output
+    assert "Traceback" not in output
+
+
+def test_a_misspelt_key_of_a_tasks_entry_is_an_error_with_the_key_meant(settings) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_rdbtasks.backend.RDBTaskBackend",
+            "QUEUES": ["default"],
+            "OPTION": {"MAX_ATTEMPTS": 5},
+        }
+    }
+    errors = [m for m in check_task_backends() if m.id == "django_rdbtasks.E060"]
+    assert [m.msg for m in errors] == [
+        "TASKS['default'] has the key 'OPTION', which the Tasks framework does not read "
+        "(it reads BACKEND, QUEUES, OPTIONS). Did you mean 'OPTIONS'?"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("queues", "message"),
+    [
+        ("default", "must be a list of queue names, not the string 'default': write ['default']"),
+        (5, "must be a list of queue names, not 5"),
+        (["default", ""], "must be a list of queue names, not ['default', '']"),
+    ],
+)
+def test_queues_that_is_not_a_list_of_names_is_named(settings, queues, message) -> None:
+    from tests.testapp.tasks import noop
+
+    settings.TASKS = {
+        "default": {"BACKEND": "django_rdbtasks.backend.RDBTaskBackend", "QUEUES": queues}
+    }
+    errors = [m.msg for m in check_task_backends() if m.id == "django_rdbtasks.E003"]
+    assert errors == [f"Task backend 'default': TASKS['default']['QUEUES'] {message}."]
+    # Not "Queue 'default' is not valid for backend": the setting is named, and nothing
+    # is written (refused before the database is asked: no database in this test).
+    with pytest.raises(ImproperlyConfigured, match=r"TASKS\['default'\]\['QUEUES'\]"):
+        noop.enqueue()
+
+
+def test_every_job_is_checked_and_each_error_named_a_misspelt_key_with_the_key_meant(
+    settings,
+) -> None:
+    settings.RDBTASKS_JOBS = {
+        "misspelt": {"task": "tests.testapp.tasks.noop", "cronn": "0 3 * * *"},
+        "kwargs-list": {
+            "task": "tests.testapp.tasks.record_job",
+            "cron": "0 3 * * *",
+            "kwargs": ["nightly"],
+        },
+        "bad-queue": {
+            "task": "tests.testapp.tasks.noop",
+            "cron": "0 3 * * *",
+            "queue_name": "emials",
+        },
+        "bad-cron": {"task": "tests.testapp.tasks.noop", "cron": "* * * 13 *"},
+        "good": {"task": "tests.testapp.tasks.noop", "cron": "0 3 * * *", "queue_name": "emails"},
+    }
+    errors = {m.msg.split(":")[0]: m for m in check_declared_jobs()}
+    assert set(errors) == {
+        "Job 'misspelt'",
+        "Job 'kwargs-list'",
+        "Job 'bad-queue'",
+        "Job 'bad-cron'",
+    }
+    assert {m.id for m in errors.values()} == {"django_rdbtasks.E011"}
+    assert "'cronn' is not a job's setting" in errors["Job 'misspelt'"].msg
+    assert "Did you mean 'cron'?" in errors["Job 'misspelt'"].msg
+    assert "kwargs must be a dict of keyword arguments, not ['nightly']" in (
+        errors["Job 'kwargs-list'"].msg
+    )
+    assert "Queue 'emials' is not in TASKS['default']['QUEUES']" in errors["Job 'bad-queue'"].msg
+    assert "Did you mean 'emails'?" in errors["Job 'bad-queue'"].msg
+    assert "Invalid cron expression" in errors["Job 'bad-cron'"].msg
+    # And together in manage.py check, where the misspelt key used to be a TypeError.
+    with pytest.raises(SystemCheckError) as refused:
+        call_command("check")
+    assert all(name in str(refused.value) for name in errors)
+
+
+def test_periodic_refuses_kwargs_that_are_not_a_dict() -> None:
+    from django_rdbtasks.jobs import periodic
+    from tests.testapp.tasks import record_job
+
+    with pytest.raises(ImproperlyConfigured, match=r"kwargs must be a dict.*not \['nightly'\]"):
+        periodic("0 3 * * *", kwargs=["nightly"])(record_job)
+
+
+@pytest.fixture
+def periodic_module_unimported(monkeypatch) -> Iterator[None]:
+    """tests.testapp.periodic_tasks as a worker has it: never imported (and its job forgotten)."""
+    from django_rdbtasks import jobs
+
+    monkeypatch.setattr(jobs, "_decorated", dict(jobs._decorated))
+    had = sys.modules.pop("tests.testapp.periodic_tasks", None)
+    yield
+    sys.modules.pop("tests.testapp.periodic_tasks", None)
+    if had is not None:
+        sys.modules["tests.testapp.periodic_tasks"] = had
+
+
+def test_periodic_in_a_module_no_worker_imports_is_warned_about(
+    settings, periodic_module_unimported
+) -> None:
+    warnings = [m for m in check_task_modules() if m.id == "django_rdbtasks.W064"]
+    assert [m.msg for m in warnings] == [
+        "tests.testapp.periodic_tasks declares @periodic jobs (heartbeat), but no worker "
+        "imports it: they would never be scheduled."
+    ]
+    assert "RDBTASKS_IMPORTS" in warnings[0].hint
+    settings.RDBTASKS_IMPORTS = ["tests.testapp.periodic_tasks"]
+    assert [m for m in check_task_modules() if m.id == "django_rdbtasks.W064"] == []
+
+
+def test_a_task_module_that_fails_to_import_is_an_error_not_a_traceback(settings) -> None:
+    settings.RDBTASKS_IMPORTS = ["tests.testapp.broken_import"]
+    errors = [m for m in check_task_modules() if m.id == "django_rdbtasks.E063"]
+    assert len(errors) == 1
+    assert errors[0].msg.startswith(
+        "Importing tests.testapp.broken_import failed: ModuleNotFoundError"
+    )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 import uuid
 from io import StringIO
 
@@ -16,7 +18,7 @@ from django.db import OperationalError
 
 from django_rdbtasks.models import Task, TaskStatus
 from tests.browser.support import make_task, make_worker, now
-from tests.conftest import ROOT
+from tests.conftest import ROOT, held_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +59,7 @@ def test_status_table() -> None:
     assert default[1:6] == ["1", "0", "0", "1", "0"]
     assert default[6].endswith("s")  # the lag, about 30 s
     assert next(line for line in lines if line.startswith("TOTAL")).split()[1] == "2"
-    assert "Workers: 1 alive, running 1 tasks." in out
+    assert "Workers: 1 alive, running 1 task." in out
     assert "Health" not in out  # no limit configured
 
 
@@ -99,9 +101,8 @@ def test_status_of_some_queues_and_another_window() -> None:
     make_task(TaskStatus.SUCCESSFUL, at=now() - dt.timedelta(minutes=30))
     _, out = run("rdbtasks", "status", "--queue", "emails", "--window", "15min")
     assert "OK/15.0min" in out
-    rows = [
-        line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("Workers")
-    ]
+    table = out.split("\n\n")[1]  # the queues, between blank lines
+    rows = [line.split()[0] for line in table.splitlines()[1:]]
     assert rows == ["emails", "TOTAL"]
     data = json.loads(run("rdbtasks", "status", "--json", "--window", "1h")[1])
     assert data["total"]["succeeded"] == 1
@@ -113,6 +114,66 @@ def test_status_of_some_queues_and_another_window() -> None:
 def test_status_window_needs_a_unit(window, message) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("rdbtasks", "status", "--window", window, stdout=StringIO())
+
+
+def test_status_refuses_an_unknown_queue_as_requeue_does() -> None:
+    """Issue 39: ``--queue defualt --max-ready 0`` printed zeros, ``Health: OK``, exit 0."""
+    make_task(queue_name="default")
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "rdbtasks", "status", "--queue", "defualt", "--max-ready", "0", stdout=StringIO()
+        )
+    assert str(refused.value) == (
+        "No queue 'defualt': no task is in it, and QUEUES has default, emails, other. "
+        "Did you mean 'default'?"
+    )
+    assert refused.value.returncode == 1
+    # The queue that is there fails the same limit, and says so.
+    assert run("rdbtasks", "status", "--queue", "default", "--max-ready", "0")[0] == 1
+    # A queue since removed from QUEUES is known while it holds tasks.
+    make_task(queue_name="retired-queue")
+    assert run("rdbtasks", "status", "--queue", "retired-queue")[0] == 0
+
+
+def test_status_names_every_bad_argument_at_once() -> None:
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "rdbtasks",
+            "status",
+            "--window",
+            "99999999d",
+            "--max-lag",
+            "-1",
+            "--min-workers",
+            "-2",
+            stdout=StringIO(),
+        )
+    message = str(refused.value)
+    assert message.startswith("Refused, nothing was done:")
+    assert "--window: '99999999d' is too long an age: at most 36500d" in message
+    assert "--max-lag (or RDBTASKS_HEALTH['MAX_LAG']) must be 0 or more." in message
+    assert "--min-workers (or RDBTASKS_HEALTH['MIN_WORKERS']) must be 0 or more." in message
+
+
+def test_status_names_a_misspelt_health_setting(settings) -> None:
+    settings.RDBTASKS_HEALTH = {"MAX_LAGG": 60, "MIN_WORKERS": "many"}
+    with pytest.raises(CommandError) as refused:
+        call_command("rdbtasks", "status", stdout=StringIO())
+    assert "RDBTASKS_HEALTH: unknown key 'MAX_LAGG'. Did you mean 'MAX_LAG' or" in str(
+        refused.value
+    )
+    assert "RDBTASKS_HEALTH['MIN_WORKERS'] must be a number, not 'many'." in str(refused.value)
+
+
+def test_workers_listing_says_adaptive_where_no_batch_was_given() -> None:
+    make_worker("host-a:101", batch=0)
+    make_worker("host-a:102", batch=25)
+    _, out = run("rdbtasks", "workers")
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert " adaptive " in lines["host-a:101"] and " 0 " not in lines["host-a:101"]
+    assert " 25 " in lines["host-a:102"]
+    data = {w["name"]: w for w in json.loads(run("rdbtasks", "workers", "--json")[1])}
+    assert data["host-a:101"]["batch"] is None and data["host-a:102"]["batch"] == 25
 
 
 def test_status_exits_2_when_the_database_cannot_be_read(monkeypatch) -> None:
@@ -197,6 +258,64 @@ def test_prunetasks_refuses_unclear_orders(args, message) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("prunetasks", *args, stdout=StringIO())
     assert Task.objects.filter(pk=old.pk).exists()
+
+
+@pytest.mark.parametrize("age", ["99999999d", "100000d"])
+def test_prunetasks_refuses_an_age_reaching_before_year_one(age) -> None:
+    """Issue 39: an OverflowError traceback (``now - age``), now a clear refusal."""
+    old = _finished("SUCCESSFUL", 30)
+    with pytest.raises(CommandError, match="too long an age: at most 36500d"):
+        call_command("prunetasks", "--older-than", age, "--yes", stdout=StringIO())
+    assert Task.objects.filter(pk=old.pk).exists()
+    # The longest age accepted still reads, and deletes nothing younger.
+    _, out = run("prunetasks", "--older-than", "36500d", "--yes")
+    assert out.startswith("Deleted 0 tasks in 0 batches")
+
+
+def test_prunetasks_refuses_a_negative_pause_before_deleting_anything() -> None:
+    """Issue 39: ``--pause -1`` deleted a first batch, then ended in a traceback."""
+    for _ in range(3):
+        _finished("SUCCESSFUL", 30)
+    with pytest.raises(CommandError, match=r"--pause must be 0 or more seconds, not -1\."):
+        call_command(
+            "prunetasks",
+            "--older-than",
+            "7d",
+            "--batch-size",
+            "1",
+            "--pause",
+            "-1",
+            "--yes",
+            stdout=StringIO(),
+        )
+    assert Task.objects.count() == 3
+
+
+def test_prunetasks_names_every_bad_argument_at_once() -> None:
+    _finished("SUCCESSFUL", 30)
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "prunetasks",
+            "--older-than",
+            "7",
+            "--batch-size",
+            "0",
+            "--pause",
+            "nan",
+            stdout=StringIO(),
+        )
+    message = str(refused.value)
+    for problem in ("--batch-size must be at least 1.", "--pause must be 0 or more", "has no unit"):
+        assert problem in message, message
+    assert Task.objects.count() == 1
+
+
+def test_prunetasks_counts_agree_with_their_nouns() -> None:
+    _finished("SUCCESSFUL", 30)
+    _, out = run("prunetasks", "--older-than", "7d", "--dry-run")
+    assert out.startswith("Would delete 1 task finished more than 7d ago: SUCCESSFUL 1.")
+    _, out = run("prunetasks", "--older-than", "7d", "--yes")
+    assert out == "Deleted 1 task in 1 batch: SUCCESSFUL 1.\n"
 
 
 def test_prunetasks_refuses_unfinished_statuses() -> None:
@@ -295,10 +414,10 @@ def test_prunetasks_by_setting(settings) -> None:
     _finished("FAILED", 3)
     _finished("SUCCESSFUL", 300)
     _, out = run("prunetasks", "--by-setting", "--dry-run")
-    assert "Would delete 1 FAILED tasks older than 2d" in out
+    assert "Would delete 1 FAILED task older than 2d" in out
     assert "  FAILED in queue default: 1" in out
     _, out = run("prunetasks", "--by-setting")
-    assert "Deleted 1 tasks (FAILED 1)" in out
+    assert "Deleted 1 task (FAILED 1)" in out
     assert Task.objects.get().status == "SUCCESSFUL"
 
 
@@ -337,10 +456,10 @@ def test_prunetasks_told_not_to_ask_counts_nothing_before_deleting(
     assert list(Task.objects.values_list("pk", flat=True)) == [young.pk]
     settings.RDBTASKS_RETENTION = {"SUCCESSFUL": "12h"}
     _, out = run("prunetasks", "--by-setting", "--confirm-above", "0", flag)
-    assert "Deleted 1 tasks" in out and counted == [] and not Task.objects.exists()
+    assert "Deleted 1 task (" in out and counted == [] and not Task.objects.exists()
     _finished("SUCCESSFUL", 10)
     _, out = run("prunetasks", "--older-than", "7d", "--dry-run", flag)
-    assert out.startswith("Would delete 1 tasks") and len(counted) == 1
+    assert out.startswith("Would delete 1 task finished") and len(counted) == 1
 
 
 @pytest.mark.parametrize("value", [7, "7", "1m"])
@@ -363,7 +482,7 @@ def test_requeue_needs_a_filter_or_all() -> None:
     _failed()
     with pytest.raises(CommandError, match="Say which tasks"):
         call_command("requeue", stdout=StringIO())
-    assert run("requeue", "--all")[1] == "Requeued 1 tasks.\n"
+    assert run("requeue", "--all")[1] == "Requeued 1 task.\n"
     assert Task.objects.get().status == TaskStatus.READY
 
 
@@ -388,10 +507,10 @@ def test_requeue_by_time_range_dry_run_and_limit() -> None:
     assert run("requeue", "--since", "1h", "--dry-run")[1] == "Would requeue 3 tasks.\n"
     assert Task.objects.filter(status=TaskStatus.READY).count() == 0
     until = (moment - dt.timedelta(days=1)).isoformat()
-    assert run("requeue", "--until", until)[1] == "Requeued 1 tasks.\n"
+    assert run("requeue", "--until", until)[1] == "Requeued 1 task.\n"
     assert Task.objects.get(pk=old.pk).status == TaskStatus.READY
     until_7min = run("requeue", "--since", "1h", "--until", "7min", "--limit", "1")[1]
-    assert until_7min == "Requeued 1 tasks.\n"
+    assert until_7min == "Requeued 1 task.\n"
     left = Task.objects.filter(pk__in=[t.pk for t in recent], status=TaskStatus.FAILED).count()
     assert left == 2
     with pytest.raises(CommandError, match="neither an age"):
@@ -404,3 +523,44 @@ def test_requeue_cancelled_ones_only_when_asked() -> None:
     assert Task.objects.get(pk=cancelled.pk).status == TaskStatus.CANCELLED
     run("requeue", "--all", "--status", "cancelled")
     assert Task.objects.get(pk=cancelled.pk).status == TaskStatus.READY
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--within", "0"), ("--timeout", "-5")])
+def test_probe_refuses_a_time_that_is_not_positive(flag, value) -> None:
+    with pytest.raises(CommandError, match=f"{flag} must be a positive number of seconds"):
+        call_command("rdbtasks", "probe", "live", flag, value, stdout=StringIO())
+
+
+# -- what holds back cleanup (issue 39, point 5) -----------------------------------------------
+
+
+def test_status_shows_what_holds_back_cleanup_and_fails_max_xmin_age(vendor, monkeypatch) -> None:
+    from django_rdbtasks import cleanup
+
+    if vendor == "sqlite":
+        # Nothing holds anything back there: no section, and the limit holds.
+        code, out = run("rdbtasks", "status", "--max-xmin-age", "0")
+        assert code == 0 and "Cleanup" not in out and "max_xmin_age: none" in out
+        return
+    monkeypatch.setattr(cleanup, "SHOWN_AFTER", 1.0)
+    with held_snapshot(application="rdbtasks-status-test") as session:
+        time.sleep(1.5)
+        code, out = run("rdbtasks", "status", "--max-xmin-age", "1")
+        assert code == 1, out
+        assert "Cleanup: the oldest open transaction is " in out
+        assert re.search(r"max_xmin_age: [\d.]+ \(must be <= 1\) FAILED", out), out
+        holder = next(line for line in out.splitlines() if line.startswith(f"session {session} "))
+        assert "idle in transaction" in holder
+        if vendor == "postgresql":
+            assert "rdbtasks-status-test" in holder
+            assert "django_rdbtasks_task" in out  # its table's dead rows and vacuums
+        else:
+            assert "InnoDB history list length" in out
+        assert run("rdbtasks", "status", "--max-xmin-age", "3600")[0] == 0
+        data = json.loads(run("rdbtasks", "status", "--json", "--max-xmin-age", "1")[1])
+    [check] = data["health"]["checks"]
+    assert check["name"] == "MAX_XMIN_AGE" and check["value"] >= 1.5 and not check["ok"]
+    [holder_data] = [h for h in data["cleanup"]["holders"] if h["name"] == session]
+    assert holder_data["state"] == "idle in transaction" and holder_data["age"] >= 1.5
+    if vendor == "postgresql":  # this database's sessions only: nothing else holds it
+        assert run("rdbtasks", "status", "--max-xmin-age", "60")[0] == 0

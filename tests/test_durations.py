@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from django_rdbtasks.durations import FORMS, format_age, parse_age
+from django_rdbtasks.durations import FORMS, MAX_AGE, format_age, parse_age
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,23 @@ def test_format_age_reads_back(age, text) -> None:
     assert parse_age(text) == age
 
 
-@pytest.mark.parametrize("value", ["1" + "0" * 30 + "d", "99999999999d"])
-def test_an_age_too_long_for_a_timedelta_is_refused_clearly(value) -> None:
-    with pytest.raises(ValueError, match="too long an age"):
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1" + "0" * 30 + "d",
+        "1" + "0" * 400 + "d",  # inf as a float
+        "99999999999d",
+        # Issue 39: short of timedelta.max, but now - age is before year 1 (OverflowError).
+        "99999999d",
+        "36501d",
+        dt.timedelta(days=99999999),
+    ],
+)
+def test_an_age_too_long_to_subtract_from_now_is_refused_clearly(value) -> None:
+    with pytest.raises(ValueError, match=r"too long an age: at most 36500d \(a hundred years\)"):
         parse_age(value)
+
+
+def test_the_longest_age_can_be_subtracted_from_now() -> None:
+    assert parse_age("36500d") == MAX_AGE == parse_age(MAX_AGE)
+    assert (dt.datetime.now(dt.UTC) - parse_age("36500d")).year > 1900

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import time
 import urllib.request
 from pathlib import Path
 
@@ -370,3 +371,31 @@ def test_directories_of_supervisors_gone_without_cleaning_up_are_removed(tmp_pat
     finally:
         shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("django_rdbtasks.urls")
+def test_the_view_serves_what_holds_back_cleanup(staff_client, vendor, monkeypatch):
+    from django_rdbtasks import cleanup
+    from tests.conftest import held_snapshot
+
+    if vendor == "sqlite":
+        found = samples(staff_client.get("/metrics/").content.decode())
+        assert not [name for name, _ in found if name.startswith("rdbtasks_cleanup")]
+        return
+    monkeypatch.setattr(cleanup, "SHOWN_AFTER", 1.0)
+    with held_snapshot():
+        time.sleep(1.5)
+        found = samples(staff_client.get("/metrics/").content.decode())
+    assert value(found, "rdbtasks_cleanup_oldest_transaction_seconds") >= 1.5
+    # At least this one (on MySQL/MariaDB, other databases' transactions hold InnoDB too).
+    assert value(found, "rdbtasks_cleanup_holders", kind="session") >= 1
+    assert value(found, "rdbtasks_cleanup_holders", kind="replication slot") == 0
+    if vendor == "postgresql":
+        assert value(found, "rdbtasks_cleanup_xmin_age_transactions") >= 0
+        assert (
+            "rdbtasks_table_dead_rows",
+            frozenset({"table": "django_rdbtasks_task"}.items()),
+        ) in (found)
+    else:
+        assert value(found, "rdbtasks_innodb_history_list_length") >= 0

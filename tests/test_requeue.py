@@ -37,7 +37,7 @@ def test_an_unknown_task_path_is_named_with_the_near_ones_and_nothing_is_requeue
         requeue("--task", "tests.testapp.tasks.allways_fails")
     message = str(refused.value)
     assert "No task has the path 'tests.testapp.tasks.allways_fails'" in message
-    assert "Did you mean tests.testapp.tasks.always_fails?" in message
+    assert "Did you mean 'tests.testapp.tasks.always_fails'?" in message
     assert Task.objects.get(pk=row.pk).status == TaskStatus.FAILED
 
 
@@ -46,7 +46,7 @@ def test_a_task_path_is_known_by_its_rows_or_by_the_code() -> None:
     assert requeue("--task", "tests.testapp.tasks.record") == ("Requeued 0 tasks.\n", "")
     # A row has it, though the code no longer does (renamed since): requeued.
     failed(task_path="tests.testapp.tasks.renamed_since")
-    assert requeue("--task", "tests.testapp.tasks.renamed_since")[0] == "Requeued 1 tasks.\n"
+    assert requeue("--task", "tests.testapp.tasks.renamed_since")[0] == "Requeued 1 task.\n"
 
 
 def test_an_unknown_queue_is_named_with_the_configured_ones() -> None:
@@ -56,7 +56,7 @@ def test_an_unknown_queue_is_named_with_the_configured_ones() -> None:
     # Configured but empty, or not configured but holding tasks: known.
     assert requeue("--queue", "other")[0] == "Requeued 0 tasks.\n"
     failed(queue_name="removed")
-    assert requeue("--queue", "removed")[0] == "Requeued 1 tasks.\n"
+    assert requeue("--queue", "removed")[0] == "Requeued 1 task.\n"
     assert Task.objects.filter(status=TaskStatus.FAILED).count() == 1
 
 
@@ -95,3 +95,34 @@ def test_the_command_exits_non_zero_on_an_unknown_path() -> None:
     assert "No task has the path 'myapp.tasks.nope', and it names no task." in done.stderr
     assert "Requeued" not in done.stdout
     assert Task.objects.get().status == TaskStatus.FAILED
+
+
+@pytest.mark.parametrize("flag", ["--since", "--until"])
+def test_an_age_reaching_before_year_one_is_refused_clearly(flag) -> None:
+    """Issue 39: ``--since 99999999d`` ended in an OverflowError traceback."""
+    row = failed()
+    with pytest.raises(CommandError, match=f"{flag}: '99999999d' is too long an age"):
+        requeue(flag, "99999999d")
+    assert Task.objects.get(pk=row.pk).status == TaskStatus.FAILED
+
+
+def test_every_bad_argument_is_named_at_once_before_any_query(django_assert_num_queries) -> None:
+    with django_assert_num_queries(0), pytest.raises(CommandError) as refused:
+        requeue("not-an-id", "--since", "soon", "--limit", "0")
+    message = str(refused.value)
+    assert message.startswith("Refused, nothing was done:")
+    assert "'not-an-id' is not a task id." in message
+    assert "--since: 'soon' is neither an age (7d, 12h, 30min, 45s, 2w or 1d12h)" in message
+    assert "--limit must be at least 1, not 0." in message
+
+
+def test_a_dry_run_of_one_task_says_task() -> None:
+    failed()
+    assert requeue("--all", "--dry-run")[0] == "Would requeue 1 task.\n"
+    failed()
+    assert requeue("--all", "--dry-run")[0] == "Would requeue 2 tasks.\n"
+
+
+def test_an_iso_time_still_selects() -> None:
+    failed()
+    assert requeue("--since", "2000-01-01T00:00:00", "--dry-run")[0] == "Would requeue 1 task.\n"

@@ -11,7 +11,7 @@ from django.db import connection
 
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.db.functions import DbNow
-from django_rdbtasks.models import Task
+from django_rdbtasks.models import Task, Worker
 from tests.conftest import ROOT, rows_by_table, tables_holding, wait_until, worker_children
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
@@ -266,25 +266,57 @@ def test_workers_started_while_the_database_is_away_wait_for_it(run_workers, ven
     assert workers.wait(timeout=30) == 0, workers.log()
 
 
-def test_command_refuses_bad_options():
+def _runworkers(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RDBTASKS_TEST_WORKER": "1", "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    return subprocess.run(
+        [sys.executable, "-m", "django", "runworkers", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_command_refuses_bad_options():
     for args, message in [
-        (["--queue", "missing"], "not among"),
-        (["--backend", "nope"], "nope"),
+        (["--queue", "missing"], "--queue 'missing' is not in TASKS['default']['QUEUES']"),
+        (["--queue", "emials"], "Did you mean 'emails'?"),
+        (["--backend", "nope"], "--backend 'nope' is not in TASKS (default)."),
         (["--processes", "-1"], "at least 0"),
         (["--threads", "0"], "at least 1"),
         (["--processes", "0", "--no-scheduler"], "run nothing"),
+        # Issue 39: 0 replaced every process before it ran a task, forever.
+        (["--max-tasks", "0"], "--max-tasks must be at least 1, not 0."),
+        (["--grace", "-1"], "--grace must be at least 0 seconds, not -1.0."),
+        (["--lease", "nan"], "--lease must be a positive number of seconds, not nan."),
+        (["--log-level", "LOUD"], "argument --log-level: invalid choice: 'LOUD'"),
     ]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "django", "runworkers", *args, "--burst"],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = _runworkers(*args, "--burst")
         assert proc.returncode != 0
         assert message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_command_names_every_bad_option_at_once_before_doing_anything():
+    tasks.noop.enqueue()
+    proc = _runworkers(
+        "--max-tasks", "0", "--grace", "-1", "--threads", "0", "--queue", "emials", "--burst"
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("CommandError: Refused, nothing was done:"), proc.stderr
+    for problem in (
+        "--threads must be at least 1, not 0.",
+        "--max-tasks must be at least 1, not 0.",
+        "--grace must be at least 0 seconds, not -1.0.",
+        "--queue 'emials' is not in TASKS['default']['QUEUES'] (default, emails, other). "
+        "Did you mean 'emails'?",
+    ):
+        assert problem in proc.stderr, proc.stderr
+    # Nothing started: no worker registered, no task claimed, nothing logged.
+    assert not Worker.objects.exists()
+    assert Task.objects.get().status == "READY"
+    assert proc.stdout == ""
 
 
 def _restart_database_server(vendor):

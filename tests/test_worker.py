@@ -57,7 +57,8 @@ def test_retry_uses_backoff_and_then_succeeds(caplog):
     retries = [r.getMessage() for r in caplog.records if "will retry" in r.getMessage()]
     assert len(retries) == 2
     assert all(
-        re.search(r"will retry at once \(ran [\d.]+(µs|ms|s), attempt [12]/3\)", m) for m in retries
+        re.search(r"will retry at once \(ran [\d.]+(µs|ms|s), attempt [12] of 3\)", m)
+        for m in retries
     )
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL

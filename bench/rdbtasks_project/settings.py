@@ -36,3 +36,16 @@ if os.environ.get("BENCH_RETENTION"):
     RDBTASKS_RETENTION = dict.fromkeys(
         ("SUCCESSFUL", "FAILED", "CANCELLED"), os.environ["BENCH_RETENTION"]
     )
+
+# docs/benchmarks.md, "Per-task logging": the logging of a new startproject
+# (DEBUG on, LOGGING unset: Django's default logging sends the django loggers,
+# the framework's django.tasks among them, to the console at INFO) with a root
+# handler at BENCH_ROOT_LOG_LEVEL, as projects usually add one.
+if os.environ.get("BENCH_ROOT_LOG_LEVEL"):
+    DEBUG = True
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"console": {"class": "logging.StreamHandler"}},
+        "root": {"handlers": ["console"], "level": os.environ["BENCH_ROOT_LOG_LEVEL"]},
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +48,8 @@ class RDBTasks(System):
     key = "rdbtasks"
     label = "django-rdbtasks"
     distribution = "django-rdbtasks"
-    database = "bench_rdbtasks"
+    # BENCH_RDBTASKS_DATABASE: another name, for a run beside another one on the same server.
+    database = os.environ.get("BENCH_RDBTASKS_DATABASE", "bench_rdbtasks")
     job_tables = [TABLE, FINISHED_TABLE]
     unfinished = (*ready_sources(), f"{TABLE} WHERE status = 'RUNNING'")
     failed_sql = f"SELECT count(*) FROM {TABLE} WHERE status = 'FAILED'"

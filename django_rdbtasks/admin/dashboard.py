@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .. import ops
+from ..cleanup import CleanupReport, shown_tables
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
 from .display import breakable, concurrency_text, cron_in_words, duration_text, when_text
 from .filters import ListState, visible_queues
@@ -239,6 +240,54 @@ def replica_lag_text(snap: ops.Snapshot) -> Any:
     }
 
 
+#: Seconds an open transaction may hold back the cleanup before the dashboard
+#: marks it, unless RDBTASKS_HEALTH["MAX_XMIN_AGE"] says otherwise.
+DEFAULT_XMIN_ALERT = 300.0
+
+
+def cleanup_section(report: CleanupReport | None) -> dict[str, Any] | None:
+    """What holds back the cleanup of the tables (cleanup.py), as the dashboard shows it."""
+    if report is None or not report.supported:
+        return None
+    limit = ops.health_limits().get("MAX_XMIN_AGE", DEFAULT_XMIN_ALERT)
+    oldest = report.oldest_age
+    return {
+        "oldest_text": duration_text(oldest) if oldest is not None else _("none open"),
+        "alert": oldest is not None and oldest > limit,
+        "limit_text": duration_text(limit),
+        "xid_age": report.oldest_xid_age,
+        "open_transactions": report.open_transactions,
+        "history_length": report.history_length,
+        "holders": [
+            {
+                "kind": holder.kind,
+                "name": holder.name,
+                "age_text": duration_text(holder.age),
+                "alert": holder.age is None or holder.age > limit,
+                "xid_age": holder.xid_age,
+                "state": holder.state,
+                "isolation": holder.isolation,
+                "application": holder.application,
+                "client": holder.client,
+                "user": holder.user,
+                "query": holder.query,
+            }
+            for holder in report.holders
+        ],
+        "tables": [
+            {
+                "table": table.table,
+                "live_rows": table.live_rows,
+                "dead_rows": table.dead_rows,
+                "last_vacuum": when_text(table.last_vacuum),
+                "last_autovacuum": when_text(table.last_autovacuum),
+            }
+            for table in shown_tables(report)
+        ],
+        "problems": [*report.notes, *report.problems],
+    }
+
+
 def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
@@ -250,7 +299,11 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
     using = ops.default_database()
     queues = None if access.unrestricted else visible_queues(request)
     # Off the primary when the backend has a READ_DATABASE: the page only reads.
-    snap = ops.snapshot(using, window=window, queues=queues, replica=True)
+    # What holds back the cleanup shows other sessions' queries: to those who
+    # see every queue only.
+    snap = ops.snapshot(
+        using, window=window, queues=queues, replica=True, cleanup=access.unrestricted
+    )
     crumbs = [("", _("Dashboard"))]
     context = {
         **page_context(model_admin, request, _("Task queue"), crumbs),
@@ -269,6 +322,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         "live": live_settings(request, "#rdbtasks-live-region"),
         "can_retry": model_admin.has_retry_permission(request),
         "show_rows": access.unrestricted,
+        "cleanup": cleanup_section(snap.cleanup),
     }
     return TemplateResponse(request, "django_rdbtasks/admin/dashboard.html", context)
 

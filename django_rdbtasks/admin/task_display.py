@@ -98,6 +98,7 @@ class TaskColumns:
 
     @admin.display(description=_("attempts"))
     def attempts_display(self, obj: Task) -> str:
+        """``2/3``: attempts spent of ``max_attempts`` (the list defers the history)."""
         return f"{obj.attempts}/{obj.max_attempts}"
 
     @admin.display(description=_("worker"))
@@ -163,6 +164,30 @@ class TaskFields(TaskColumns):
     last_attempted_when = when_field("last_attempted_at", _("last attempted"))
     finished_when = when_field("finished_at", _("finished"))
 
+    @admin.display(description=_("attempts"))
+    def attempts_detail(self, obj: Task) -> SafeString | str:
+        """``3/3 (6 in all)``: the counter against ``max_attempts``, and every attempt.
+
+        Requeueing (an operator's retry) gives a task fresh attempts, and an
+        attempt handed back unspent is in its history too: the counter then
+        says less than the history. ``get_result().attempts`` counts the
+        history (the framework's ``len(worker_ids)``), so the page says both.
+        """
+        spent = f"{obj.attempts}/{obj.max_attempts}"
+        in_all = attempts_in_all(obj)
+        if in_all == obj.attempts:
+            return spent
+        return format_html(
+            '{} <span class="rdbtasks-muted" title="{}">({})</span>',
+            spent,
+            _(
+                "%(spent)s of its %(max)s attempts spent since it was last requeued; "
+                "%(all)s attempts in all, as get_result().attempts counts them."
+            )
+            % {"spent": obj.attempts, "max": obj.max_attempts, "all": in_all},
+            _("%(all)s in all") % {"all": in_all},
+        )
+
     @admin.display(description=_("arguments"))
     def args_json(self, obj: Task) -> SafeString:
         return pretty_json(obj.args)
@@ -207,10 +232,16 @@ class TaskFields(TaskColumns):
         return mark_safe(" · ".join(parts))  # every part went through format_html
 
     def history_table(self, obj: Task) -> SafeString:
-        """Every attempt: shown after the summary, as wide as the page (see change_form)."""
+        """Every attempt: shown after the summary, as wide as the page (see change_form).
+
+        ``#`` numbers them all, as ``get_result().attempts`` counts them;
+        ``attempt`` is the counter against ``max_attempts``, which a requeue
+        starts again.
+        """
         current = None
         if obj.status == TaskStatus.RUNNING:
             current = {
+                "number": len(obj.history) + 1,
                 "attempt": obj.attempts,
                 "worker_id": obj.worker_id,
                 "started": when_text(obj.last_attempted_at),
@@ -218,8 +249,20 @@ class TaskFields(TaskColumns):
             }
         return render_to_string(
             "django_rdbtasks/admin/task/history.html",
-            {"entries": [history_row(e) for e in obj.history], "current": current, "task": obj},
+            {
+                "entries": [
+                    {**history_row(entry), "number": number}
+                    for number, entry in enumerate(obj.history, start=1)
+                ],
+                "current": current,
+                "task": obj,
+            },
         )
+
+
+def attempts_in_all(obj: Task) -> int:
+    """Every attempt of the task's history, a running one included: ``get_result().attempts``."""
+    return len(obj.worker_ids)
 
 
 def history_row(entry: dict[str, Any]) -> dict[str, Any]:

@@ -198,7 +198,7 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
                     "id",
                     "queue_name",
                     "priority",
-                    "attempts_display",
+                    "attempts_detail",
                     "worker_id",
                     "lease_expires",
                     "cancel_requested",

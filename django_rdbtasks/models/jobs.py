@@ -75,7 +75,9 @@ class Job(models.Model):
     def clean(self) -> None:
         from ..jobs import validate_job_fields
 
-        validate_job_fields(self.cron, self.timezone, self.task_path)
+        validate_job_fields(
+            self.cron, self.timezone, self.task_path, self.queue_name, self.priority
+        )
 
 
 class JobRecord(models.Model):

@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..cleanup import SHOWN_AFTER, CleanupReport, HolderKind
 from ..states import OutcomeKind
 
 if TYPE_CHECKING:
@@ -433,7 +434,7 @@ class DatabaseCollector:
 
         # A short window: the finished counts are not exported, only computed.
         # Off the primary when the backend has a READ_DATABASE (reads.py).
-        snap = ops.snapshot(self.using, window=dt.timedelta(minutes=1), replica=True)
+        snap = ops.snapshot(self.using, window=dt.timedelta(minutes=1), replica=True, cleanup=True)
         depth = GaugeMetricFamily(
             "rdbtasks_queue_tasks",
             "Tasks per queue and state: ready (due), scheduled (run_after ahead), "
@@ -472,3 +473,57 @@ class DatabaseCollector:
                 "How far behind its primary the replica these gauges are read from is.",
                 value=snap.replica_lag,
             )
+        if snap.cleanup is not None and snap.cleanup.supported:
+            yield from cleanup_metrics(snap.cleanup)
+
+
+def cleanup_metrics(report: CleanupReport) -> Iterator[Any]:
+    """What holds back the cleanup of the tables (cleanup.py; docs/admin.md says what to do)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    yield GaugeMetricFamily(
+        "rdbtasks_cleanup_oldest_transaction_seconds",
+        "How long the oldest open transaction or snapshot of the task database has held back "
+        "the cleanup of dead rows (0: none is open).",
+        value=report.oldest_age or 0.0,
+    )
+    holders = GaugeMetricFamily(
+        "rdbtasks_cleanup_holders",
+        f"Sessions open for {SHOWN_AFTER:g}s or more, prepared transactions, replication slots "
+        "and replicas holding back the cleanup of dead rows, by kind.",
+        labels=["kind"],
+    )
+    for kind in (HolderKind.SESSION, HolderKind.PREPARED, HolderKind.SLOT, HolderKind.REPLICA):
+        holders.add_metric([kind], sum(holder.kind == kind for holder in report.holders))
+    yield holders
+    if report.oldest_xid_age is not None:
+        yield GaugeMetricFamily(
+            "rdbtasks_cleanup_xmin_age_transactions",
+            "PostgreSQL: transactions begun since the oldest one a holder can still see "
+            "(age(xmin)), slots and replicas included.",
+            value=report.oldest_xid_age,
+        )
+    if report.history_length is not None:
+        yield GaugeMetricFamily(
+            "rdbtasks_innodb_history_list_length",
+            "MySQL/MariaDB: undo records of committed changes not purged yet.",
+            value=report.history_length,
+        )
+    if report.tables:
+        dead = GaugeMetricFamily(
+            "rdbtasks_table_dead_rows",
+            "PostgreSQL: dead row versions in each of the app's tables (pg_stat_user_tables).",
+            labels=["table"],
+        )
+        vacuumed = GaugeMetricFamily(
+            "rdbtasks_table_last_vacuum_timestamp_seconds",
+            "PostgreSQL: when each of the app's tables was last vacuumed, by hand or by "
+            "autovacuum (Unix time; absent: never).",
+            labels=["table"],
+        )
+        for table in report.tables:
+            dead.add_metric([table.table], table.dead_rows)
+            if table.last_vacuumed is not None:
+                vacuumed.add_metric([table.table], table.last_vacuumed.timestamp())
+        yield dead
+        yield vacuumed

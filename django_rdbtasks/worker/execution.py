@@ -38,6 +38,7 @@ from ..loading import TaskNotHere, load_task
 from ..observability import tracing
 from ..results import running_result
 from ..states import AttemptOutcome, OutcomeKind
+from . import task_logging
 from .missing import missing_tasks
 from .store import error_path
 from .task_connections import reset_task_connections
@@ -209,7 +210,16 @@ class Executor:
             [e.get("worker_id", "") for e in row.history] + [running.worker_id],
         )
         running.result = result
-        self.backend.send_signal("task_started", result)
+        if logger.isEnabledFor(logging.DEBUG):
+            # At INFO its one line says, when it ends, when it started (ran ...).
+            logger.debug(
+                "task %s %s started (attempt %d of %d)",
+                result.id,
+                row.task_path,
+                row.attempts,
+                row.max_attempts,
+            )
+        task_logging.send_signal(self.backend, "task_started", result)
         token = current_task.set((result.id, running.worker_id))
         # Only a task that takes a context can report progress or see a stop.
         control = (

@@ -15,6 +15,7 @@ from ..compat import TaskError, TaskResultStatus
 from ..db.rows import Outcome
 from ..observability import metrics
 from ..states import OutcomeKind
+from . import task_logging
 from .execution import Running
 from .store import error_summary
 
@@ -54,6 +55,8 @@ class Reporter:
         self.public_id = public_id
         # None unless runworkers --metrics-port (or metrics.enable()) turned them on.
         self.metrics = metrics.current()
+        # This worker's line is each task's one record (task_logging.py).
+        task_logging.install()
         self._told: queue.SimpleQueue[Batch | None] | None = None
         self._teller: threading.Thread | None = None
 
@@ -99,6 +102,7 @@ class Reporter:
     ) -> None:
         """Each task's log line and signal; ``robust``: a receiver that raises is
         logged and the other tasks are still told."""
+        # Final failures are logged at ERROR, whatever this says.
         log = logger.isEnabledFor(logging.INFO)
         for outcome, running in pairs:
             try:
@@ -151,22 +155,8 @@ class Reporter:
                 row.task_path,
             )
             return
-        if log:
-            task_id = self._task_id(running)
-            when = ""
-            if kind in (OutcomeKind.RETRY, OutcomeKind.POSTPONE, OutcomeKind.HANDOVER):
-                when = f" in {format_seconds(outcome.delay)}" if outcome.delay > 0 else " at once"
-            logger.info(
-                "task %s %s %s%s (ran %s, attempt %d/%d)%s",
-                task_id,
-                row.task_path,
-                kind.log_word,
-                when,
-                format_seconds(outcome.duration),
-                row.attempts,
-                row.max_attempts,
-                f": {error_summary(outcome.error)}" if outcome.error is not None else "",
-            )
+        if log or kind.counts_as_failure:
+            self._log(outcome, running)
         result = running.result
         if result is not None and kind in (OutcomeKind.SUCCESS, OutcomeKind.FAILURE):
             finished_at = row.claimed_at + timedelta(seconds=outcome.duration)
@@ -188,7 +178,39 @@ class Reporter:
             if kind == OutcomeKind.FAILURE and outcome.error is not None:
                 self._send_failed(result, outcome.error)
             else:
-                self.backend.send_signal("task_finished", result)
+                task_logging.send_signal(self.backend, "task_finished", result)
+
+    def _log(self, outcome: Outcome, running: Running) -> None:
+        """The task's one record: what became of it, how long it ran, which attempt.
+
+        A final failure is an ERROR with the task's exception and its own
+        traceback (what the framework's record of it carried, which this one
+        replaces: task_logging.py); anything else is INFO, a retry with its
+        error in one line.
+        """
+        row = running.row
+        kind = outcome.kind
+        when = ""
+        if kind in (OutcomeKind.RETRY, OutcomeKind.POSTPONE, OutcomeKind.HANDOVER):
+            when = f" in {format_seconds(outcome.delay)}" if outcome.delay > 0 else " at once"
+        details = [f"ran {format_seconds(outcome.duration)}"]
+        attempt = attempt_number(outcome)
+        if attempt is not None:
+            details.append(f"attempt {attempt} of {row.max_attempts}")
+        error = outcome.error
+        arguments = (self._task_id(running), row.task_path, kind.log_word, when, ", ".join(details))
+        if kind == OutcomeKind.FAILURE and error is not None:
+            logger.error(
+                "task %s %s %s%s (%s)",
+                *arguments,
+                exc_info=(type(error), error, error.__traceback__),
+            )
+        elif kind.counts_as_failure:
+            summary = f": {error_summary(error)}" if error is not None else ""
+            logger.error("task %s %s %s%s (%s)%s", *arguments, summary)
+        else:
+            summary = f": {error_summary(error)}" if error is not None else ""
+            logger.info("task %s %s %s%s (%s)%s", *arguments, summary)
 
     def _send_failed(self, result: Any, error: BaseException) -> None:
         """``task_finished`` with the task's exception as the one being handled.
@@ -205,7 +227,20 @@ class Reporter:
         except BaseException:
             # sys.exc_info() reads the traceback from the exception (3.11+).
             error.__traceback__, error.__context__ = stack, context
-            self.backend.send_signal("task_finished", result)
+            task_logging.send_signal(self.backend, "task_finished", result)
+
+
+def attempt_number(outcome: Outcome) -> int | None:
+    """The attempt an outcome is about (None: none was spent, nothing to number).
+
+    An abandoned task's is the lost attempt its history records, not the one
+    the takeover's claim counted and gave back (that read "attempt 4/3").
+    """
+    if outcome.entry is not None and isinstance(outcome.entry.get("attempt"), int):
+        return int(outcome.entry["attempt"])
+    if outcome.row is not None and outcome.kind.spends_attempt:
+        return int(outcome.row.attempts)
+    return None
 
 
 def format_seconds(seconds: float) -> str:

@@ -7,6 +7,8 @@ and a deletion of more than ``--confirm-above`` tasks asks first, or needs
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import sys
 from typing import Any
 
@@ -27,6 +29,7 @@ from ...retention import (
     prune_by_setting,
     retention_setting,
 )
+from ..text import counted, refuse
 
 
 class Command(BaseCommand):
@@ -98,22 +101,12 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="The database alias of the tasks.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["batch_size"] < 1:
-            raise CommandError("--batch-size must be at least 1.")
-        if options["confirm_above"] < 0:
-            raise CommandError("--confirm-above must be 0 or more.")
+        age = self._refuse_bad_arguments(options)
         using = options["database"] or router.db_for_write(Task)
         if options["by_setting"]:
-            if options["older_than"] or options["statuses"]:
-                raise CommandError("--by-setting takes its ages and statuses from the setting.")
             self._by_setting(using, options)
             return
-        if not options["older_than"]:
-            raise CommandError("Say how old: --older-than 7d (or --by-setting).")
-        try:
-            age = parse_age(options["older_than"])
-        except ValueError as exc:
-            raise CommandError(f"--older-than: {exc}") from exc
+        assert age is not None
         statuses = options["statuses"] or list(FINISHED)
         # One clock for the count and the deletion: what was confirmed is what goes.
         now = database_now(using)
@@ -122,9 +115,9 @@ class Command(BaseCommand):
             if self._counts_needed(options)
             else {}
         )
-        what = f"tasks finished more than {format_age(age)} ago"
+        what = f"finished more than {format_age(age)} ago"
         if options["dry_run"]:
-            self._report(f"Would delete {sum(counts.values()):,} {what}", counts)
+            self._report(f"Would delete {counted(sum(counts.values()), 'task')} {what}", counts)
             return
         self._confirm(what, counts, options)
         result = prune(
@@ -137,15 +130,45 @@ class Command(BaseCommand):
             now=now,
         )
         self.stdout.write(
-            f"Deleted {result.total:,} tasks in {result.batches} batches: "
-            f"{self._by_status(result.deleted)}."
+            f"Deleted {counted(result.total, 'task')} in "
+            f"{counted(result.batches, 'batch', 'batches')}: {self._by_status(result.deleted)}."
         )
 
+    @staticmethod
+    def _refuse_bad_arguments(options: dict[str, Any]) -> dt.timedelta | None:
+        """Every problem of the arguments at once, before anything is counted or deleted.
+
+        Returns the ``--older-than`` age (None with ``--by-setting``).
+        """
+        problems = []
+        if options["batch_size"] < 1:
+            problems.append("--batch-size must be at least 1.")
+        if options["confirm_above"] < 0:
+            problems.append("--confirm-above must be 0 or more.")
+        pause = options["pause"]
+        if not (0 <= pause < math.inf):  # NaN too: argparse's float() takes "nan"
+            problems.append(f"--pause must be 0 or more seconds, not {pause:g}.")
+        age = None
+        if options["by_setting"]:
+            if options["older_than"] or options["statuses"]:
+                problems.append("--by-setting takes its ages and statuses from the setting.")
+        elif not options["older_than"]:
+            problems.append("Say how old: --older-than 7d (or --by-setting).")
+        else:
+            try:
+                age = parse_age(options["older_than"])
+            except ValueError as exc:
+                problems.append(f"--older-than: {exc}")
+        if options["by_setting"] and not problems:
+            try:
+                retention_setting()
+            except ImproperlyConfigured as exc:
+                problems.append(str(exc))
+        refuse(problems)
+        return age
+
     def _by_setting(self, using: str, options: dict[str, Any]) -> None:
-        try:
-            ages = retention_setting()
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
+        ages = retention_setting()  # read without error by _refuse_bad_arguments
         now = database_now(using)
         counts: dict[tuple[str, str], int] = {}
         if self._counts_needed(options):
@@ -158,18 +181,20 @@ class Command(BaseCommand):
             for status, age in ages.items():
                 n = sum(v for (s, _), v in counts.items() if s == status)
                 older = format_age(age)
-                self.stdout.write(f"Would delete {n:,} {status} tasks older than {older}.")
+                self.stdout.write(
+                    f"Would delete {counted(n, f'{status} task')} older than {older}."
+                )
             self._report("", counts)
             return
-        self._confirm("tasks past RDBTASKS_RETENTION", counts, options)
+        self._confirm("past RDBTASKS_RETENTION", counts, options)
         result = prune_by_setting(
             using=using, time_budget=None, batch_size=options["batch_size"], now=now
         )
         if result is None:
             raise CommandError("Another process is pruning right now; try again later.")
         self.stdout.write(
-            f"Deleted {result.total:,} tasks ({self._by_status(result.deleted)}) "
-            f"and {result.workers} rows of gone workers."
+            f"Deleted {counted(result.total, 'task')} ({self._by_status(result.deleted)}) "
+            f"and {counted(result.workers, 'row')} of gone workers."
         )
 
     @staticmethod
@@ -188,14 +213,16 @@ class Command(BaseCommand):
         total = sum(counts.values())
         if total <= options["confirm_above"]:
             return
-        self._report(f"About to delete {total:,} {what}", counts)
+        self._report(f"About to delete {counted(total, 'task')} {what}", counts)
         if not sys.stdin.isatty():
             raise CommandError(
-                f"Refusing to delete {total:,} tasks (more than {options['confirm_above']:,}) "
+                f"Refusing to delete {counted(total, 'task')} (more than "
+                f"{options['confirm_above']:,}) "
                 "without confirmation, and there is no terminal to ask on: run with --yes "
                 "(or --no-input) to delete them, or --dry-run to see them. Nothing was deleted."
             )
-        answer = input(f"Delete these {total:,} tasks? Type 'yes' to continue: ")
+        these = "this task" if total == 1 else f"these {total:,} tasks"
+        answer = input(f"Delete {these}? Type 'yes' to continue: ")
         if answer.strip().lower() not in ("yes", "y"):
             raise CommandError("Nothing was deleted.")
 

@@ -12,7 +12,9 @@ worker host (a Kubernetes pod): see docs/deploy.md.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 import socket
 import sys
 import threading
@@ -23,9 +25,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from ... import ops
+from ...cleanup import SHOWN_AFTER, CleanupReport, shown_tables
 from ...durations import parse_age
+from ...models import Task
 from ...schema import unapplied_migrations
 from ...states import TaskStatus
+from ..text import counted, refuse
 
 EXIT_UNHEALTHY = 1
 EXIT_DATABASE = 2
@@ -115,6 +120,12 @@ class Command(BaseCommand):
         limits.add_argument(
             "--max-failed", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_FAILED"]
         )
+        limits.add_argument(
+            "--max-xmin-age",
+            type=float,
+            metavar="SECONDS",
+            help=ops.HEALTH_LIMITS["MAX_XMIN_AGE"],
+        )
 
         probe = subcommands.add_parser(
             "probe",
@@ -180,22 +191,22 @@ class Command(BaseCommand):
     # -- status ------------------------------------------------------------------------
 
     def status(self, options: dict[str, Any]) -> None:
-        try:
-            window = parse_age(options["window"])
-            limits = ops.health_limits(
-                max_lag=options["max_lag"],
-                min_workers=options["min_workers"],
-                max_ready=options["max_ready"],
-                max_stalled=options["max_stalled"],
-                max_failed=options["max_failed"],
+        window, limits = self._status_arguments(options)
+        using = options["database"] or ops.default_database()
+        if options["queues"]:
+            refuse(
+                ops.unknown_queue_problems(
+                    options["queues"],
+                    Task.objects.using(using),
+                    ops.configured_queues(using),
+                )
             )
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
         snap = ops.snapshot(
             options["database"],
             window=window,
             queues=options["queues"],
             replica=not options["primary"],
+            cleanup=True,
         )
         checks = ops.check_health(snap, limits)
         healthy = all(check.ok for check in checks)
@@ -213,6 +224,34 @@ class Command(BaseCommand):
         if not healthy:
             # Like `makemigrations --check`: the output says why, the code says that.
             sys.exit(EXIT_UNHEALTHY)
+
+    @staticmethod
+    def _status_arguments(options: dict[str, Any]) -> tuple[dt.timedelta, dict[str, float]]:
+        """The window and the health limits, or every problem with them in one refusal."""
+        problems = []
+        window = dt.timedelta(hours=1)
+        try:
+            window = parse_age(options["window"])
+        except ValueError as exc:
+            problems.append(f"--window: {exc}")
+        limits: dict[str, float] = {}
+        try:
+            limits = ops.health_limits(
+                max_lag=options["max_lag"],
+                min_workers=options["min_workers"],
+                max_ready=options["max_ready"],
+                max_stalled=options["max_stalled"],
+                max_failed=options["max_failed"],
+                max_xmin_age=options["max_xmin_age"],
+            )
+        except ValueError as exc:
+            problems.append(str(exc))
+        for name, value in limits.items():
+            if not 0 <= value < math.inf:  # NaN too
+                flag = "--" + name.lower().replace("_", "-")
+                problems.append(f"{flag} (or RDBTASKS_HEALTH[{name!r}]) must be 0 or more.")
+        refuse(problems)
+        return window, limits
 
     def _status_text(self, snap: ops.Snapshot, checks: list[ops.HealthCheck]) -> str:
         window = seconds_text(snap.window.total_seconds())
@@ -244,6 +283,8 @@ class Command(BaseCommand):
         if snap.off_primary:
             behind = "unknown" if snap.replica_lag is None else seconds_text(snap.replica_lag)
             lines.insert(1, f"Read from {snap.read_from}, a replica; replication lag: {behind}.")
+        if snap.cleanup is not None and snap.cleanup.supported:
+            lines += ["", cleanup_text(snap.cleanup)]
         if checks:
             lines += ["", "Health: " + ("OK" if all(c.ok for c in checks) else "UNHEALTHY")]
             lines += [f"  {check.describe()}" for check in checks]
@@ -265,7 +306,7 @@ class Command(BaseCommand):
 
     def _workers_line(self, snap: ops.Snapshot) -> str:
         running = sum(worker.running for worker in snap.workers)
-        text = f"Workers: {len(snap.workers)} alive, running {running} tasks"
+        text = f"Workers: {len(snap.workers)} alive, running {counted(running, 'task')}"
         if snap.gone_workers:
             text += f"; {snap.gone_workers} gone without stopping (no heartbeat)"
         return text + "."
@@ -273,6 +314,13 @@ class Command(BaseCommand):
     # -- probes ------------------------------------------------------------------------
 
     def probe(self, options: dict[str, Any]) -> None:
+        refuse(
+            [
+                f"--{name} must be a positive number of seconds, not {options[name]}."
+                for name in ("within", "timeout")
+                if not 0 < options[name] < math.inf
+            ]
+        )
         using = options["database"] or ops.default_database()
         if options["kind"] == "live":
             self._probe_live(using, options["within"], options["timeout"])
@@ -358,7 +406,8 @@ class Command(BaseCommand):
                 ",".join(w["queues"]),
                 w["mode"],
                 w["threads"],
-                w["batch"],
+                # The admin's word for no --batch (the registry stores 0, JSON null).
+                w["batch"] or "adaptive",
                 w["running"],
                 w["done"],
                 w["failed"],
@@ -370,6 +419,67 @@ class Command(BaseCommand):
             for row, w in zip(table, workers, strict=True)
         ]
         self.stdout.write(format_table([*headers, "HEARTBEAT"], table_rows, right={4, 5, 6, 7, 8}))
+
+
+def cleanup_text(report: CleanupReport) -> str:
+    """What holds back the cleanup of the tables: the oldest holders, the dead rows."""
+    if report.oldest_age is None:
+        headline = "Cleanup: no transaction open"
+    else:
+        headline = f"Cleanup: the oldest open transaction is {seconds_text(report.oldest_age)} old"
+    if report.oldest_xid_age is not None:
+        headline += f" ({report.oldest_xid_age:,} transactions behind at most)"
+    if report.history_length is not None:
+        headline += f"; InnoDB history list length {report.history_length:,}"
+    lines = [headline + "."]
+    if report.holders:
+        lines += [
+            f"Holding back the cleanup (open for {SHOWN_AFTER:g}s or more; "
+            "docs/admin.md says what to do):",
+            format_table(
+                ["HOLDER", "AGE", "XID AGE", "STATE", "APPLICATION", "CLIENT", "USER", "QUERY"],
+                [
+                    [
+                        f"{holder.kind} {holder.name}",
+                        seconds_text(holder.age),
+                        "-" if holder.xid_age is None else f"{holder.xid_age:,}",
+                        holder.state or "-",
+                        holder.application or "-",
+                        holder.client or "-",
+                        holder.user or "-",
+                        " ".join(holder.query.split())[:60] or "-",
+                    ]
+                    for holder in report.holders
+                ],
+                right={1, 2},
+            ),
+        ]
+    tables = shown_tables(report)
+    if tables:
+        lines.append(
+            format_table(
+                ["TABLE", "LIVE ROWS", "DEAD ROWS", "LAST VACUUM", "LAST AUTOVACUUM"],
+                [
+                    [
+                        t.table,
+                        f"{t.live_rows:,}",
+                        f"{t.dead_rows:,}",
+                        _ago(report, t.last_vacuum),
+                        _ago(report, t.last_autovacuum),
+                    ]
+                    for t in tables
+                ],
+                right={1, 2},
+            )
+        )
+    lines += [f"Note: {note}" for note in [*report.notes, *report.problems]]
+    return "\n".join(lines)
+
+
+def _ago(report: CleanupReport, moment: Any) -> str:
+    if moment is None or report.now is None:
+        return "never"
+    return seconds_text(max(0.0, (report.now - moment).total_seconds())) + " ago"
 
 
 def _bounded(work: Callable[[], Any], timeout: float) -> Any:

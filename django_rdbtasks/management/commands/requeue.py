@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import uuid
 from typing import Any
 
@@ -12,11 +11,13 @@ from django.db.models import QuerySet
 
 from ... import ops
 from ...compat import task_backends
+from ...durations import FORMS, parse_age
 from ...exceptions import InvalidTaskPath
 from ...jobs import database_now
 from ...loading import load_task
 from ...models import Task, TaskStatus, task_path_in
-from ...retention import parse_age
+from ...suggest import did_you_mean
+from ..text import counted, refuse
 
 #: Rows whose task paths a typo is compared with (the newest).
 SAMPLE = 2000
@@ -79,8 +80,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        selected = self.select(options)
+        self._refuse_bad_arguments(options)
         user = self._user(options["user"]) if options["user"] else None
+        selected = self.select(options)
         visible: QuerySet[Task] = Task.objects.using(options["database"] or ops.default_database())
         if user is not None:
             from ...admin.permissions import access_for
@@ -91,7 +93,7 @@ class Command(BaseCommand):
         if options["dry_run"]:
             count = ops.capped_count(selected)
             about = "more than " if count.estimate else ""
-            self.stdout.write(f"Would requeue {about}{count.value:,} tasks.")
+            self.stdout.write(f"Would requeue {about}{counted(count.value, 'task')}.")
             return
         on_batch = None
         if user is not None:
@@ -107,7 +109,28 @@ class Command(BaseCommand):
                     )
 
         requeued = ops.requeue_tasks(selected, limit=options["limit"], on_batch=on_batch)
-        self.stdout.write(f"Requeued {requeued:,} tasks.")
+        self.stdout.write(f"Requeued {counted(requeued, 'task')}.")
+
+    def _refuse_bad_arguments(self, options: dict[str, Any]) -> None:
+        """What the arguments themselves get wrong, all of it at once, before any query."""
+        problems = []
+        has_filter = any(options[k] for k in ("ids", "tasks", "queues", "since", "until"))
+        if not has_filter and not options["all"]:
+            problems.append(
+                "Say which tasks: ids, --task, --queue, --since/--until, or --all for every one."
+            )
+        problems += [
+            f"{value!r} is not a task id." for value in options["ids"] if not _is_uuid(value)
+        ]
+        for flag in ("since", "until"):
+            if options[flag]:
+                try:
+                    _when(options[flag])
+                except ValueError as exc:
+                    problems.append(f"--{flag}: {exc}")
+        if options["limit"] is not None and options["limit"] < 1:
+            problems.append(f"--limit must be at least 1, not {options['limit']}.")
+        refuse(problems)
 
     @staticmethod
     def _user(username: str) -> Any:
@@ -124,15 +147,10 @@ class Command(BaseCommand):
 
     def select(self, options: dict[str, Any]) -> QuerySet[Task]:
         using = options["database"] or ops.default_database()
-        has_filter = any(options[k] for k in ("ids", "tasks", "queues", "since", "until"))
-        if not has_filter and not options["all"]:
-            raise CommandError(
-                "Say which tasks: ids, --task, --queue, --since/--until, or --all for every one."
-            )
         statuses = options["statuses"] or [TaskStatus.FAILED]
         tasks = Task.objects.using(using).filter(status__in=statuses)
         if options["ids"]:
-            tasks = tasks.filter(pk__in=[self._uuid(value) for value in options["ids"]])
+            tasks = tasks.filter(pk__in=[uuid.UUID(value) for value in options["ids"]])
         if options["tasks"]:
             tasks = tasks.filter(task_path_in(options["tasks"]))
         if options["queues"]:
@@ -140,9 +158,9 @@ class Command(BaseCommand):
         if options["since"] or options["until"]:
             now = database_now(using)
             if options["since"]:
-                tasks = tasks.filter(finished_at__gte=self._when(options["since"], now))
+                tasks = tasks.filter(finished_at__gte=_when(options["since"], now))
             if options["until"]:
-                tasks = tasks.filter(finished_at__lt=self._when(options["until"], now))
+                tasks = tasks.filter(finished_at__lt=_when(options["until"], now))
         return tasks
 
     def refuse_unknown(self, options: dict[str, Any], visible: QuerySet[Task]) -> None:
@@ -153,7 +171,7 @@ class Command(BaseCommand):
         task is in it. An id that exists in another status is only reported.
         """
         problems = []
-        ids = [self._uuid(value) for value in options["ids"]]
+        ids = [uuid.UUID(value) for value in options["ids"]]
         if ids:
             found = dict(visible.filter(pk__in=ids).values_list("pk", "status"))
             missing = [str(pk) for pk in ids if pk not in found]
@@ -165,37 +183,44 @@ class Command(BaseCommand):
                     self.stderr.write(f"Task {pk} is {status}, not {' or '.join(statuses)}.")
         for path in options["tasks"] or []:
             if not visible.filter(task_path_in([path])).exists() and not _names_a_task(path):
-                near = difflib.get_close_matches(path, _known_paths(visible), n=3)
-                hint = f" Did you mean {' or '.join(near)}?" if near else ""
-                problems.append(f"No task has the path {path!r}, and it names no task.{hint}")
-        for queue in options["queues"] or []:
-            if queue not in _configured_queues() and not visible.filter(queue_name=queue).exists():
-                known = ", ".join(sorted(_configured_queues())) or "none"
-                problems.append(f"No queue {queue!r}: no task is in it, and QUEUES has {known}.")
-        if problems:
-            raise CommandError(" ".join(problems))
+                problems.append(
+                    f"No task has the path {path!r}, and it names no task."
+                    + did_you_mean(path, _known_paths(visible))
+                )
+        problems += ops.unknown_queue_problems(
+            options["queues"] or [], visible, _configured_queues()
+        )
+        refuse(problems)
 
-    @staticmethod
-    def _uuid(value: str) -> uuid.UUID:
-        try:
-            return uuid.UUID(value)
-        except ValueError as exc:
-            raise CommandError(f"{value!r} is not a task id.") from exc
 
-    @staticmethod
-    def _when(value: str, now: dt.datetime) -> dt.datetime:
-        """An age back from the database clock, or an ISO 8601 time (UTC if it names none)."""
-        try:
-            return now - parse_age(value)
-        except ValueError:
-            pass
-        try:
-            moment = dt.datetime.fromisoformat(value)
-        except ValueError as exc:
-            raise CommandError(
-                f"{value!r} is neither an age (2h, 3d) nor an ISO 8601 time."
-            ) from exc
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _when(value: str, now: dt.datetime | None = None) -> dt.datetime:
+    """An ISO 8601 time (UTC if it names none), or an age back from ``now``, the database clock.
+
+    ``ValueError`` says what is accepted; without ``now`` the value is only checked.
+    """
+    try:
+        moment = dt.datetime.fromisoformat(value)
+    except ValueError:
+        pass
+    else:
         return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    try:
+        age = parse_age(value)
+    except ValueError as exc:
+        if "too long" in str(exc):
+            raise
+        raise ValueError(
+            f"{value!r} is neither an age ({FORMS.split(' (')[0]}) nor an ISO 8601 time."
+        ) from None
+    return (now or dt.datetime.now(dt.UTC)) - age
 
 
 def _names_a_task(path: str) -> bool:

@@ -1,22 +1,76 @@
 from __future__ import annotations
 
 import logging
-from importlib import import_module
+import math
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
-from django.utils.module_loading import autodiscover_modules
 
 from ...backend import RDBTaskBackend
 from ...compat import task_backends
+from ...discovery import import_task_modules
 from ...observability.metrics import MetricsServer
 from ...states import ClaimMode
+from ...suggest import did_you_mean
 from ...worker import Supervisor, Worker
 from ...worker.autoscale import AutoscalePolicy, parse_range
 from ...worker.connection import bound_user_connections
+from ..text import refuse
+
+#: What --log-level takes: the levels of the logging module, by name.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _autoscale_problems(options: dict[str, Any]) -> list[str]:
+    problems = []
+    if options["processes"] is not None:
+        problems.append(
+            "--autoscale and --processes cannot be used together: "
+            "--autoscale MIN:MAX sets the number of processes."
+        )
+    if options["burst"]:
+        problems.append(
+            "--autoscale cannot be used with --burst: a burst drains and exits, "
+            "autoscaling follows a queue that keeps running."
+        )
+    if not (0 < options["autoscale_interval"] < math.inf):
+        problems.append("--autoscale-interval must be a positive number of seconds.")
+    if not (0 <= options["autoscale_idle"] < math.inf):
+        problems.append("--autoscale-idle must be 0 or more seconds.")
+    if not (0 <= options["autoscale_lag"] < math.inf):
+        problems.append("--autoscale-lag must be 0 or more seconds.")
+    if options["autoscale_backlog"] < 1:
+        problems.append("--autoscale-backlog must be at least 1.")
+    try:
+        parse_range(options["autoscale"])
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def _backend_problems(alias: str, queues: list[str]) -> list[str]:
+    """--backend names an RDBTaskBackend of TASKS, and each --queue one of its QUEUES."""
+    aliases = list(getattr(settings, "TASKS", {}) or {"default": None})
+    if alias not in aliases:
+        return [
+            f"--backend {alias!r} is not in TASKS ({', '.join(aliases)})."
+            + did_you_mean(alias, aliases)
+        ]
+    try:
+        backend = task_backends[alias]
+    except Exception as exc:  # the framework's InvalidTaskBackend: an unimportable BACKEND
+        return [f"TASKS[{alias!r}]: {exc}"]
+    if not isinstance(backend, RDBTaskBackend):
+        return [f"Task backend {alias!r} is {type(backend).__name__}, not RDBTaskBackend."]
+    return [
+        f"--queue {name!r} is not in TASKS[{alias!r}]['QUEUES'] "
+        f"({', '.join(sorted(backend.queues))})." + did_you_mean(name, backend.queues)
+        for name in dict.fromkeys(queues)
+        if backend.queues and name not in backend.queues
+    ]
 
 
 class Command(BaseCommand):
@@ -94,7 +148,16 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not run the registered record processors in these workers.",
         )
-        parser.add_argument("--log-level", default="INFO", help="Log level (default INFO).")
+        parser.add_argument(
+            "--log-level",
+            default="INFO",
+            type=str.upper,
+            choices=LOG_LEVELS,
+            help="The level of the workers' records (logger django_rdbtasks). Each task "
+            "is one record: INFO, or ERROR with its traceback when it fails for good; the "
+            "framework's own records of it (django.tasks) are not written. Default INFO: "
+            "a line per task; WARNING: failures and problems only. See docs/observability.md.",
+        )
         metrics = parser.add_argument_group("metrics (the 'metrics' extra: prometheus-client)")
         metrics.add_argument(
             "--metrics-port",
@@ -148,21 +211,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Every problem of the arguments first, all at once: nothing is set
+        # up, connected to or started before a refusal.
+        refuse(self._argument_problems(options))
         self._refuse_where_workers_cannot_share(options["backend"])
-        self._setup_logging(options["log_level"])
-        # Django 6.1's checks connect (the server version): bounded like the rest.
-        bound_user_connections(options["lease"])
-        self._check()
-        batch = options["batch"]
         autoscale = self._autoscale(options)
         if options["processes"] is None:
             options["processes"] = 1
-        if options["processes"] < 0 or options["threads"] < 1 or (batch is not None and batch < 1):
-            raise CommandError("--threads and --batch must be at least 1, --processes at least 0.")
-        if options["processes"] == 0 and autoscale is None and options["no_scheduler"]:
-            raise CommandError("--processes 0 with --no-scheduler would run nothing.")
-        if options["lease"] <= 0 or options["poll_interval"] <= 0:
-            raise CommandError("--lease and --poll-interval must be positive.")
         worker_options = {
             "backend": options["backend"],
             "queues": options["queues"],
@@ -181,11 +236,15 @@ class Command(BaseCommand):
             Worker(**worker_options)  # refuse bad options before any process starts
         except (ValueError, KeyError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from exc
+        self._setup_logging(options["log_level"])
+        # Django 6.1's checks connect (the server version): bounded like the rest.
+        bound_user_connections(options["lease"])
+        # The checks import the tasks modules as the workers will, and report
+        # what they declare wrong (and a module that fails to import) together.
+        self._check()
         # Tasks modules hold @task, @periodic and @record_processor declarations:
-        # load them once, before the processes fork.
-        autodiscover_modules("tasks")
-        for module in getattr(settings, "RDBTASKS_IMPORTS", []):
-            import_module(module)
+        # loaded once, before the processes fork (discovery.py).
+        import_task_modules()
         supervisor = Supervisor(
             options["processes"],
             worker_options,
@@ -210,12 +269,9 @@ class Command(BaseCommand):
         commits. ``django_rdbtasks.testing.drain`` runs tasks in-process, in
         that transaction, instead (docs/testing.md).
         """
-        try:
-            instance = task_backends[backend]
-        except Exception:
-            return  # an unknown backend is refused with the other options, below
+        instance = task_backends[backend]  # known: _argument_problems checked it
         if not isinstance(instance, RDBTaskBackend):
-            return  # likewise
+            return  # refused with the other options (Worker)
         database = instance.database
         connection: Any = connections[database]
         if connection.vendor == "sqlite" and connection.is_in_memory_db():
@@ -233,42 +289,57 @@ class Command(BaseCommand):
                 "a real worker needs a TransactionTestCase (docs/testing.md)."
             )
 
+    @staticmethod
+    def _argument_problems(options: dict[str, Any]) -> list[str]:
+        """What is wrong with the arguments, one sentence each (nothing: they are fine)."""
+        problems = []
+
+        def at_least(flag: str, minimum: float, *, unit: str = "") -> None:
+            value = options[flag.lstrip("-").replace("-", "_")]
+            # NaN fails every comparison, inf is no duration: neither passes.
+            if value is not None and not (minimum <= value < math.inf):
+                problems.append(f"{flag} must be at least {minimum:g}{unit}, not {value}.")
+
+        def positive(flag: str) -> None:
+            value = options[flag.lstrip("-").replace("-", "_")]
+            if not (0 < value < math.inf):
+                problems.append(f"{flag} must be a positive number of seconds, not {value}.")
+
+        at_least("--processes", 0)
+        at_least("--threads", 1)
+        at_least("--batch", 1)
+        # 0 would replace every process before it ran a task, forever.
+        at_least("--max-tasks", 1)
+        at_least("--grace", 0, unit=" seconds")
+        positive("--lease")
+        positive("--poll-interval")
+        if options["processes"] == 0 and options["autoscale"] is None and options["no_scheduler"]:
+            problems.append("--processes 0 with --no-scheduler would run nothing.")
+        port = options["metrics_port"]
+        if port is not None and not 0 <= port <= 65535:
+            problems.append(f"--metrics-port must be between 0 and 65535, not {port}.")
+        if options["autoscale"] is not None:
+            problems += _autoscale_problems(options)
+        problems += _backend_problems(options["backend"], options["queues"] or [])
+        return problems
+
     def _autoscale(self, options: dict[str, Any]) -> AutoscalePolicy | None:
         if options["autoscale"] is None:
             return None
-        if options["processes"] is not None:
-            raise CommandError(
-                "--autoscale and --processes cannot be used together: "
-                "--autoscale MIN:MAX sets the number of processes."
-            )
-        if options["burst"]:
-            raise CommandError(
-                "--autoscale cannot be used with --burst: a burst drains and exits, "
-                "autoscaling follows a queue that keeps running."
-            )
-        if options["autoscale_interval"] <= 0 or options["autoscale_idle"] < 0:
-            raise CommandError(
-                "--autoscale-interval must be positive, --autoscale-idle not negative."
-            )
-        try:
-            minimum, maximum = parse_range(options["autoscale"])
-            return AutoscalePolicy(
-                minimum,
-                maximum,
-                threads=max(1, options["threads"]),
-                backlog_per_process=options["autoscale_backlog"],
-                lag_threshold=options["autoscale_lag"],
-                idle_after=options["autoscale_idle"],
-            )
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+        minimum, maximum = parse_range(options["autoscale"])  # checked by _autoscale_problems
+        return AutoscalePolicy(
+            minimum,
+            maximum,
+            threads=max(1, options["threads"]),
+            backlog_per_process=options["autoscale_backlog"],
+            lag_threshold=options["autoscale_lag"],
+            idle_after=options["autoscale_idle"],
+        )
 
     def _metrics(self, options: dict[str, Any]) -> MetricsServer | None:
         port = options["metrics_port"]
         if port is None:
             return None
-        if not 0 <= port <= 65535:
-            raise CommandError("--metrics-port must be between 0 and 65535.")
         try:
             import prometheus_client  # noqa: F401
         except ImportError:
