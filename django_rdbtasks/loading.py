@@ -10,7 +10,9 @@ worker imports the module a path names only if that module is *trusted*:
    ``modelsearch.tasks.insert_or_update_object_task``, and the ``wagtail``
    distribution requires ``modelsearch``, which is not an app;
 3. under a package listed in ``RDBTASKS_TASK_MODULES``, for the rest (a
-   project package that is not an app, a library no app requires);
+   project package that is not an app, a library no app requires), or a
+   module of ``RDBTASKS_IMPORTS``, which every worker imports at start
+   (``discovery.py``);
 4. or already imported by this process (a worker imports its apps, and what
    they import, at start).
 
@@ -57,6 +59,8 @@ _loaded: dict[str, Task | InvalidTaskPath] = {}
 
 #: What a path's module would be refused with, by the setting to name.
 SETTING = "RDBTASKS_TASK_MODULES"
+#: Modules every worker imports at start (discovery.py): trusted as they are.
+IMPORTS_SETTING = "RDBTASKS_IMPORTS"
 
 
 class TaskNotHere(InvalidTaskPath):
@@ -72,6 +76,7 @@ def _configured_packages() -> tuple[str, ...]:
     """Rules 1 and 3: what the settings name, known without reading any metadata."""
     names = [config.name for config in apps.get_app_configs()]
     names += list(getattr(settings, SETTING, []))
+    names += list(getattr(settings, IMPORTS_SETTING, None) or [])
     return tuple(names)
 
 
@@ -114,7 +119,7 @@ def declared_task_paths() -> frozenset[str]:
 @receiver(setting_changed)
 def _forget_trust(*, setting: str, **kwargs: Any) -> None:
     """Tests change INSTALLED_APPS or the setting: what was decided from them no longer holds."""
-    if setting in ("INSTALLED_APPS", SETTING):
+    if setting in ("INSTALLED_APPS", SETTING, IMPORTS_SETTING):
         _configured_packages.cache_clear()
         _required_packages.cache_clear()
         _loaded.clear()

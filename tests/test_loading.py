@@ -25,6 +25,7 @@ from django_rdbtasks.compat import InvalidTask
 from django_rdbtasks.distributions import installed_distributions, packages_required_by
 from django_rdbtasks.exceptions import InvalidTaskPath
 from django_rdbtasks.loading import (
+    check_loadable,
     declared_task_paths,
     is_trusted_module,
     load_task,
@@ -282,6 +283,18 @@ def test_the_check_names_a_declared_task_no_worker_would_load_and_the_setting():
         "Move it into an installed app, or add 'tests.not_an_app' (or a package above it) "
         "to RDBTASKS_TASK_MODULES."
     )
+
+
+def test_a_module_every_worker_imports_at_start_is_trusted():
+    """RDBTASKS_IMPORTS: what the workers import at start, they run tasks of."""
+    from tests import not_an_app  # noqa: F401  (declares its task)
+
+    assert any("tests.not_an_app" in e.msg for e in check_declared_tasks())
+    with override_settings(RDBTASKS_IMPORTS=["tests.not_an_app"]):
+        assert not [e for e in check_declared_tasks() if "tests.not_an_app" in e.msg]
+        check_loadable("tests.not_an_app.report")
+    with pytest.raises(InvalidTaskPath):
+        check_loadable("tests.not_an_app.report")
 
 
 def test_the_check_passes_tasks_of_apps_of_required_libraries_and_of_the_setting(shop_installed):
