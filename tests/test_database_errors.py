@@ -27,20 +27,21 @@ def refused_writes(vendor):
     row = Task._meta.pk.get_db_prep_value(Task.objects.get().pk, connection)
     cast = "::jsonb" if vendor == "postgresql" else ""
     update = f"UPDATE {table} SET {{}} WHERE id = %s"
+    result, message = (
+        update.format(f"return_value = %s{cast}"),
+        update.format("progress_message = %s"),
+    )
     writes = {
-        "invalid JSON": (update.format(f"return_value = %s{cast}"), ["{bad", row]),
-        "a surrogate in a text parameter": (update.format("progress_message = %s"), ["\ud800", row]),
+        "invalid JSON": (result, ["{bad", row]),
+        "a surrogate in a text parameter": (message, ["\ud800", row]),
     }
     if vendor != "sqlite":  # SQLite takes these
-        writes["a lone surrogate in JSON"] = (
-            update.format(f"return_value = %s{cast}"),
-            [json.dumps("a\ud800"), row],
-        )
-        writes["too long for its column"] = (update.format("progress_message = %s"), ["x" * 201, row])
+        writes["a lone surrogate in JSON"] = (result, [json.dumps("a\ud800"), row])
+        writes["too long for its column"] = (message, ["x" * 201, row])
         writes["out of range"] = (update.format("attempts = %s"), [2**40, row])
     if vendor == "postgresql":
-        writes["a NUL in JSON"] = (update.format(f"return_value = %s{cast}"), [json.dumps("\x00"), row])
-        writes["a NUL in a text parameter"] = (update.format("progress_message = %s"), ["\x00", row])
+        writes["a NUL in JSON"] = (result, [json.dumps("\x00"), row])
+        writes["a NUL in a text parameter"] = (message, ["\x00", row])
     if vendor == "mysql":
         writes["invalid JSON for a JSON function"] = (
             update.format("history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))"),
@@ -81,7 +82,8 @@ def test_an_outage_is_not_a_refusal(vendor):
     victim = connections.create_connection("default")
     try:
         with victim.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()" if vendor == "postgresql" else "SELECT CONNECTION_ID()")
+            pid_of = "pg_backend_pid()" if vendor == "postgresql" else "CONNECTION_ID()"
+            cursor.execute(f"SELECT {pid_of}")
             pid = cursor.fetchone()[0]
         with connection.cursor() as cursor:
             if vendor == "postgresql":

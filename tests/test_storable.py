@@ -25,14 +25,17 @@ from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
 UNSTORABLE_TEXTS = ["a\x00b", "\x00", "a\ud800b", "\udfff", "x\udc00\ud83d"]
-STORABLE_TEXTS = ["", "plain", "é 漢字", "🎉 \U0010ffff", "\\u0000 as text", "\x01\x7f\u2028", "\ud7ff"]
+STORABLE_TEXTS = [
+    *["", "plain", "é 漢字", "🎉 \U0010ffff", "\\u0000 as text", "\x01\x7f\u2028", "\ud7ff"]
+]
 
 
 @pytest.mark.parametrize("text", UNSTORABLE_TEXTS)
 def test_a_nul_or_a_lone_surrogate_is_named_where_it_is(text):
     problem = character_problem(text)
     assert problem is not None
-    assert f"at index {min(text.index(c) for c in text if c == chr(0) or 0xD800 <= ord(c) <= 0xDFFF)}" in problem
+    first = min(i for i, c in enumerate(text) if c == "\x00" or 0xD800 <= ord(c) <= 0xDFFF)
+    assert f"at index {first}" in problem
     # The JSON text the worker and enqueue check says to look closer.
     assert may_hold_unstorable(json.dumps(text))
     assert problem_in({"k": [1, text]}, "args[0]") == f"args[0]['k'][1] {problem}"
@@ -220,8 +223,9 @@ def test_a_result_bigger_than_the_server_takes_fails_its_task_once(run_workers, 
     [entry] = row.history
     assert entry["exception_class_path"] == ERROR_PATH
     if checked_in == "python":
-        assert "over the limit of 1,048,576 (the task backend's OPTIONS['MAX_RESULT_BYTES'])" in (
-            entry["traceback"]
+        assert (
+            "over the limit of 1,048,576 (the task backend's OPTIONS['MAX_RESULT_BYTES'])"
+            in (entry["traceback"])
         )
     else:
         assert "the database refused to store this task's result" in entry["traceback"]
