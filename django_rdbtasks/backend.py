@@ -84,6 +84,8 @@ KNOWN_OPTIONS = frozenset(
 MIN_STORAGE_LIMIT = 1024
 #: The ``max_attempts`` column's largest value everywhere (an ``integer`` on PostgreSQL).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
+#: The ``dedup_key`` column's length.
+MAX_DEDUP_KEY_LENGTH = 255
 
 
 class RDBTaskBackend(BaseTaskBackend):
@@ -253,6 +255,11 @@ class RDBTaskBackend(BaseTaskBackend):
             args, kwargs, self.storage_limits.arguments
         )
         dedup = getattr(task, "dedup_key", None)
+        dedup_key = None if dedup is None else task_key(dedup, task, args, kwargs, what="Dedup key")
+        if dedup_key is not None and len(dedup_key) > MAX_DEDUP_KEY_LENGTH:
+            raise InvalidTask(
+                f"A dedup key is at most {MAX_DEDUP_KEY_LENGTH} characters: {dedup_key[:60]!r}..."
+            )
         limit = limit_for(task, self.queue_limits)  # computed before anything is written
         new = NewTask(
             id=uuid7(),
@@ -265,7 +272,7 @@ class RDBTaskBackend(BaseTaskBackend):
             max_attempts=self.max_attempts_for(task),
             run_after=task.run_after,
             job_name=job_name,
-            dedup_key=None if dedup is None else task_key(dedup, task, args, kwargs),
+            dedup_key=dedup_key,
             limit=limit_spec(limit, task, args, kwargs) if limit is not None else None,
         )
         return new, (values, keywords)

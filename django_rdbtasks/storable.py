@@ -15,8 +15,9 @@ production, and nothing reaches a database that would refuse it.
 - A result (``worker/execution.py``) is refused the same way, which fails the
   task, not retried: the same value would be refused again.
 - Error messages, tracebacks and progress messages are text for people, kept
-  readable rather than refused: ``readable_text`` writes a NUL and a lone
-  surrogate as their escapes, and cuts what is over its limit with a note.
+  readable rather than refused: ``escape_unstorable`` writes a NUL and a lone
+  surrogate as their escapes; ``readable_text`` also cuts what is over its
+  limit, with a note.
 
 Sizes are those of the JSON text as stored (``json.dumps``'s ASCII form: one
 byte a character), with limits set by the backend's ``OPTIONS``
@@ -163,8 +164,7 @@ def readable_text(text: str, limit: int, what: str = "text") -> str:
     was cut. Returned as it is in the usual case: nothing to replace, and too
     short to be over (a character is at most 12 bytes as stored JSON).
     """
-    if _UNSTORABLE.search(text) is not None:
-        text = _UNSTORABLE.sub(_escaped, text)
+    text = escape_unstorable(text)
     if len(text) * 12 <= limit:
         return text
     stored = _stored_size(text)
@@ -181,6 +181,13 @@ def readable_text(text: str, limit: int, what: str = "text") -> str:
         else:
             high = middle - 1
     return text[:low] + note
+
+
+def escape_unstorable(text: str) -> str:
+    """``text`` with a NUL written ``\\x00`` and a lone surrogate as its escape."""
+    if _UNSTORABLE.search(text) is None:
+        return text
+    return _UNSTORABLE.sub(_escaped, text)
 
 
 def _stored_size(text: str) -> int:

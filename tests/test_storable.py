@@ -1,11 +1,15 @@
 """What every database stores (storable.py): the rule, and what enqueue refuses by it."""
 
 import json
+import os
 import signal
+import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import task_backends
@@ -233,3 +237,183 @@ def test_a_result_bigger_than_the_server_takes_fails_its_task_once(run_workers, 
         assert "max_allowed_packet is" in entry["traceback"]
     assert all(Task.objects.get(pk=o.id).status == "SUCCESSFUL" for o in [*ordinary, later])
     assert "WorkerLost" not in worker.log()
+
+
+# -- a property across the databases ------------------------------------------------------
+
+#: Small limits, so that generated payloads go over them too.
+SMALL = StorageLimits(arguments=64 * 1024, result=3000, error=2000, checkpoint=3000)
+ACTIONS = ["return", "raise", "progress", "checkpoint"]
+#: The characters that matter, often; any other (surrogates included), now and then.
+characters = st.one_of(
+    st.sampled_from(["\x00", "\ud800", "\udfff", "\udc00", "🎉", "é", "\\", '"', "a"]),
+    st.characters(exclude_categories=()),
+)
+texts = st.text(characters, max_size=12)
+payloads = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=12,
+)
+specs = st.lists(
+    st.tuples(st.sampled_from(ACTIONS), payloads, st.sampled_from([0, 0, 0, 2500])),
+    min_size=1,
+    max_size=5,
+)
+
+
+def unstorable(value):
+    """The test's own reading of the rule: a NUL or a surrogate anywhere in a text."""
+    if isinstance(value, str):
+        return any(c == "\x00" or 0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, dict):
+        return any(unstorable(k) or unstorable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(unstorable(item) for item in value)
+    return False
+
+
+def escaped(text):
+    return "".join(
+        "\\x00" if c == "\x00" else f"\\u{ord(c):04x}" if 0xD800 <= ord(c) <= 0xDFFF else c
+        for c in text
+    )
+
+
+def same_json(stored, value):
+    """Equal as JSON, a number as its float: PostgreSQL's jsonb keeps a number as a
+    decimal, so 7.549813657589843e+16 comes back as the int 75498136575898430."""
+    if isinstance(value, float) or isinstance(stored, float):
+        return isinstance(stored, int | float) and float(stored) == float(value)
+    if isinstance(value, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(value)
+            and all(same_json(a, b) for a, b in zip(stored, value, strict=True))
+        )
+    if isinstance(value, dict):
+        return (
+            isinstance(stored, dict)
+            and stored.keys() == value.keys()
+            and all(same_json(stored[k], value[k]) for k in value)
+        )
+    return stored == value and type(stored) is type(value)
+
+
+def drain(batch):
+    """A burst worker in this process, over everything enqueued: it must end."""
+    from django_rdbtasks.worker import Worker
+
+    worker = Worker(batch=batch, burst=True, poll_interval=0.05, listen=False)
+    ended = []
+    thread = threading.Thread(target=lambda: ended.append(worker.run(install_signals=False)))
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the worker stopped claiming (a slot stuck)"
+    assert ended == [0]
+
+
+def without_the_checks_in_python(monkeypatch):
+    """What reaches the database unchecked: its own refusals are what the worker meets."""
+    import django_rdbtasks.context
+    import django_rdbtasks.db.base
+    import django_rdbtasks.db.postgresql
+    import django_rdbtasks.worker.execution
+
+    monkeypatch.setattr(django_rdbtasks.worker.execution, "json_problem", lambda *a: None)
+    monkeypatch.setattr(django_rdbtasks.worker.execution, "readable_text", lambda t, *a: t)
+    monkeypatch.setattr(django_rdbtasks.worker.execution, "escape_unstorable", lambda t: t)
+    monkeypatch.setattr(django_rdbtasks.db.base, "make_storable", lambda *a: None)
+    monkeypatch.setattr(django_rdbtasks.db.postgresql, "make_storable", lambda *a: None)
+    monkeypatch.setattr(
+        django_rdbtasks.context, "encode_storable", lambda value, *a: json.dumps(value)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("checks", ["in python", "by the database"])
+@settings(
+    max_examples=int(os.environ.get("RDBTASKS_TEST_EXAMPLES", 20)),
+    deadline=None,
+    database=None,
+    # A failing example is printed as found: shrinking one (a worker run per
+    # try) can take minutes, more than CI should spend on it.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(specs=specs)
+def test_any_payload_ends_its_task_in_a_documented_state_and_stops_nothing_else(
+    specs, checks, monkeypatch
+):
+    """Generated payloads through enqueue, a run, and a result, an error, progress or a
+    checkpoint: every task ends SUCCESSFUL or FAILED, as the rule says; none is run
+    again for a data error; the others of the same round finish; the worker drains."""
+    Task.objects.all().delete()
+    SideEffect.objects.all().delete()
+    monkeypatch.setattr(task_backends["default"], "storage_limits", SMALL)
+    if checks == "by the database":
+        without_the_checks_in_python(monkeypatch)
+    enqueued = []
+    for n, (action, payload, pad) in enumerate(specs):
+        # The payload as an argument: refused at enqueue exactly when the rule says.
+        try:
+            with transaction.atomic():
+                tasks.length.enqueue(payload)
+                transaction.set_rollback(True)
+            refused = False
+        except ArgumentsNotJSON:
+            refused = True
+        assert refused == unstorable(payload), payload
+        # Carried as JSON text (storable whatever it holds), decoded by the task.
+        result = tasks.handles_payload.enqueue(action, json.dumps(payload), pad, f"p{n}")
+        value = [payload, "y" * pad] if pad else payload
+        enqueued.append((result.id, action, value, f"p{n}"))
+    ordinary = [tasks.record.enqueue(f"o{i}").id for i in range(2)]
+    drain(batch=len(specs) + 2)  # one round claims them all and writes them together
+
+    assert Task.objects.filter(pk__in=ordinary, status="SUCCESSFUL").count() == 2
+    for task_id, action, value, key in enqueued:
+        row = Task.objects.get(pk=task_id)
+        runs = SideEffect.objects.filter(key=key).count()
+        assert row.status in ("SUCCESSFUL", "FAILED"), (action, value, row.status)
+        assert runs == row.attempts == len(row.history)
+        errors = [e["exception_class_path"] for e in row.history if "exception_class_path" in e]
+        for entry in row.history:
+            assert not unstorable(entry.get("traceback", ""))
+            assert len(entry.get("traceback", "")) <= (SMALL.error if checks == "in python" else 10**9)
+        if action == "raise":  # the task's own error: retried as any, its class kept
+            assert row.status == "FAILED" and runs <= 2
+            assert set(errors) <= {"builtins.ValueError", ERROR_PATH}
+            continue
+        assert runs == 1, "run again for a data error"
+        fits = len(json.dumps(value)) <= SMALL.result
+        if row.status == "FAILED":
+            assert errors == [ERROR_PATH]
+            if checks == "in python" and action != "progress":
+                assert unstorable(value) or not fits
+            continue
+        assert checks == "by the database" or action == "progress" or not unstorable(value)
+        if action == "return":
+            assert same_json(row.return_value, value)
+        elif action == "checkpoint":
+            assert same_json(row.checkpoint, value)
+        else:
+            message = escaped(str(value))[:200] if checks == "in python" else str(value)[:200]
+            assert row.progress_message == message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_computed_from_the_arguments_is_held_to_the_rule_and_its_column():
+    from django_rdbtasks.compat import InvalidTask
+
+    by_callable = tasks.sync_account.using()  # the same task, a key made by a callable
+    object.__setattr__(by_callable, "dedup_key", lambda account: f"sync:{account}\x00")
+    with pytest.raises(InvalidTask, match=r"Dedup key 'sync:a\\x00' holds a NUL"):
+        by_callable.enqueue("a")
+    with pytest.raises(InvalidTask, match="A dedup key is at most 255 characters"):
+        tasks.sync_account.enqueue("y" * 300)
+    assert not Task.objects.exists()

@@ -45,6 +45,7 @@ from ..storable import (
     DEFAULT_MAX_ERROR_BYTES,
     PROGRESS_MESSAGE_CHARS,
     StorageLimits,
+    escape_unstorable,
     json_problem,
     readable_text,
 )
@@ -131,7 +132,7 @@ class Control:
         if progress is not UNSET:
             # Text for people: kept readable (no NUL) and as long as its column.
             self.progress = progress
-            self.message = readable_text(message, PROGRESS_MESSAGE_CHARS)[:PROGRESS_MESSAGE_CHARS]
+            self.message = escape_unstorable(message)[:PROGRESS_MESSAGE_CHARS]
         if checkpoint is not UNSET:
             self.checkpoint, self._checkpoint_dirty = checkpoint, True
         self._dirty = True

@@ -331,15 +331,18 @@ def returns_big(size):
     return "y" * (size - 2)
 
 
-@task(takes_context=True, max_attempts=3, backoff=0)
-def handles_payload(context, action, payload_json, key):
+@task(takes_context=True, max_attempts=2, backoff=0)
+def handles_payload(context, action, payload_json, pad, key):
     """Does ``action`` with the payload JSON decodes to (NULs and lone surrogates
-    included): returns it, raises it, reports it as progress or saves it as the
-    checkpoint. One SideEffect per run, keyed ``key``."""
+    included), padded with ``pad`` characters if ``pad``: returns it, raises it,
+    reports it as progress or saves it as the checkpoint. One SideEffect per run,
+    keyed ``key``."""
     import json
 
     SideEffect.objects.create(key=key, pid=os.getpid())
     payload = json.loads(payload_json)
+    if pad:
+        payload = [payload, "y" * pad]
     if action == "return":
         return payload
     if action == "raise":
@@ -351,3 +354,25 @@ def handles_payload(context, action, payload_json, key):
         context.save_checkpoint(payload, force=True)
         return "saved"
     raise AssertionError(action)
+
+
+@task(takes_context=True)
+def checkpoints(context, value):
+    """Saves ``value`` (or NUL text, for "nul") as its checkpoint, then returns "saved"."""
+    context.save_checkpoint("a\x00b" if value == "nul" else value, force=True)
+    return "saved"
+
+
+def built(kind, size):
+    return {"nul": "a\x00b", "surrogate": "a\ud800b", "big": "y" * size}[kind]
+
+
+@task()
+def returns_built(kind, size=0):
+    """Returns text no database stores as it is: with a NUL, a lone surrogate, or big."""
+    return built(kind, size)
+
+
+@task()
+def raises_built(kind, size=0):
+    raise ValueError(built(kind, size))
