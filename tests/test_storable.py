@@ -260,7 +260,8 @@ payloads = st.recursive(
     max_leaves=12,
 )
 specs = st.lists(
-    st.tuples(st.sampled_from(ACTIONS), payloads, st.sampled_from([0, 0, 0, 2500])),
+    # A text alone, often: the message of an error is then the text itself.
+    st.tuples(st.sampled_from(ACTIONS), texts | payloads, st.sampled_from([0, 0, 0, 2500])),
     min_size=1,
     max_size=5,
 )
@@ -382,9 +383,10 @@ def test_any_payload_ends_its_task_in_a_documented_state_and_stops_nothing_else(
         assert row.status in ("SUCCESSFUL", "FAILED"), (action, value, row.status)
         assert runs == row.attempts == len(row.history)
         errors = [e["exception_class_path"] for e in row.history if "exception_class_path" in e]
-        for entry in row.history:
-            assert not unstorable(entry.get("traceback", ""))
-            assert len(entry.get("traceback", "")) <= (SMALL.error if checks == "in python" else 10**9)
+        if checks == "in python":  # else: stored as it is where the database takes it
+            for entry in row.history:
+                traceback = entry.get("traceback", "")
+                assert not unstorable(traceback) and len(traceback) <= SMALL.error
         if action == "raise":  # the task's own error: retried as any, its class kept
             assert row.status == "FAILED" and runs <= 2
             assert set(errors) <= {"builtins.ValueError", ERROR_PATH}

@@ -403,6 +403,8 @@ class Worker:
                 dialect.encode_outcome(outcome, limits)
                 slot.finish(outcome, running)
         finally:
+            # Its own worker connection too: close_all() knows only DATABASES' aliases.
+            close_in_thread(alias)
             connections.close_all()
 
     def _rounds(
