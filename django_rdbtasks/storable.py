@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .exceptions import ValueNotStorable
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -147,8 +149,6 @@ def encode_storable(value: Any, where: str, limit: int, kind: str) -> str:
     ``TypeError``/``ValueError`` as ``json.dumps`` raises them for what is not
     JSON at all (a set, NaN).
     """
-    from .exceptions import ValueNotStorable
-
     text = _encode(value)
     problem = json_problem(value, text, where, limit, kind)
     if problem:
@@ -171,7 +171,7 @@ def readable_text(text: str, limit: int, what: str = "text") -> str:
     if stored <= limit:
         return text
     note = f"\n[{what} cut: {stored:,} bytes as stored, over the limit of {limit:,}]"
-    keep = max(0, limit - len(note))
+    keep = max(0, limit - _stored_size(note))
     # The longest beginning that fits: a character is one byte or more.
     low, high = 0, min(len(text), keep)
     while low < high:
