@@ -30,7 +30,13 @@ from tests.testapp.models import SideEffect
 
 UNSTORABLE_TEXTS = ["a\x00b", "\x00", "a\ud800b", "\udfff", "x\udc00\ud83d"]
 STORABLE_TEXTS = [
-    *["", "plain", "é 漢字", "🎉 \U0010ffff", "\\u0000 as text", "\x01\x7f\u2028", "\ud7ff"]
+    "",
+    "plain",
+    "é 漢字",
+    "🎉 \U0010ffff",
+    "\\u0000 as text",
+    "\x01\x7f\u2028",
+    "\ud7ff",
 ]
 
 
@@ -121,10 +127,20 @@ def test_what_is_accepted_is_stored_and_read_back_equal_on_this_database():
     assert row.args == [texts, {"k": texts}]
 
 
-def test_the_limits_are_options_checked_by_the_backend(settings):
-    backend = task_backends["default"]
-    assert backend.storage_limits == StorageLimits()
+def test_the_limits_are_options_checked_by_the_backend():
+    from django_rdbtasks.backend import RDBTaskBackend
+
+    assert task_backends["default"].storage_limits == StorageLimits()
     assert StorageLimits().result < 4 * 1024 * 1024  # under every server's packet, MySQL 5.7's too
+    backend = RDBTaskBackend(
+        "limits",
+        {"QUEUES": ["default"], "OPTIONS": {"MAX_RESULT_BYTES": "2048", "MAX_ERROR_BYTES": 10}},
+    )
+    assert backend.storage_limits.result == 2048  # text, as from the environment
+    assert backend.option_errors == [
+        "OPTIONS['MAX_ERROR_BYTES'] must be a whole number of at least 1024, not 10."
+    ]
+    assert not any(m.id == "django_rdbtasks.W001" for m in backend.check())  # known options
 
 
 @pytest.mark.django_db(transaction=True)
