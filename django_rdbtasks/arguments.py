@@ -6,6 +6,11 @@ than the framework's ``normalize_json`` followed by an encode, a decode and a
 comparison: the only values that encode but decode differently are dict keys
 that are not strings (``{1: ...}`` comes back as ``{"1": ...}``), refused on
 the walk, and non-finite floats, which the encoder refuses.
+
+Arguments some supported database would refuse (a NUL character, a lone
+surrogate, more than ``OPTIONS["MAX_ARGUMENTS_BYTES"]``) are refused too, on
+every database alike (``storable.py``): a search of the JSON text says when
+to look closer, so that arguments without them cost nothing more.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .exceptions import ArgumentsNotJSON
+from .storable import DEFAULT_MAX_ARGUMENTS_BYTES, may_hold_unstorable, problem_in, size_problem
 
 #: ``json.dumps(value, allow_nan=False)`` without building an encoder per call.
 _encode = json.JSONEncoder(allow_nan=False).encode
@@ -23,13 +29,15 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def encode_arguments(
-    args: Sequence[Any], kwargs: Mapping[str, Any]
+    args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = DEFAULT_MAX_ARGUMENTS_BYTES
 ) -> tuple[str, str, list[Any], dict[str, Any]]:
     """Arguments as JSON text that decodes to equal values, and those values.
 
     Tuples become lists as in the framework; anything that would come back
     different (a date, a set, an int dict key, NaN) is refused here, at enqueue,
-    with ``ArgumentsNotJSON``, rather than surprising the task later.
+    with ``ArgumentsNotJSON``, rather than surprising the task later; so is
+    what a database would refuse to store, and more than ``limit`` bytes of
+    JSON, both columns together.
     """
     try:
         values = [_normalized(value) for value in args]
@@ -45,15 +53,40 @@ def encode_arguments(
             "Task arguments must be JSON-serializable: "
             f"{culprit or 'one is not'} ({str(exc).rstrip('.')})."
         ) from exc
+    if (
+        len(args_json) + len(kwargs_json) > limit
+        or may_hold_unstorable(args_json)
+        or may_hold_unstorable(kwargs_json)
+    ):
+        problem = _storage_problem(values, keywords, len(args_json) + len(kwargs_json), limit)
+        if problem:
+            raise ArgumentsNotJSON(f"Task arguments must be storable in every database: {problem}.")
     return args_json, kwargs_json, values, keywords
 
 
 def encode_arguments_and_values(
-    args: Sequence[Any], kwargs: Mapping[str, Any]
+    args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = DEFAULT_MAX_ARGUMENTS_BYTES
 ) -> tuple[str, str, tuple[list[Any], dict[str, Any]]]:
     """``encode_arguments``, the values as one ``(args, kwargs)`` pair."""
-    args_json, kwargs_json, values, keywords = encode_arguments(args, kwargs)
+    args_json, kwargs_json, values, keywords = encode_arguments(args, kwargs, limit)
     return args_json, kwargs_json, (values, keywords)
+
+
+def _storage_problem(
+    values: list[Any], keywords: dict[str, Any], size: int, limit: int
+) -> str | None:
+    """What a database would refuse of these (encoded) arguments, naming the argument."""
+    named = [(f"args[{i}]", value) for i, value in enumerate(values)]
+    named += [(f"kwargs[{name!r}]", value) for name, value in keywords.items()]
+    for where, value in named:
+        problem = problem_in(value, where)
+        if problem:
+            return problem
+    too_big = size_problem(size, limit, "arguments")
+    if too_big is None:
+        return None
+    where, value = max(named, key=lambda pair: len(_encode(pair[1])))
+    return f"they are {too_big}; the largest, {where}, is {len(_encode(value)):,} bytes"
 
 
 def _culprit(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ from .db import dialect_for
 from .db.cursors import kept_cursor
 from .db.functions import DbNow
 from .db.rows import NewBatch, NewTask, new_ids
-from .exceptions import InvalidTaskPath
+from .exceptions import ArgumentsNotJSON, InvalidTaskPath
 from .keys import task_key
 from .limits import limit_for, limit_spec, queue_limits_option, validate_limit
 from .loading import check_loadable, load_task, note_declared
@@ -38,6 +38,13 @@ from .pooling import pooling_checks
 from .rdbtask import RDBTask
 from .reads import read_database_checks
 from .results import RDBTaskResult, ready_result, stamp_enqueued_at
+from .storable import (
+    DEFAULT_MAX_ARGUMENTS_BYTES,
+    DEFAULT_MAX_CHECKPOINT_BYTES,
+    DEFAULT_MAX_ERROR_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    StorageLimits,
+)
 from .stored import replace_unvalidated, result_from_row, unloadable_task
 from .suggest import did_you_mean
 
@@ -76,8 +83,19 @@ KNOWN_OPTIONS = frozenset(
         "READ_DATABASE",
         # Queue name to a ConcurrencyLimit or RateLimit (limits.py).
         "QUEUE_LIMITS",
+        # The most bytes of a task's data as stored (storable.py).
+        "MAX_ARGUMENTS_BYTES",
+        "MAX_RESULT_BYTES",
+        "MAX_ERROR_BYTES",
+        "MAX_CHECKPOINT_BYTES",
     }
 )
+#: Under this, an error's or a checkpoint's limit would leave too little to read.
+MIN_STORAGE_LIMIT = 1024
+#: The ``max_attempts`` column's largest value everywhere (an ``integer`` on PostgreSQL).
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
+#: The ``dedup_key`` column's length.
+MAX_DEDUP_KEY_LENGTH = 255
 
 
 class RDBTaskBackend(BaseTaskBackend):
@@ -108,6 +126,22 @@ class RDBTaskBackend(BaseTaskBackend):
             # Seconds, or a timedelta (worker/missing.py reads it).
             self._number_option("MISSING_TASK_GRACE", 600.0, 0, float)
         self.notify = bool(options.get("NOTIFY", True))
+        #: What of a task's data may be stored (storable.py): checked at enqueue
+        #: (arguments) and by the worker (results, errors, checkpoints).
+        self.storage_limits = StorageLimits(
+            arguments=self._number_option(
+                "MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, MIN_STORAGE_LIMIT, int
+            ),
+            result=self._number_option(
+                "MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, MIN_STORAGE_LIMIT, int
+            ),
+            error=self._number_option(
+                "MAX_ERROR_BYTES", DEFAULT_MAX_ERROR_BYTES, MIN_STORAGE_LIMIT, int
+            ),
+            checkpoint=self._number_option(
+                "MAX_CHECKPOINT_BYTES", DEFAULT_MAX_CHECKPOINT_BYTES, MIN_STORAGE_LIMIT, int
+            ),
+        )
         self.queue_limits, errors = queue_limits_option(options.get("QUEUE_LIMITS"))
         self.option_errors += errors
         #: Whether the enqueue may keep its statement prepared in the session:
@@ -205,9 +239,13 @@ class RDBTaskBackend(BaseTaskBackend):
         super().validate_task(task)
         max_attempts = getattr(task, "max_attempts", None)
         if max_attempts is not None and (
-            not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+            not isinstance(max_attempts, int)
+            or isinstance(max_attempts, bool)
+            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
         ):
-            raise InvalidTask("max_attempts must be a whole number of at least 1.")
+            raise InvalidTask(
+                f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT:,}."
+            )
         backoff = getattr(task, "backoff", None)
         if backoff is not None and (not isinstance(backoff, int | float) or backoff < 0):
             raise InvalidTask("backoff must be a number of seconds, 0 or more.")
@@ -300,8 +338,15 @@ class RDBTaskBackend(BaseTaskBackend):
     ) -> tuple[NewTask, tuple[list[Any], dict[str, Any]]]:
         """The row to insert, and the arguments as the task will receive them."""
         self._refuse_bad_options()
-        args_json, kwargs_json, values, keywords = encode_arguments(args, kwargs)
+        args_json, kwargs_json, values, keywords = encode_arguments(
+            args, kwargs, self.storage_limits.arguments
+        )
         dedup = getattr(task, "dedup_key", None)
+        dedup_key = None if dedup is None else task_key(dedup, task, args, kwargs, what="Dedup key")
+        if dedup_key is not None and len(dedup_key) > MAX_DEDUP_KEY_LENGTH:
+            raise InvalidTask(
+                f"A dedup key is at most {MAX_DEDUP_KEY_LENGTH} characters: {dedup_key[:60]!r}..."
+            )
         limit = limit_for(task, self.queue_limits)  # computed before anything is written
         new = NewTask(
             id=uuid7(),
@@ -314,10 +359,22 @@ class RDBTaskBackend(BaseTaskBackend):
             max_attempts=self.max_attempts_for(task),
             run_after=task.run_after,
             job_name=job_name,
-            dedup_key=None if dedup is None else task_key(dedup, task, args, kwargs),
+            dedup_key=dedup_key,
             limit=limit_spec(limit, task, args, kwargs) if limit is not None else None,
         )
         return new, (values, keywords)
+
+    def _prepare_calls(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[tuple[NewTask, tuple[list[Any], dict[str, Any]]]]:
+        """``_prepare`` for each of a bulk enqueue's calls; a refusal names the call."""
+        prepared = []
+        for index, (args, kwargs) in enumerate(calls):
+            try:
+                prepared.append(self._prepare(task, args, kwargs))
+            except ArgumentsNotJSON as exc:
+                raise ArgumentsNotJSON(f"calls[{index}]: {exc}") from exc
+        return prepared
 
     def _insert(
         self, tasks: Sequence[NewTask] | NewBatch, meanwhile: Callable[[], object] | None = None
@@ -432,7 +489,7 @@ class RDBTaskBackend(BaseTaskBackend):
         """
         self._validate_once(task)
         if getattr(task, "dedup_key", None) is not None:
-            prepared = [self._prepare(task, args, kwargs) for args, kwargs in calls]
+            prepared = self._prepare_calls(task, calls)
             with transaction.atomic(using=self.database, savepoint=False):
                 return [self._enqueue_one(task, new, decoded) for new, decoded in prepared]
         self._refuse_bad_options()
@@ -445,8 +502,12 @@ class RDBTaskBackend(BaseTaskBackend):
         kwargs_json: list[str] = []
         values: list[list[Any]] = []
         keywords: list[dict[str, Any]] = []
-        for args, kwargs in calls:
-            encoded = encode_arguments(args, kwargs)
+        limit = self.storage_limits.arguments
+        for index, (args, kwargs) in enumerate(calls):
+            try:
+                encoded = encode_arguments(args, kwargs, limit)
+            except ArgumentsNotJSON as exc:
+                raise ArgumentsNotJSON(f"calls[{index}]: {exc}") from exc
             args_json.append(encoded[0])
             kwargs_json.append(encoded[1])
             values.append(encoded[2])
@@ -497,7 +558,7 @@ class RDBTaskBackend(BaseTaskBackend):
     ) -> list[TaskResult]:
         # Each row's key is computed from its arguments, and the rows' slots
         # are made with them (db/limits.py): a NewTask per row.
-        prepared = [self._prepare(task, args, kwargs) for args, kwargs in calls]
+        prepared = self._prepare_calls(task, calls)
         results = []
         with transaction.atomic(using=self.database, savepoint=False):
             for start in range(0, len(prepared), batch_size):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from .compat import TaskContext
 from .exceptions import HandOver
+from .storable import StorageLimits, encode_storable
+
+#: The longest a task may hand itself over for: a date past it is beyond what
+#: every database's date arithmetic takes (MySQL's ends in 9999).
+MAX_HAND_OVER_DELAY = 10 * 366 * 24 * 3600.0
 
 #: "Not given": progress and checkpoint may be None, which a task can mean.
 UNSET: Any = object()
@@ -15,6 +19,7 @@ UNSET: Any = object()
 
 class TaskControl(Protocol):
     checkpoint: Any
+    limits: StorageLimits
 
     def should_stop(self) -> bool: ...
 
@@ -44,6 +49,13 @@ class RDBTaskContext(TaskContext):  # type: ignore[misc]
     that lost the task writes nothing) and throttled to one write per
     ``PROGRESS_INTERVAL`` seconds (backend option, default 1); the latest
     values are always written when the task stops.
+
+    A checkpoint must be JSON that every database stores (``storable.py``: no
+    NUL, no lone surrogate, at most ``OPTIONS["MAX_CHECKPOINT_BYTES"]``):
+    anything else raises ``ValueNotStorable`` (or the ``TypeError`` of what is
+    not JSON) here, in the task, and fails it unretried if it propagates. A
+    progress message is text for people: kept to its 200 characters, with a
+    NUL written ``\\x00``.
     """
 
     control: TaskControl = field(repr=False, compare=False)
@@ -77,17 +89,24 @@ class RDBTaskContext(TaskContext):  # type: ignore[misc]
         if fraction is not None:
             fraction = min(1.0, max(0.0, float(fraction)))
         if checkpoint is not UNSET:
-            json.dumps(checkpoint, allow_nan=False)  # refuse what cannot be stored, here
-        self.control.update(fraction, message, checkpoint, force)
+            self._check(checkpoint)  # refuse what cannot be stored, here
+        self.control.update(fraction, str(message), checkpoint, force)
 
     def save_checkpoint(self, checkpoint: Any, *, force: bool = False) -> None:
         """Save where to resume; the next attempt gets it as ``context.checkpoint``."""
-        json.dumps(checkpoint, allow_nan=False)
+        self._check(checkpoint)
         self.control.update(UNSET, "", checkpoint, force)
+
+    def _check(self, checkpoint: Any) -> None:
+        encode_storable(checkpoint, "the checkpoint", self.control.limits.checkpoint, "checkpoint")
 
     def hand_over(self, *, delay: float = 0.0) -> NoReturn:
         """Stop now and let any worker continue from the checkpoint, after ``delay`` seconds.
 
         The attempt is not spent. Raises; do not catch ``HandOver``.
         """
+        if not 0 <= delay <= MAX_HAND_OVER_DELAY:  # NaN too
+            raise ValueError(
+                f"hand_over(delay=...) takes 0 to {MAX_HAND_OVER_DELAY:.0f} seconds, not {delay!r}."
+            )
         raise HandOver(delay)

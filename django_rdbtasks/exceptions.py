@@ -1,9 +1,35 @@
+"""This package's errors, and how any error is named where it is stored."""
+
+
+def error_path(error: BaseException) -> str:
+    """The dotted path of the error's class, as a history entry names it."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
+
+
+def error_summary(error: BaseException) -> str:
+    """``path.to.Error: message``, the class named once."""
+    path = error_path(error)
+    message = str(error)
+    return f"{path}: {message}" if message else path
+
+
 class RDBTasksError(Exception):
     """Base class of this package's errors."""
 
 
 class ArgumentsNotJSON(RDBTasksError, TypeError):
     """Task arguments that JSON cannot round-trip unchanged."""
+
+
+class ValueNotStorable(RDBTasksError, ValueError):
+    """A task's data that a supported database would refuse (``storable.py``).
+
+    Raised in the task (a checkpoint, progress), or recorded as the error of a
+    task whose result, or whose outcome as a whole, a database refused. Not
+    retried: the same value would be refused again.
+    """
+
+    retryable = False
 
 
 class InvalidTaskPath(RDBTasksError):

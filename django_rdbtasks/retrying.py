@@ -5,7 +5,11 @@
   next try reconnects, logged once and then every twentieth failure. A lost
   race (:func:`is_lost_race`: a deadlock, a serialization failure, a Galera
   certification conflict) is no outage: it is retried within milliseconds on
-  the same connection, counted and logged at debug only.
+  the same connection, counted and logged at debug only. A refusal of the
+  data (``database_errors.is_refusal``) is never the operation's to retry: the
+  worker's writes of a task's data find and fail that task first
+  (``worker/store.py``); one that still comes here is not any task's, and is
+  logged as an error at each try.
 - :class:`LeaseRenewer` renews a lease from a background thread every third of
   it until stopped, and says when the lease was lost.
 
@@ -23,6 +27,18 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from django.db import DatabaseError, connections
+
+from .database_errors import describe, is_lost_race, is_refusal
+
+__all__ = [
+    "Backoff",
+    "LeaseRenewer",
+    "close_quietly",
+    "is_lost_race",
+    "lost_races",
+    "race_logger",
+    "retry_database",
+]
 
 T = TypeVar("T")
 
@@ -46,37 +62,6 @@ RENEWER_STOP_WITHIN = 1.0
 #: Consecutive lost races after which one warning says something is wrong
 #: (a hot row everybody writes), in case they never stop.
 RACE_WARN_EVERY = 100
-
-#: MySQL/MariaDB: ER_LOCK_DEADLOCK. InnoDB rolled the whole transaction back;
-#: Galera also reports a certification conflict (at COMMIT, or a local
-#: transaction aborted by a replicated one that won) with this code.
-MYSQL_LOST_RACE = frozenset({1213})
-#: PostgreSQL: serialization_failure, deadlock_detected.
-SQLSTATE_LOST_RACE = frozenset({"40001", "40P01"})
-
-
-def is_lost_race(exc: BaseException) -> bool:
-    """Whether ``exc`` says another transaction won, not that the database is unwell.
-
-    The transaction was rolled back as a whole and doing it again is the
-    remedy: a deadlock, a serialization failure, or on Galera a write that
-    lost certification to a conflicting one committed on another node. Django
-    wraps the driver's exception (``__cause__``) and copies its ``args``; the
-    chain also makes a ``TransactionManagementError`` raised because an earlier
-    statement of the transaction lost a race count as one.
-    """
-    seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        args = getattr(error, "args", ())
-        if args and isinstance(args[0], int) and args[0] in MYSQL_LOST_RACE:
-            return True
-        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
-        if state in SQLSTATE_LOST_RACE:
-            return True
-        error = error.__cause__
-    return False
 
 
 class RaceCounter:
@@ -154,7 +139,8 @@ def retry_database(
     while True:
         try:
             return operation()
-        except DatabaseError as exc:
+        # A UnicodeError: a driver refusing a value before it sends anything.
+        except (DatabaseError, UnicodeError) as exc:
             if is_lost_race(exc) and _can_retry_race(alias):
                 delay = races.next_delay()
                 _note_race(what, exc, delay, races.failures)
@@ -163,15 +149,25 @@ def retry_database(
                 continue
             races.reset()
             delay = backoff.next_delay()
-            level = logging.WARNING if backoff.loud else logging.DEBUG
-            log.log(
-                level,
-                "database error during %s (%s: %s); retrying in %.1fs",
-                what,
-                type(exc).__name__,
-                exc,
-                delay,
-            )
+            if is_refusal(exc):
+                # Not an outage: it will not pass by itself. Said every time.
+                log.error(
+                    "the database refused a write during %s (%s); it will be refused "
+                    "again: retrying in %.1fs",
+                    what,
+                    describe(exc)[:500],
+                    delay,
+                )
+            else:
+                level = logging.WARNING if backoff.loud else logging.DEBUG
+                log.log(
+                    level,
+                    "database error during %s (%s: %s); retrying in %.1fs",
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
             if alias is not None:
                 close_quietly(alias)
             if on_error is not None:

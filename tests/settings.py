@@ -103,6 +103,12 @@ if os.environ.get("RDBTASKS_TEST_MISSING_TASK_GRACE"):
     TASKS["default"]["OPTIONS"]["MISSING_TASK_GRACE"] = float(
         os.environ["RDBTASKS_TEST_MISSING_TASK_GRACE"]
     )
+# Workers whose results may be bigger than the server takes (tests/test_storable.py):
+# the database's own refusal is then what the worker meets.
+if os.environ.get("RDBTASKS_TEST_MAX_RESULT_BYTES"):
+    TASKS["default"]["OPTIONS"]["MAX_RESULT_BYTES"] = int(
+        os.environ["RDBTASKS_TEST_MAX_RESULT_BYTES"]
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The contract tests declare their tasks in their own module, not in an app:
 # enqueue refuses a task whose module a worker would not import.

@@ -5,11 +5,16 @@ import datetime as dt
 import threading
 import uuid
 
+import pytest
+from django.db import DataError
+
 from django_rdbtasks.compat import task_backends
-from django_rdbtasks.db.rows import Candidate, ClaimedRow
-from django_rdbtasks.exceptions import InvalidTaskPath, WorkerLost
+from django_rdbtasks.context import UNSET, RDBTaskContext
+from django_rdbtasks.db.rows import Candidate, ClaimedRow, Outcome
+from django_rdbtasks.exceptions import HandOver, InvalidTaskPath, ValueNotStorable, WorkerLost
 from django_rdbtasks.states import AttemptOutcome, OutcomeKind
-from django_rdbtasks.worker.execution import Executor, Running
+from django_rdbtasks.storable import StorageLimits
+from django_rdbtasks.worker.execution import Control, Executor, Running
 
 NOW = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
 
@@ -158,3 +163,110 @@ def test_a_transaction_a_task_left_open_ends_with_the_task(transactional_db):
     assert not connection.in_atomic_block
     execute(claimed("record", "next"))
     assert list(SideEffect.objects.values_list("key", flat=True)) == ["next"]
+
+
+# -- what a database would refuse (issue 37) -------------------------------------------
+
+NOT_STORABLE = "django_rdbtasks.exceptions.ValueNotStorable"
+
+
+def test_a_result_no_database_stores_fails_the_task_unretried_naming_why():
+    outcome, _ = execute(claimed("returns_built", "nul", attempts=1, max_attempts=3))
+    assert outcome.kind == OutcomeKind.FAILURE and outcome.return_value is None
+    assert isinstance(outcome.error, ValueNotStorable)
+    assert "tests.testapp.tasks.returns_built" in str(outcome.error)
+    assert "holds a NUL character (\\x00) at index 1" in str(outcome.error)
+    assert outcome.entry["exception_class_path"] == NOT_STORABLE
+    lone, _ = execute(claimed("returns_built", "surrogate", attempts=1, max_attempts=3))
+    assert lone.kind == OutcomeKind.FAILURE and "lone UTF-16 surrogate" in str(lone.error)
+    big, _ = execute(claimed("returns_built", "big", 1_999_998, attempts=1, max_attempts=3))
+    assert big.kind == OutcomeKind.FAILURE
+    assert "2,000,000 bytes as JSON, over the limit of 1,048,576" in str(big.error)
+
+
+def test_an_error_keeps_its_class_and_a_readable_cut_message_and_is_retried_as_any():
+    nul, _ = execute(claimed("raises_built", "nul", max_attempts=1))
+    assert nul.kind == OutcomeKind.FAILURE
+    assert nul.entry["exception_class_path"] == "builtins.ValueError"
+    assert nul.entry["traceback"].endswith("ValueError: a\\x00b\n")
+    huge, _ = execute(claimed("raises_built", "big", 5_000_000, attempts=1, max_attempts=2))
+    assert huge.kind == OutcomeKind.RETRY  # its own error: retried as it would be
+    traceback = huge.entry["traceback"]
+    assert traceback.startswith("Traceback") and len(traceback) <= 64 * 1024
+    assert traceback.endswith("over the limit of 65,536]")
+
+
+def test_a_checkpoint_no_database_stores_fails_the_task_in_the_task():
+    outcome, store = execute(claimed("checkpoints", "nul", attempts=1, max_attempts=3))
+    assert outcome.kind == OutcomeKind.FAILURE  # not retried: retryable = False
+    assert "the checkpoint holds a NUL character" in str(outcome.error)
+    assert store.progress == []  # nothing sent to the database
+    saved, store = execute(claimed("checkpoints", {"k": [1, "é"]}))
+    assert saved.return_value == "saved" and store.progress[-1]["checkpoint"] == {"k": [1, "é"]}
+
+
+def test_progress_the_database_refuses_fails_the_task_unretried():
+    class RefusingStore(FakeStore):
+        def save_progress(self, row, worker_id, **values):
+            raise DataError("value too long for type character varying(200)")
+
+    running = Running(claimed("reports_progress", 3, attempts=1, max_attempts=3), "host:1:0:abc")
+    executor = Executor(
+        task_backends["default"],
+        RefusingStore(),
+        lease=30,
+        poll_interval=1,
+        progress_interval=0,
+        stopping=threading.Event(),
+    )
+    outcome = executor.run(running)
+    assert outcome.kind == OutcomeKind.FAILURE  # whatever it returned; not retried
+    assert "the database refused to store this task's progress" in str(outcome.error)
+    assert "DataError" in str(outcome.error)
+
+
+def test_a_progress_message_is_kept_readable_and_to_its_column():
+    control = Control(FakeStore(), Running(claimed("add", 1, 1), "w"), interval=0)
+    control.update(0.5, "a\x00b" + "c" * 300, UNSET, True)
+    assert control.message == "a\\x00b" + "c" * 194 and len(control.message) == 200
+
+
+def test_encoding_an_outcome_makes_whatever_slipped_through_storable(vendor_dialects):
+    for dialect in vendor_dialects:
+        outcome = Outcome(
+            uuid.uuid4(),
+            1,
+            OutcomeKind.SUCCESS,
+            entry={"attempt": 1, "outcome": "SUCCESSFUL", "detail": "key \x00 \ud800"},
+            return_value={"ok": ["a\x00b"]},
+            row=claimed("add", 1, 1),
+        )
+        dialect.encode_outcome(outcome, StorageLimits())
+        assert outcome.kind == OutcomeKind.FAILURE and outcome.return_value is None
+        assert outcome.entry["exception_class_path"] == NOT_STORABLE
+        assert "the result['ok'][0] holds a NUL" in outcome.entry["traceback"]
+        sent = outcome.wire or "".join(t or "" for t in outcome.texts)
+        assert "\\u0000" not in sent and "\\ud800" not in sent
+        plain = Outcome(uuid.uuid4(), 1, OutcomeKind.SUCCESS, entry={"a": "é"}, return_value=1)
+        dialect.encode_outcome(plain, StorageLimits())
+        assert plain.kind == OutcomeKind.SUCCESS and plain.entry == {"a": "é"}
+
+
+@pytest.fixture
+def vendor_dialects():
+    """Every dialect, made without a connection: encoding needs none."""
+    from django_rdbtasks.db.mysql import MySQLDialect
+    from django_rdbtasks.db.postgresql import PostgreSQLDialect
+    from django_rdbtasks.db.sqlite import SQLiteDialect
+
+    return [object.__new__(cls) for cls in (PostgreSQLDialect, MySQLDialect, SQLiteDialect)]
+
+
+def test_a_hand_over_delay_is_one_every_database_can_add_to_its_clock():
+    control = Control(FakeStore(), Running(claimed("add", 1, 1), "w"), interval=0)
+    context = RDBTaskContext(task_result=None, control=control)
+    for bad in (-1, float("nan"), float("inf"), 1e12):
+        with pytest.raises(ValueError, match="hand_over"):
+            context.hand_over(delay=bad)
+    with pytest.raises(HandOver):
+        context.hand_over(delay=3600)

@@ -12,6 +12,7 @@ from django_rdbtasks.db.postgresql import PostgreSQLDialect, _outcome_rows, _par
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind
+from django_rdbtasks.storable import StorageLimits
 from tests.testapp import tasks
 
 
@@ -37,7 +38,7 @@ def test_an_outcome_encoded_ahead_is_sent_as_the_round_would_encode_it():
     by_the_round = _outcome_rows(outcomes)
     dialect = object.__new__(PostgreSQLDialect)  # no connection: encoding needs none
     for outcome in outcomes:
-        dialect.encode_outcome(outcome)
+        dialect.encode_outcome(outcome, StorageLimits())
         assert outcome.wire is not None
     assert _outcome_rows(outcomes) == by_the_round
     assert json.loads(by_the_round)[1] == {

@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
+from ..storable import StorageLimits, may_hold_unstorable
 from .inserts import TaskInserts
 from .limits import LimitSQL
 from .outcomes import OUTCOME_WRITES
@@ -39,6 +40,7 @@ from .rows import (
     NewTask,
     Outcome,
 )
+from .storable_outcomes import make_storable
 
 __all__ = [
     "CANDIDATE_COLUMNS",
@@ -130,10 +132,22 @@ class Dialect(TaskInserts):
         """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
         raise NotImplementedError
 
-    def encode_outcome(self, outcome: Outcome) -> None:
-        """Encode ``outcome`` for the round ahead (``Outcome.wire``), where the
-        round sends it in one piece: a runner thread does it while the slot's
-        round thread waits for the database. Nothing by default."""
+    def encode_outcome(self, outcome: Outcome, limits: StorageLimits) -> None:
+        """Encode ``outcome`` for the round ahead, as every database stores it.
+
+        A runner thread does it while the slot's round thread waits for the
+        database. What a database would refuse is made storable first
+        (``storable_outcomes.make_storable``: the texts of its history entry
+        readable and bounded, a result that cannot be stored the task's
+        failure); the search that says whether to look closer is all it costs
+        otherwise. Here the entry and the result are encoded apart
+        (``Outcome.texts``), as the statements of this dialect take them.
+        """
+        entry, value = outcome.entry_json(), outcome.return_json()
+        if _may_be_refused(entry, value, limits):
+            make_storable(outcome, limits)
+            entry, value = outcome.entry_json(), outcome.return_json()
+        outcome.texts = (entry, value)
 
     def forget_learnt(self) -> None:
         """Forget what past rounds taught the claims (PostgreSQL: their forms and
@@ -578,6 +592,11 @@ class Dialect(TaskInserts):
         says otherwise (SQLite's file always does)."""
         return True
 
+    def limit_hit(self, cursor: Any, refusal: BaseException) -> str | None:
+        """What the server says of the limit ``refusal`` hit, for the task's error
+        (None: its message says all there is)."""
+        return None
+
     def replica_lag(self, cursor: Any) -> float | None:
         """Seconds this server's copy is behind its primary: 0 on a primary, None if unknown."""
         return None  # SQLite has no replicas
@@ -603,6 +622,19 @@ class Dialect(TaskInserts):
 
     def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
         """Wake idle workers of these queues once the transaction commits."""
+
+
+#: A history entry's fields besides its traceback: its limit is the error's plus these.
+ENTRY_OVERHEAD = 4096
+
+
+def _may_be_refused(entry: str | None, value: str | None, limits: StorageLimits) -> bool:
+    """Whether an outcome's JSON texts may hold what a database refuses (look closer then)."""
+    if value is not None and (len(value) > limits.result or may_hold_unstorable(value)):
+        return True
+    return entry is not None and (
+        len(entry) > limits.error + ENTRY_OVERHEAD or may_hold_unstorable(entry)
+    )
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -18,6 +18,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from ..database_errors import MYSQL_PACKET_TOO_LARGE, mysql_errno
 from ..states import ClaimMode
 from .base import CLAIM_COLUMNS, INSERT_COLUMNS, Candidate, ClaimedRow, Dialect
 
@@ -105,6 +106,12 @@ class MySQLDialect(Dialect):
             cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
             row = cursor.fetchone()
         return row is not None and str(row[1]).upper() in {"ON", "1"}
+
+    def limit_hit(self, cursor: Any, refusal: BaseException) -> str | None:
+        if mysql_errno(refusal) not in MYSQL_PACKET_TOO_LARGE:
+            return None
+        cursor.execute("SELECT @@max_allowed_packet")
+        return f"the server's max_allowed_packet is {int(cursor.fetchone()[0]):,} bytes"
 
     def replica_lag(self, cursor: Any) -> float | None:
         """``Seconds_Behind_Master`` (``_Source`` on MySQL); unknown without the privilege."""

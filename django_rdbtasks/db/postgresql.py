@@ -15,8 +15,10 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind
+from ..storable import StorageLimits, may_hold_unstorable
 from .base import (
     CLAIM_COLUMNS,
+    ENTRY_OVERHEAD,
     RUNNING,
     Candidate,
     ClaimedRow,
@@ -40,6 +42,7 @@ from .pg_round import (
     outcome_rows,
 )
 from .pg_sessions import PostgreSQLSessionBounds
+from .storable_outcomes import make_storable
 
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
@@ -157,8 +160,14 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             self.moves_finished = bool(self.moved_columns)
         return self.moves_finished
 
-    def encode_outcome(self, outcome: Outcome) -> None:
-        outcome.wire = _outcome_json(outcome)
+    def encode_outcome(self, outcome: Outcome, limits: StorageLimits) -> None:
+        # The round sends the outcome in one piece (``wire``): one search of it
+        # says whether to look closer (Dialect.encode_outcome).
+        wire = _outcome_json(outcome)
+        if len(wire) > limits.result + limits.error + ENTRY_OVERHEAD or may_hold_unstorable(wire):
+            make_storable(outcome, limits)
+            wire = _outcome_json(outcome)
+        outcome.wire = wire
 
     def forget_learnt(self) -> None:
         self.claim_forms.clear()

@@ -117,6 +117,9 @@ class Outcome:
     #: The outcome as the round sends it, encoded ahead by the thread that ran
     #: the task (``Dialect.encode_outcome``), or None: encoded by the round.
     wire: str | None = None
+    #: The history entry and the result as JSON text (``entry_json``,
+    #: ``return_json``), encoded ahead where the round sends them apart.
+    texts: tuple[str | None, str | None] | None = None
 
     @property
     def limited(self) -> bool:
@@ -129,9 +132,13 @@ class Outcome:
         return self.row.job_name if self.row is not None else ""
 
     def entry_json(self) -> str | None:
+        if self.texts is not None:
+            return self.texts[0]
         return None if self.entry is None else json.dumps(self.entry, default=str)
 
     def return_json(self) -> str | None:
+        if self.texts is not None:
+            return self.texts[1]
         return None if self.return_value is None else json.dumps(self.return_value)
 
     @classmethod

@@ -191,7 +191,7 @@ class InProcessRunner:
     ) -> tuple[Outcome, Running]:
         running = Running(row, self.worker_id)
         outcome = executor.run(running)
-        store.dialect.encode_outcome(outcome)
+        store.dialect.encode_outcome(outcome, self.backend.storage_limits)
         return outcome, running
 
 

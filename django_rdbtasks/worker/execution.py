@@ -24,13 +24,16 @@ from typing import Any, Protocol
 from ..backend import RDBTaskBackend
 from ..compat import TASK_BASE_CLASSES, TaskResult, normalize_json
 from ..context import UNSET, RDBTaskContext
+from ..database_errors import describe, is_refusal
 from ..db.rows import ClaimedRow, Outcome
 from ..exceptions import (
     HandOver,
     InvalidTaskPath,
     TaskCancelled,
     TaskTimeout,
+    ValueNotStorable,
     WorkerLost,
+    error_path,
 )
 from ..idempotency import AlreadyDone, current_task, once
 from ..keys import task_key
@@ -38,9 +41,16 @@ from ..loading import TaskNotHere, load_task
 from ..observability import tracing
 from ..results import running_result
 from ..states import AttemptOutcome, OutcomeKind
+from ..storable import (
+    DEFAULT_MAX_ERROR_BYTES,
+    PROGRESS_MESSAGE_CHARS,
+    StorageLimits,
+    escape_unstorable,
+    json_problem,
+    readable_text,
+)
 from . import task_logging
 from .missing import missing_tasks
-from .store import error_path
 from .task_connections import reset_task_connections
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -88,14 +98,25 @@ class Running:
 class Control:
     """The worker's side of a task's context: stop requests, progress, checkpoints."""
 
-    def __init__(self, store: ExecutionStore, running: Running, *, interval: float) -> None:
+    def __init__(
+        self,
+        store: ExecutionStore,
+        running: Running,
+        *,
+        interval: float,
+        limits: StorageLimits | None = None,
+    ) -> None:
         self.store = store
         self.running = running
         self.interval = interval
+        #: What a checkpoint may be (checked by the context, in the task).
+        self.limits = limits or StorageLimits()
         self.checkpoint: Any = running.row.checkpoint
         self.progress: float | None = None
         self.message = ""
         self.stop_observed = False
+        #: The database refused what the task reported: the task fails with it.
+        self.refused: ValueNotStorable | None = None
         self._dirty = False
         self._checkpoint_dirty = False
         self._last_write = 0.0
@@ -107,17 +128,28 @@ class Control:
         return False
 
     def update(self, progress: Any, message: str, checkpoint: Any, force: bool) -> None:
+        if self.refused is not None:
+            raise self.refused  # it fails the task anyway: no more writes
         if progress is not UNSET:
-            self.progress, self.message = progress, message
+            # Text for people: kept readable (no NUL) and as long as its column.
+            self.progress = progress
+            self.message = escape_unstorable(message)[:PROGRESS_MESSAGE_CHARS]
         if checkpoint is not UNSET:
             self.checkpoint, self._checkpoint_dirty = checkpoint, True
         self._dirty = True
         if force or time.monotonic() - self._last_write >= self.interval:
             self.flush()
+            if self.refused is not None:
+                raise self.refused
 
     def flush(self) -> None:
-        """Write what changed, fenced by the claim; one try (a task must not hang on it)."""
-        if not self._dirty:
+        """Write what changed, fenced by the claim; one try (a task must not hang on it).
+
+        A write the database refuses (``database_errors.is_refusal``) would be
+        refused again: the task is asked to stop and fails with it, not retried
+        (``refused``). Any other error is logged; the next write tries again.
+        """
+        if not self._dirty or self.refused is not None:
             return
         running = self.running
         try:
@@ -125,11 +157,21 @@ class Control:
                 running.row,
                 running.worker_id,
                 progress=self.progress,
-                message=self.message[:200],
+                message=self.message,
                 checkpoint=self.checkpoint,
                 checkpoint_changed=self._checkpoint_dirty,
             )
         except Exception as exc:
+            if is_refusal(exc):
+                excerpt = readable_text(describe(exc), 1000, "message")
+                self.refused = ValueNotStorable(
+                    f"the database refused to store this task's progress or checkpoint: "
+                    f"{excerpt}. The task is failed rather than retried: the same write "
+                    "would be refused again."
+                )
+                running.stop_requested = True
+                logger.error("task %s: %s", running.row.id, self.refused)
+                return
             logger.warning("could not save progress of task %s (%s)", running.row.id, exc)
             return
         self._dirty = self._checkpoint_dirty = False
@@ -163,6 +205,8 @@ class Executor:
         self.poll_interval = poll_interval
         self.progress_interval = progress_interval
         self.stopping = stopping
+        #: What of a task's data may be stored (storable.py).
+        self.limits: StorageLimits = backend.storage_limits
         #: Whether a tracer provider records (an SDK is configured), asked once:
         #: projects configure it at start-up, before the worker runs.
         self.record_runs = tracing.ENABLED and tracing.provider_records()
@@ -223,7 +267,7 @@ class Executor:
         token = current_task.set((result.id, running.worker_id))
         # Only a task that takes a context can report progress or see a stop.
         control = (
-            Control(self.store, running, interval=self.progress_interval)
+            Control(self.store, running, interval=self.progress_interval, limits=self.limits)
             if task.takes_context
             else None
         )
@@ -235,6 +279,8 @@ class Executor:
         except HandOver as handover:
             if control is not None:
                 control.flush()
+                if control.refused is not None:
+                    return self._failure(running, control.refused, started, retry=False)
             return self._handed_over(running, started, handover.delay)
         except AlreadyDone as done:
             outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
@@ -244,6 +290,8 @@ class Executor:
         except BaseException as error:  # a task's SystemExit must not end the worker
             if control is not None:
                 control.flush()
+                if control.refused is not None:
+                    return self._failure(running, control.refused, started, retry=False)
             if running.cancel:
                 return self._cancelled(running, started)
             reason = self._timeout_error(running) if running.timed_out else error
@@ -256,6 +304,9 @@ class Executor:
             self.after_task()
         if control is not None:
             control.flush()
+            if control.refused is not None:
+                # What it reported could not be stored: it fails, whatever it returned.
+                return self._failure(running, control.refused, started, retry=False)
         if running.cancel:
             return self._cancelled(running, started)
         if running.timed_out:
@@ -264,7 +315,7 @@ class Executor:
             # It saw the shutdown and returned early: another worker resumes it.
             return self._handed_over(running, started, 0.0)
         try:
-            value = _json_value(task, value)
+            value = _json_value(task, value, self.limits.result)
         except (TypeError, ValueError) as exc:
             return self._failure(running, exc, started, retry=False)
         outcome = self._outcome(running, OutcomeKind.SUCCESS, started)
@@ -311,7 +362,9 @@ class Executor:
         row = running.row
         entry = None
         if attempt is not None or kind == OutcomeKind.SUCCESS:
-            entry = history_entry(running, duration, attempt or AttemptOutcome.SUCCESSFUL, error)
+            entry = history_entry(
+                running, duration, attempt or AttemptOutcome.SUCCESSFUL, error, self.limits.error
+            )
         return Outcome(
             row.id,
             row.version,
@@ -422,9 +475,16 @@ def history_entry(
     duration: float,
     outcome: AttemptOutcome,
     exc: BaseException | None = None,
+    error_limit: int = DEFAULT_MAX_ERROR_BYTES,
 ) -> dict[str, Any]:
     """One attempt in the task's history. Both ends come from the database clock:
-    the claim's time plus the monotonic duration of the run."""
+    the claim's time plus the monotonic duration of the run.
+
+    The traceback (which ends with the error's message) is kept readable and at
+    most ``error_limit`` bytes (``storable.readable_text``): an error whose
+    message holds a NUL, or runs to megabytes, keeps its class and a cut
+    message, and fails or retries the task as it would have.
+    """
     row = running.row
     claimed_at = row.claimed_at
     entry: dict[str, Any] = {
@@ -436,7 +496,7 @@ def history_entry(
     }
     if exc is not None:
         entry["exception_class_path"] = error_path(exc)
-        entry["traceback"] = "".join(format_exception(exc))
+        entry["traceback"] = readable_text("".join(format_exception(exc)), error_limit, "traceback")
     return entry
 
 
@@ -461,28 +521,39 @@ def call_task(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
     return task.call(*args, **kwargs)
 
 
-def _json_value(task: Any, value: Any) -> Any:
+def _json_value(task: Any, value: Any, limit: int) -> Any:
     """The return value as stored, or the error the framework's own backends record.
 
     That is a plain ``TypeError`` (``ValueError`` for a value such as NaN or
     bytes that are not UTF-8), not a subclass: ``errors[0].exception_class``
     is part of the contract. The message adds the task and where it is defined;
-    the framework's own error is its cause.
+    the framework's own error is its cause. JSON that a database would refuse
+    (a NUL, a lone surrogate, over ``limit`` bytes: ``storable.py``) is
+    ``ValueNotStorable``, a ``ValueError`` the framework has no counterpart of.
     """
     if value is None:
         return None  # most tasks: nothing to check
     try:
         value = normalize_json(value)
-        json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
-        code = getattr(getattr(task, "func", None), "__code__", None)
-        where = f" ({code.co_filename}, line {code.co_firstlineno})" if code else ""
         error = ValueError if isinstance(exc, ValueError) else TypeError
         raise error(
-            f"{task.module_path}{where} returned {type(value).__name__!s} "
+            f"{task.module_path}{_defined_at(task)} returned {type(value).__name__!s} "
             f"that cannot be stored as JSON: {exc}"
         ) from exc
+    problem = json_problem(value, text, "the value", limit, "result")
+    if problem:
+        raise ValueNotStorable(
+            f"{task.module_path}{_defined_at(task)} returned {type(value).__name__!s} that "
+            f"cannot be stored: {problem}."
+        )
     return value
+
+
+def _defined_at(task: Any) -> str:
+    code = getattr(getattr(task, "func", None), "__code__", None)
+    return f" ({code.co_filename}, line {code.co_firstlineno})" if code else ""
 
 
 def _isoformat(value: Any) -> str | None:

@@ -231,8 +231,10 @@ class LeaseKeeper:
             if not pairs:
                 continue
             try:
+                # Outcomes the database refuses are failed there, one by one
+                # (ClaimStore.finish); what reaches here is an outage.
                 result = self.store.finish([outcome for outcome, _ in pairs], worker_id)
-            except DatabaseError as exc:
+            except (DatabaseError, UnicodeError) as exc:
                 what = f"writing {len(pairs)} outcomes"
                 delay = self._retry_delay(what, exc, self._write_backoff)
                 self._write_after = time.monotonic() + delay
@@ -311,7 +313,7 @@ class LeaseKeeper:
         running_count = sum(len(slot.held()) for slot in self.slots)
         self.registry.alive(running=running_count, done=done, failed=failed)
 
-    def _retry_delay(self, what: str, exc: DatabaseError, backoff: Backoff) -> float:
+    def _retry_delay(self, what: str, exc: DatabaseError | UnicodeError, backoff: Backoff) -> float:
         """How long until ``what`` is tried again after ``exc``; 0: at the next tick."""
         if is_lost_race(exc):
             # A conflicting write won (on Galera, from another node): rolled

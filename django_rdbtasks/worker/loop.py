@@ -380,6 +380,7 @@ class Worker:
         writes of itself: progress, checkpoints, a lost attempt's record."""
         own = open_in_thread(alias)
         dialect = dialect_for(own)
+        limits = self.backend.storage_limits
         try:
             while True:
                 running = slot.next_task(self.stopping)
@@ -398,9 +399,12 @@ class Worker:
                         continue
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
-                dialect.encode_outcome(outcome)  # Outcome.wire: here, not in the round thread
+                # Encoded here, not in the round thread; made storable first.
+                dialect.encode_outcome(outcome, limits)
                 slot.finish(outcome, running)
         finally:
+            # Its own worker connection too: close_all() knows only DATABASES' aliases.
+            close_in_thread(alias)
             connections.close_all()
 
     def _rounds(

@@ -13,11 +13,11 @@ from typing import Any
 
 from ..compat import TaskError, TaskResultStatus
 from ..db.rows import Outcome
+from ..exceptions import error_summary
 from ..observability import metrics
 from ..states import OutcomeKind
 from . import task_logging
 from .execution import Running
-from .store import error_summary
 
 logger = logging.getLogger("django_rdbtasks.worker")
 

@@ -16,15 +16,31 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from ..database_errors import describe, is_lost_race, is_refusal
 from ..db import dialect_for
 from ..db.base import Dialect
 from ..db.outcomes import SETTLES_DEPENDANTS
 from ..db.rows import ClaimedRow, ClaimRequest, Exchange, Outcome
-from ..retrying import is_lost_race
+from ..db.storable_outcomes import fail_refused, restore
+from ..exceptions import error_summary
 from ..states import OutcomeKind, TaskStatus
+from ..storable import DEFAULT_MAX_ERROR_BYTES, readable_text
 from .connection import close_in_thread, is_pooled, open_in_thread, worker_transaction
 
 logger = logging.getLogger("django_rdbtasks.worker")
+
+#: A Job record's copy of its task's error: as long as a history entry's.
+ERROR_LIMIT = DEFAULT_MAX_ERROR_BYTES
+#: What ``ClaimStore._parts_written`` says of an outcome whose claim was lost
+#: (nothing written, nothing more to write), and of one not in it.
+_LOST = object()
+_UNSETTLED = object()
+
+
+def _merge(into: Exchange, part: Exchange) -> None:
+    """``part``'s written and busy outcomes into ``into``."""
+    into.written.update(part.written)
+    into.busy |= part.busy
 
 
 class ClaimStore:
@@ -41,6 +57,9 @@ class ClaimStore:
         #: server session: nothing is kept prepared in one. Nor in a session
         #: that is not the worker's own: preparing sets plan settings on it.
         self.prepares = not is_pooled(alias) if prepares is None else prepares
+        #: What the parts of a split batch settled, by ``(id, version)``, until
+        #: the call that split it returns (``_write_in_parts``).
+        self._parts_written: dict[tuple[Any, int], object] = {}
 
     @property
     def connection(self) -> Any:
@@ -63,7 +82,36 @@ class ClaimStore:
         """Write ``outcomes`` and claim the next rows, in as few round trips as the database allows.
 
         Every write is fenced by its claim; ``written`` says which went through.
+
+        A round the database refuses for the data of one of its outcomes
+        (``database_errors.is_refusal``: it would be refused again however
+        often it is tried) committed nothing: its outcomes are then written
+        apart, split until each refused one is alone and failed with the
+        refusal (``_write_in_parts``), and the claim is made alone after them.
+        So no claim is lost or made twice, and the other outcomes go through.
         """
+        done, outcomes = self._written_before(outcomes)
+        try:
+            result = self._exchange(outcomes, worker_id, request)
+        except (DatabaseError, UnicodeError) as exc:
+            if not outcomes or not is_refusal(exc):
+                raise
+            self._after_refusal(exc, len(outcomes))
+            written = self._write_refusing(outcomes, worker_id)
+            result = (
+                self._exchange([], worker_id, request)
+                if request is not None and request.want > 0
+                else Exchange()
+            )
+            _merge(result, written)
+        if done is not None:
+            _merge(result, done)
+        self._parts_written.clear()
+        return result
+
+    def _exchange(
+        self, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
+    ) -> Exchange:
         dialect = self.dialect
         if not dialect.exchange_is_one_statement:
             with worker_transaction(self.alias), self.cursor() as cursor:
@@ -89,9 +137,8 @@ class ClaimStore:
             and o.kind in SETTLES_DEPENDANTS
         ]
         if rest:
-            finished = self.finish(rest, worker_id)
-            result.written.update(finished.written)
-            result.busy |= finished.busy
+            # The claims are committed: a refusal here is settled here.
+            _merge(result, self._write_refusing(rest, worker_id))
         else:
             self._wake_others(outcomes, result.written)
         self._make_slots(result)
@@ -122,8 +169,138 @@ class ClaimStore:
         """Write outcomes with their follow-ups (job records, dependants) in one transaction.
 
         Outcomes whose rows another session holds locked are left for later
-        (``busy``), so the others are written now.
+        (``busy``), so the others are written now. Outcomes the database
+        refuses are failed one by one, the others written (``exchange``).
         """
+        if not outcomes:
+            return Exchange()
+        done, outcomes = self._written_before(outcomes)
+        result = self._write_refusing(outcomes, worker_id) if outcomes else Exchange()
+        if done is not None:
+            _merge(result, done)
+        self._parts_written.clear()
+        return result
+
+    # -- what the database refuses -----------------------------------------------------
+
+    def _write_refusing(self, outcomes: Sequence[Outcome], worker_id: str) -> Exchange:
+        """``_write``; if the database refuses the batch, ``_write_in_parts``."""
+        try:
+            return self._write(outcomes, worker_id)
+        except (DatabaseError, UnicodeError) as exc:
+            if not is_refusal(exc):
+                raise
+            self._after_refusal(exc, len(outcomes))
+            return self._write_in_parts(outcomes, worker_id, exc)
+
+    def _write_in_parts(
+        self, outcomes: Sequence[Outcome], worker_id: str, refusal: BaseException
+    ) -> Exchange:
+        """Write a batch the database refused, split in halves until each refused outcome
+        is alone; fail each such outcome with the refusal, write the rest.
+
+        Each part is committed as it is written, and remembered
+        (``_parts_written``), so that a batch tried again after an outage in
+        the middle writes no outcome twice and reports each once.
+        """
+        result = Exchange()
+        # First part last: the parts are written in the batch's order.
+        pending: list[tuple[list[Outcome], BaseException | None]] = [(list(outcomes), refusal)]
+        while pending:
+            part, refused = pending.pop()
+            if refused is None:
+                try:
+                    written = self._write(part, worker_id)
+                except (DatabaseError, UnicodeError) as exc:
+                    if not is_refusal(exc):
+                        raise
+                    self._after_refusal(exc, len(part))
+                    refused = exc
+                else:
+                    self._remember(part, written)
+                    _merge(result, written)
+                    continue
+            if len(part) > 1:
+                half = len(part) // 2
+                pending += [(part[half:], None), (part[:half], None)]
+                continue
+            written = self._fail_refused(part[0], refused, worker_id)
+            self._remember(part, written)
+            _merge(result, written)
+        return result
+
+    def _fail_refused(self, outcome: Outcome, refusal: BaseException, worker_id: str) -> Exchange:
+        """Write ``outcome``, alone refused, as its task's failure with the refusal (no retry).
+
+        If that is refused too, the refusal was not of the task's data (a
+        column or a constraint changed by hand, say): the outcome is put back
+        as it was and the error raised, to be retried as any other.
+        """
+        task_id = self.public_id(outcome.id)
+        before = fail_refused(outcome, refusal, worker_id, self._limit_hit(refusal))
+        try:
+            written = self._write([outcome], worker_id)
+        except (DatabaseError, UnicodeError) as exc:
+            if is_refusal(exc):
+                restore(outcome, before)
+                self._after_refusal(exc, 1)
+                logger.error(
+                    "task %s: the database refuses even its failure (%s): not its data",
+                    task_id,
+                    describe(exc)[:500],
+                )
+                raise refusal from exc
+            raise
+        task_path = outcome.row.task_path if outcome.row is not None else ""
+        logger.error("task %s %s failed, not retried: %s", task_id, task_path, outcome.error)
+        return written
+
+    def _after_refusal(self, refusal: BaseException, count: int) -> None:
+        """A write was refused: drop the connection (MariaDB may have closed it after a
+        packet too big; PostgreSQL's is in a failed transaction at worst)."""
+        logger.warning(
+            "the database refused a write of %d %s (%s); finding whose data it was",
+            count,
+            "outcome" if count == 1 else "outcomes",
+            describe(refusal)[:300],
+        )
+        self.close()
+
+    def _limit_hit(self, refusal: BaseException) -> str:
+        """What the database says of the limit the refusal hit ('' if nothing)."""
+        try:
+            with self.cursor() as cursor:
+                return self.dialect.limit_hit(cursor, refusal) or ""
+        except (DatabaseError, UnicodeError):
+            self.close()
+            return ""
+
+    def _remember(self, part: Sequence[Outcome], written: Exchange) -> None:
+        """What a part of a split batch settled: written (with its dependants flag) or lost."""
+        for outcome in part:
+            if outcome.id in written.written:
+                self._parts_written[(outcome.id, outcome.version)] = written.written[outcome.id]
+            elif outcome.id not in written.busy:
+                self._parts_written[(outcome.id, outcome.version)] = _LOST
+
+    def _written_before(
+        self, outcomes: Sequence[Outcome]
+    ) -> tuple[Exchange | None, Sequence[Outcome]]:
+        """Of a batch tried again after an outage interrupted its split, what the split
+        already settled (``_remember``), and the rest to write."""
+        if not self._parts_written:
+            return None, outcomes  # nearly always: nothing to look up
+        done, rest = Exchange(), []
+        for outcome in outcomes:
+            settled = self._parts_written.get((outcome.id, outcome.version), _UNSETTLED)
+            if settled is _UNSETTLED:
+                rest.append(outcome)
+            elif settled is not _LOST:
+                done.written[outcome.id] = settled  # type: ignore[assignment]
+        return done, rest
+
+    def _write(self, outcomes: Sequence[Outcome], worker_id: str) -> Exchange:
+        """Outcomes with their follow-ups in one transaction (see ``finish``)."""
         if not outcomes:
             return Exchange()
         with worker_transaction(self.alias), self.cursor() as cursor:
@@ -179,7 +356,8 @@ class ClaimStore:
                 finished_at=row.claimed_at + duration,
                 duration=duration,
                 worker_id=worker_id,
-                error="" if error is None else error_summary(error),
+                # The error's text as every database stores it (storable.py).
+                error="" if error is None else readable_text(error_summary(error), ERROR_LIMIT),
             )
 
     def _settle_dependants(
@@ -230,17 +408,26 @@ class ClaimStore:
         checkpoint: Any,
         checkpoint_changed: bool,
     ) -> bool:
-        """Write a running task's progress (and checkpoint), fenced; False if no longer ours."""
-        with self.cursor() as cursor:
-            return self.dialect.save_progress(
-                cursor,
-                row.id,
-                row.version,
-                worker_id,
-                progress=progress,
-                message=message,
-                checkpoint_json=json.dumps(checkpoint) if checkpoint_changed else None,
-            )
+        """Write a running task's progress (and checkpoint), fenced; False if no longer ours.
+
+        A write the database refuses is raised (the runner fails the task), its
+        connection dropped first: MariaDB may have closed it.
+        """
+        try:
+            with self.cursor() as cursor:
+                return self.dialect.save_progress(
+                    cursor,
+                    row.id,
+                    row.version,
+                    worker_id,
+                    progress=progress,
+                    message=message,
+                    checkpoint_json=json.dumps(checkpoint) if checkpoint_changed else None,
+                )
+        except (DatabaseError, UnicodeError) as exc:
+            if is_refusal(exc):
+                self.close()
+            raise
 
     def note_lost_attempt(self, row: ClaimedRow, worker_id: str, entry: dict) -> bool:
         """Record a previous holder's lost attempt in the history; the claim is kept."""
@@ -269,14 +456,3 @@ class ClaimStore:
             return set()
         found = Task.objects.using(self.alias).among(wanted, TaskStatus.READY)
         return {str(pk) for pk in found.values_list("pk", flat=True)}
-
-
-def error_summary(error: BaseException) -> str:
-    """``path.to.Error: message``, the class named once."""
-    path = error_path(error)
-    message = str(error)
-    return f"{path}: {message}" if message else path
-
-
-def error_path(error: BaseException) -> str:
-    return f"{type(error).__module__}.{type(error).__qualname__}"

@@ -301,3 +301,78 @@ def leaves_transaction_open(key):
 
     transaction.atomic().__enter__()
     SideEffect.objects.create(key=key)
+
+
+# -- data a database refuses (issue 37) ---------------------------------------------------
+# Built inside the task: as arguments they would be refused at enqueue.
+
+
+@task()
+def length(text):
+    return len(text)
+
+
+@task(max_attempts=1)
+def raises_nul():
+    SideEffect.objects.create(key="raises_nul", pid=os.getpid())
+    raise ValueError("bad byte: \x00")
+
+
+@task(max_attempts=1)
+def returns_nul():
+    SideEffect.objects.create(key="returns_nul", pid=os.getpid())
+    return "a\x00b"
+
+
+@task()
+def returns_big(size):
+    """Returns ``size`` bytes of JSON (a string of ``size - 2`` characters)."""
+    SideEffect.objects.create(key="returns_big", pid=os.getpid())
+    return "y" * (size - 2)
+
+
+@task(takes_context=True, max_attempts=2, backoff=0)
+def handles_payload(context, action, payload_json, pad, key):
+    """Does ``action`` with the payload JSON decodes to (NULs and lone surrogates
+    included), padded with ``pad`` characters if ``pad``: returns it, raises it,
+    reports it as progress or saves it as the checkpoint. One SideEffect per run,
+    keyed ``key``."""
+    import json
+
+    SideEffect.objects.create(key=key, pid=os.getpid())
+    payload = json.loads(payload_json)
+    if pad:
+        payload = [payload, "y" * pad]
+    if action == "return":
+        return payload
+    if action == "raise":
+        raise ValueError(payload)
+    if action == "progress":
+        context.report_progress(0.5, message=str(payload), force=True)
+        return "reported"
+    if action == "checkpoint":
+        context.save_checkpoint(payload, force=True)
+        return "saved"
+    raise AssertionError(action)
+
+
+@task(takes_context=True)
+def checkpoints(context, value):
+    """Saves ``value`` (or NUL text, for "nul") as its checkpoint, then returns "saved"."""
+    context.save_checkpoint("a\x00b" if value == "nul" else value, force=True)
+    return "saved"
+
+
+def built(kind, size):
+    return {"nul": "a\x00b", "surrogate": "a\ud800b", "big": "y" * size}[kind]
+
+
+@task()
+def returns_built(kind, size=0):
+    """Returns text no database stores as it is: with a NUL, a lone surrogate, or big."""
+    return built(kind, size)
+
+
+@task()
+def raises_built(kind, size=0):
+    raise ValueError(built(kind, size))
