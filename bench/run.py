@@ -663,6 +663,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "skip": sorted(args.skip),
         "rdbtasks_variants": {name: variant_args for name, variant_args in args.variants},
         "rdbtasks_worker_args": args.rdbtasks_worker_args,
+        "rdbtasks_python": args.rdbtasks_python,
         "pgbench_seconds": args.pgbench_seconds,
         "mixed_variants": {name: variant_args for name, variant_args in args.mixed_variant_list},
         "mixed_peers": args.mixed_peers,
