@@ -116,7 +116,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ),
     ("threads: waits and hand-offs (threading, queue)", r"\(threading\.py\)|\(queue\.py\)"),
 )
-OTHER = "other (and samples with no Python frame: native code, thread start and end)"
+OTHER = "other"
 
 #: The WAL records of the drain, by relation file (the first block reference of
 #: each record: `rel spc/db/relfilenode`), resource manager and record type.
@@ -140,6 +140,9 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY total_exec_time DESC
 """
 
+#: A round whose outcomes update their rows in place (no finished table to move them to).
+OUTCOME_UPDATE = re.compile(r"\bd0 AS \(UPDATE ")
+
 TABLE_WRITES = """
 SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
 FROM pg_stat_user_tables
@@ -155,6 +158,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--worker-args", default="", help="more runworkers options, e.g. '--batch 100'"
     )
+    parser.add_argument(
+        "--settings",
+        default="settings",
+        help="the bench project's settings module (default: %(default)s, a user's logging;"
+        " settings_no_root_handler: Django's default logging alone, for comparison)",
+    )
     parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
     parser.add_argument("--rdbtasks-python", default=None)
@@ -167,9 +176,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 class ProfiledRDBTasks(RDBTasks):
-    """django-rdbtasks in the profile's own database."""
+    """django-rdbtasks in the profile's own database, with the settings asked for."""
 
     database = DATABASE
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "DJANGO_SETTINGS_MODULE": self.context.options["settings"]}
 
 
 @dataclass
@@ -274,12 +286,18 @@ def has_statements(conn: psycopg.Connection) -> bool:
 
 
 def statement_label(query: str) -> str:
-    """The statement's first comment line, else its first words."""
-    for line in query.splitlines():
-        line = line.strip()
-        if line.startswith("--"):
-            return line.lstrip("- ")[:90]
-    return " ".join(query.split())[:90]
+    """What a statement does: a round's parts by its CTEs, else its first words."""
+    parts = []
+    if "INSERT INTO django_rdbtasks_finishedtask" in query and "DELETE FROM" in query:
+        parts.append("outcomes written, rows moved to the finished table")
+    elif OUTCOME_UPDATE.search(query):
+        parts.append("outcomes written in place")
+    if "claimed AS (UPDATE" in query:
+        form = "pooled candidates" if "pool AS MATERIALIZED" in query else "SKIP LOCKED per arm"
+        parts.append(f"claim ({form})")
+    if parts:
+        return "round: " + " + ".join(parts)
+    return " ".join(query.split())[:80]
 
 
 # -- py-spy --------------------------------------------------------------------------
@@ -309,20 +327,36 @@ def normalize_frame(frame: str) -> str:
 COMPILED = [(name, re.compile(pattern)) for name, pattern in CATEGORIES]
 
 
-def read_raw_profile(path: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
-    """py-spy's raw (collapsed) stacks: samples by category, and by leaf frame."""
+@dataclass
+class Samples:
+    """py-spy's raw (collapsed) stacks, sorted."""
+
+    categories: collections.Counter[str]
+    #: Within each category, samples by the deepest frame of the engine's and the leaf.
+    details: dict[str, collections.Counter[str]]
+    #: Samples with no Python frame at all (a process py-spy could not read).
+    unreadable: int
+
+
+def read_raw_profile(path: Path) -> Samples:
     categories: collections.Counter[str] = collections.Counter()
-    leaves: collections.Counter[str] = collections.Counter()
+    details: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    unreadable = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         # The first frames name the process and the thread; the rest are Python's.
         frames = [frame for frame in stack.split(";") if "(" in frame]
-        categories[categorize(frames)] += int(count)
-        if frames:
-            leaves[normalize_frame(frames[-1])] += int(count)
-    return categories, leaves
+        if not frames:
+            unreadable += int(count)
+            continue
+        category = categorize(frames)
+        categories[category] += int(count)
+        names = [normalize_frame(frame) for frame in frames]
+        engine = [name for name in names if "(django_rdbtasks/" in name]
+        details[category][f"{engine[-1] if engine else '-'} > {names[-1]}"] += int(count)
+    return Samples(categories, details, unreadable)
 
 
 def profile(
@@ -333,6 +367,10 @@ def profile(
         "record",
         "--subprocesses",
         "--nonblocking",
+        # Only a thread holding the GIL runs Python: its samples are the
+        # process's Python CPU. Without it, threads waiting on a condition or
+        # for the GIL count as busy (py-spy's idle guess misses them).
+        "--gil",
         "--rate",
         str(args.rate),
         "--format",
@@ -373,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server=server,
         envs_dir=BENCH_DIR / ".envs",
         logs_dir=logs,
-        options={"rdbtasks_python": args.rdbtasks_python},
+        options={"rdbtasks_python": args.rdbtasks_python, "settings": args.settings},
     )
     system = ProfiledRDBTasks(context, "profile", args.worker_args.split())
     system.prepare_env()
@@ -385,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tasks": args.tasks,
         "workers": args.workers,
         "command": command,
+        "settings": args.settings,
+        "python": str(system.python),
         "server": server.describe(),
         "load_average_before": os.getloadavg(),
     }
@@ -444,11 +484,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             fill(system, conn, args.tasks)
             raw = logs / "py-spy.txt"
             profile(system, command, args, raw, logs / "profiled.log")
-            categories, leaves = read_raw_profile(raw)
+            samples = read_raw_profile(raw)
             report["profile"] = {
-                "samples": sum(categories.values()),
-                "categories": dict(categories.most_common()),
-                "leaves": dict(leaves.most_common(40)),
+                "rate": args.rate,
+                "samples": sum(samples.categories.values()),
+                "unreadable_samples": samples.unreadable,
+                "categories": dict(samples.categories.most_common()),
+                "details": {
+                    category: dict(counter.most_common(12))
+                    for category, counter in samples.details.items()
+                },
             }
     finally:
         if not args.keep_database:
@@ -467,19 +512,24 @@ def render(report: dict[str, Any]) -> str:
     measured = report["measured"]
     worker_us = measured["worker_cpu_seconds"] / tasks * 1e6
     parts = [
-        f"Drain of {tasks:,} no-op tasks, `{' '.join(report['command'][1:])}`:"
+        f"Drain of {tasks:,} no-op tasks, `{' '.join(report['command'][1:])}`"
+        f" (settings `{report['settings']}`, {report['python']}):"
         f" {tasks / measured['seconds']:,.0f} tasks/s (start-up included); per task:"
         f" workers' CPU {worker_us:.0f} µs, server's CPU"
         f" {measured['server_cpu_seconds'] / tasks * 1e6:.0f} µs, WAL"
         f" {measured['wal_bytes'] / tasks:,.0f} B ({measured['wal_fpi']:,} full-page images)."
     ]
-    categories = report["profile"]["categories"]
+    profile = report["profile"]
+    categories = profile["categories"]
     samples = sum(categories.values()) or 1
     running = samples - categories.get(STARTUP, 0) or 1
     parts.append(
-        "\nWorker CPU by category (py-spy samples of threads that were not idle; each"
-        " share of all samples applied to the measured CPU per task, and its share of"
-        " the samples once started):\n"
+        f"\nWorker CPU by category (py-spy, {samples:,} samples of threads holding the GIL"
+        f" at {profile['rate']} a second, {samples / profile['rate']:.1f} s against the"
+        f" measured drain's {measured['worker_cpu_seconds']:.1f} s of CPU;"
+        f" {profile['unreadable_samples']:,} samples with no Python frame left out). Each"
+        " share of the samples is applied to the measured CPU per task; the last column"
+        " is its share once started:\n"
     )
     parts.append(
         markdown_table(
