@@ -1,9 +1,12 @@
 """Compare django-rdbtasks with its peers on the local PostgreSQL.
 
-The peers: django-tasks-db, Procrastinate, PgQueuer and Chancy.
+The peers: django-tasks-db, Procrastinate, PgQueuer and Chancy (Python),
+graphile-worker and pg-boss (Node); and the two-commit SQL floor, the ceiling
+line of the drain (not a queue).
 
 Run from the repository root with the project's virtualenv (the harness needs
-psycopg; each peer gets a throwaway virtualenv of its own under bench/.envs/):
+psycopg; each peer gets a throwaway environment of its own under bench/.envs/, a
+virtualenv for a Python peer, an npm prefix with Node 22 for a Node one):
 
     .venv/bin/python bench/run.py                   # everything, all systems
     .venv/bin/python bench/run.py --tasks 2000      # a quick run
@@ -354,6 +357,7 @@ class Runner:
                 system.label,
                 variant=system.variant_title,
                 reference=system.reference,
+                ceiling=system.floor,
                 worker_args=system.worker_args if isinstance(system, RDBTasks) else None,
             )
             for system in self.systems
@@ -413,9 +417,12 @@ class Runner:
         """
         if "enqueue" in self.args.skip or self.args.backlog:
             return
-        # Enqueueing does not depend on the worker's options: once per database.
+        # Enqueueing does not depend on the worker's options: once per database. The SQL
+        # floor is no enqueue API.
         systems = [
-            s for s in self.systems if self.first_of_database(s) and not self.results[s.ident].error
+            s
+            for s in self.systems
+            if self.first_of_database(s) and not s.floor and not self.results[s.ident].error
         ]
         rounds = max(1, self.args.enqueue_rounds)
         share = max(1, self.args.single // rounds)
@@ -465,7 +472,8 @@ class Runner:
             if "drain" not in self.args.skip:
                 for workers in self.args.workers:
                     self.measure_drain(system, conn, workers)
-            if "latency" not in self.args.skip:
+            # The SQL floor runs no task: there is no start to measure.
+            if "latency" not in self.args.skip and not system.floor:
                 self.measure_latency(system, conn)
 
     def measure_drain(self, system: System, conn: psycopg.Connection, workers: int) -> None:
@@ -548,7 +556,7 @@ class Runner:
                 break  # one set of rows, whatever the drain variants
         if args.mixed_peers:
             for system in self.systems:
-                if not system.reference:
+                if not system.reference and not system.floor:
                     result = MixedResults(system.ident, system.title)
                     self.mixed.append((system, None, result))
 
@@ -655,6 +663,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "skip": sorted(args.skip),
         "rdbtasks_variants": {name: variant_args for name, variant_args in args.variants},
         "rdbtasks_worker_args": args.rdbtasks_worker_args,
+        "rdbtasks_python": args.rdbtasks_python,
         "pgbench_seconds": args.pgbench_seconds,
         "mixed_variants": {name: variant_args for name, variant_args in args.mixed_variant_list},
         "mixed_peers": args.mixed_peers,

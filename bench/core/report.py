@@ -32,6 +32,8 @@ class SystemResults:
     variant: str = ""
     #: django-rdbtasks, whose rows are compared with the best peer's.
     reference: bool = False
+    #: The SQL floor: a ceiling the others are read against, not a peer.
+    ceiling: bool = False
     #: The worker options of a django-rdbtasks variant; None for a peer.
     worker_args: list[str] | None = None
     version: str = ""
@@ -83,6 +85,7 @@ class SystemResults:
         return {
             "label": self.label,
             "variant": self.variant,
+            "ceiling": self.ceiling,
             "version": self.version,
             "worker_args": self.worker_args,
             "notes": self.notes,
@@ -214,12 +217,14 @@ def render_table(
     labels: dict[str, str],
     *,
     references: Sequence[str] = (),
+    ceilings: Sequence[str] = (),
     higher_is_better: bool = True,
     digits: int | Sequence[int] = 0,
     extra: Sequence[Sequence[str]] = (),
 ) -> str:
     """One row per key of ``rows`` (all-empty rows left out), then for each key in
-    ``references`` its ratio to the best of the other rows, then the ``extra`` rows."""
+    ``references`` its ratio to the best of the other rows (``ceilings`` left out:
+    they are no peers) and its share of each ceiling, then the ``extra`` rows."""
     rows = {key: values for key, values in rows.items() if any(v is not None for v in values)}
     if not rows and not extra:
         return ""  # a measurement left out (--skip): no empty table
@@ -228,13 +233,18 @@ def render_table(
         [labels[key], *(fmt_number(value, d) for value, d in zip(values, places, strict=True))]
         for key, values in rows.items()
     ]
-    peers = [values for key, values in rows.items() if key not in references]
+    peers = [
+        values for key, values in rows.items() if key not in references and key not in ceilings
+    ]
     for key in references:
-        if key not in rows or not peers:
+        if key not in rows:
             continue
-        ratios = ratio_row(rows[key], peers, higher_is_better)
-        if any(ratio is not None for ratio in ratios):
-            cells.append([f"{key} vs best peer", *(fmt_ratio(ratio) for ratio in ratios)])
+        comparisons = [("best peer", peers)] if peers else []
+        comparisons += [(ceiling, [rows[ceiling]]) for ceiling in ceilings if ceiling in rows]
+        for name, against in comparisons:
+            ratios = ratio_row(rows[key], against, higher_is_better)
+            if any(ratio is not None for ratio in ratios):
+                cells.append([f"{key} vs {name}", *(fmt_ratio(ratio) for ratio in ratios)])
     cells += [list(row) for row in extra]
     header = ["", *headers]
     widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
@@ -273,6 +283,7 @@ def render(
     # A system that failed part-way still shows what it measured before that.
     summaries = {result.key: result.summary(limit) for result in results}
     references = [result.key for result in results if result.reference]
+    ceilings = [result.key for result in results if result.ceiling]
     parts: list[str] = []
     workers: list[int] = config["workers"]
     repeat = f"median of {config['repeat']}" if config["repeat"] > 1 else "1 run"
@@ -300,6 +311,7 @@ def render(
             },
             labels,
             references=references,
+            ceilings=ceilings,
             extra=extra,
         )
     )

@@ -30,6 +30,17 @@ TASKS = {
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The logging a user has: a new `startproject` (no LOGGING of its own, so Django's
+# defaults) plus one handler on the root logger, with no level, as Django's logging
+# how-to configures a handler (https://docs.djangoproject.com/en/5.2/howto/logging/).
+# Nothing tuned for the benchmark: on Django 6.1, whose `django` logger passes INFO,
+# the Tasks framework's own records of each task reach this handler.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"]},
+}
 # bench/sustained.py: finished tasks kept as a user would configure it ("2min"),
 # applied by the scheduler that runworkers starts.
 if os.environ.get("BENCH_RETENTION"):

@@ -58,6 +58,10 @@ class System(ABC):
     #: Drained with ``--slow-tasks`` rather than ``--tasks``: a peer whose rate would make
     #: a drain of ``--tasks`` take minutes (the rates are per second either way).
     slow: ClassVar[bool] = False
+    #: Not a queue but the least one could do (the SQL floor): drained beside the
+    #: others as their ceiling, never enqueued for timing nor probed for latency,
+    #: and left out of the comparisons with the best peer.
+    floor: ClassVar[bool] = False
 
     def __init__(self, context: Context) -> None:
         self.context = context

@@ -44,6 +44,14 @@ def count_ready(condition: str = "") -> str:
 QUIET = ["--log-level", "WARNING"]
 
 
+def project_python(context: Context) -> Path:
+    """The project's virtualenv (``--rdbtasks-python``): django-rdbtasks' dependencies."""
+    python = Path(context.options.get("rdbtasks_python") or REPO_DIR / ".venv/bin/python")
+    if not python.exists():
+        raise RuntimeError(f"no interpreter at {python} (see --rdbtasks-python)")
+    return python
+
+
 class RDBTasks(System):
     key = "rdbtasks"
     label = "django-rdbtasks"
@@ -97,13 +105,7 @@ class RDBTasks(System):
 
     def prepare_env(self) -> None:
         # The project's own virtualenv; the package is imported from the checkout.
-        self.python = Path(
-            self.context.options.get("rdbtasks_python") or REPO_DIR / ".venv/bin/python"
-        )
-        if not self.python.exists():
-            raise RuntimeError(
-                f"{self.key}: no interpreter at {self.python} (see --rdbtasks-python)"
-            )
+        self.python = project_python(self.context)
         # The peers are installed by pip, which writes their bytecode. The
         # checkout has none where PYTHONDONTWRITEBYTECODE is set (as on the
         # project's machines), and every worker and driver process would then
