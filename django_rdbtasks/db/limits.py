@@ -36,10 +36,31 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..states import OutcomeKind
-from .rows import Candidate, ClaimedRow, NewTask, Outcome
+from .rows import Candidate, ClaimedRow, Exchange, NewTask, Outcome
 
 if TYPE_CHECKING:
     from .base import Dialect
+
+#: How long after a rate-limited claim its worker may still start the task's
+#: body, in seconds, and at most this share of the period. A rate slot comes
+#: free a period *and this* after the claim, so two bodies started on one slot
+#: start a period apart at least, however late within it each started: the
+#: limit holds on the bodies' starts, not only on the claims. A body the
+#: worker cannot start in time is given back unstarted (its start is spent).
+#: Each window of a period then holds at most N starts, and the key drains at
+#: N per period plus this (docs/limits.md).
+RATE_START_WITHIN = 0.1
+RATE_START_SHARE = 0.1
+
+
+def start_within(period: float) -> float:
+    """Seconds a rate-limited claim's body may start after the claim (``RATE_START_WITHIN``)."""
+    return min(RATE_START_WITHIN, RATE_START_SHARE * period)
+
+
+def start_within_sql(period: str) -> str:
+    """``start_within`` of ``period`` (an SQL expression of seconds), as SQL."""
+    return f"LEAST({RATE_START_WITHIN}, {RATE_START_SHARE} * {period})"
 
 
 class LimitSQL:
@@ -121,53 +142,118 @@ class LimitSQL:
                 [value for row in chunk for value in row],
             )
 
-    def slot_state(self, cursor: Any, counts: dict[str, int]) -> dict[str, tuple[int, int]]:
-        """Per key: how many of its slots below its count exist, and how many are free now.
+    def slot_state(
+        self, cursor: Any, counts: dict[str, int]
+    ) -> dict[str, tuple[int, int, float | None]]:
+        """Per key: how many of its slots below its count exist, how many are free
+        now, and the seconds until the first of the others comes free by time
+        (a rate window's end, a lapsing lease; None if none is busy), by the
+        database's clock.
 
         Reads at most ``count`` slot rows a key, by the ``(key, slot_no)`` index.
         """
-        state = {key: (0, 0) for key in counts}
+        found: dict[str, list[tuple[int, bool, Any, Any]]] = {key: [] for key in counts}
         keys = sorted(counts)
         for start in range(0, len(keys), 500):
             chunk = keys[start : start + 500]
             cursor.execute(
-                f"SELECT s.{self._key}, s.slot_no, CASE WHEN {self.free_sql} THEN 1 ELSE 0 END "
+                f"SELECT s.{self._key}, s.slot_no, CASE WHEN {self.free_sql} THEN 1 ELSE 0 END, "
+                f"s.free_at, {self.dialect.now_sql} "
                 f"FROM {self.table} s WHERE s.{self._key} IN ({', '.join(['%s'] * len(chunk))})",
                 chunk,
             )
-            for key, slot_no, free in cursor.fetchall():
+            for key, slot_no, free, free_at, now in cursor.fetchall():
                 if slot_no < counts[key]:
-                    have, free_now = state[key]
-                    state[key] = (have + 1, free_now + free)
+                    found[key].append((slot_no, bool(free), free_at, now))
+        state: dict[str, tuple[int, int, float | None]] = {}
+        for key, slots in found.items():
+            waits = [
+                self._seconds_between(now, free_at)
+                for _, free, free_at, now in slots
+                if not free and free_at is not None
+            ]
+            free_now = sum(free for _, free, _, _ in slots)
+            state[key] = (len(slots), free_now, min(waits, default=None))
         return state
+
+    def _seconds_between(self, start: Any, end: Any) -> float:
+        """``end - start`` in seconds, both as the driver returned a DateTimeField."""
+        decode = self.dialect.decode_dt
+        first, last = decode(start), decode(end)
+        assert first is not None and last is not None
+        return (last - first).total_seconds()
 
     # -- claim (MySQL/MariaDB, SQLite) -----------------------------------------------------
 
-    def take(self, cursor: Any, chosen: Sequence[Candidate]) -> tuple[list[Candidate], dict]:
-        """Of rows this transaction is about to claim, those it may: a free slot each.
+    def lock_slots(self, cursor: Any, rows: Sequence[Candidate]) -> dict[str, list[Any]]:
+        """Lock free slots for the limited ones of ``rows``: per key, as many as it has
+        rows there, skipping slots another session holds. Returns each key's
+        slots locked (their primary keys), in slot order.
 
-        Returns the rows to claim and, for the limited ones, the slot (its
-        primary key) each holds. The slots are locked, skipping any another
-        session holds, and stamped by ``stamp`` once the claim is written.
+        Taken before the batch is cut (``with_slots``): a row that finds no
+        slot is passed over and the rows behind it fill the batch. Keys in
+        order, so two claimers lock slots in one order.
         """
-        limited: dict[str, list[Candidate]] = {}
-        for c in chosen:
+        wanted: dict[str, tuple[int, int]] = {}
+        for c in rows:
             if c.limit_key is not None:
-                limited.setdefault(c.limit_key, []).append(c)
-        if not limited:
-            return list(chosen), {}
+                rows_of_key, count = wanted.get(c.limit_key, (0, 0))
+                wanted[c.limit_key] = (rows_of_key + 1, max(count, c.limit_count or 0))
         lock = self.dialect.row_lock_sql if self.dialect.has_row_locks else ""
-        slots: dict[Any, Any] = {}
-        for key in sorted(limited):
-            rows = limited[key]
+        slots: dict[str, list[Any]] = {}
+        for key in sorted(wanted):
+            rows_of_key, count = wanted[key]
             cursor.execute(
                 f"SELECT id FROM {self.table} s WHERE s.{self._key} = %s AND s.slot_no < %s "
                 f"AND {self.free_sql} ORDER BY s.slot_no LIMIT %s {lock}",
-                [key, max(c.limit_count or 0 for c in rows), len(rows)],
+                [key, count, rows_of_key],
             )
-            for c, (slot_id,) in zip(rows, cursor.fetchall(), strict=False):
-                slots[c.id] = slot_id
-        return [c for c in chosen if c.limit_key is None or c.id in slots], slots
+            slots[key] = [slot_id for (slot_id,) in cursor.fetchall()]
+        return slots
+
+    @staticmethod
+    def with_slots(
+        rows: Sequence[Candidate], slots: dict[str, list[Any]]
+    ) -> tuple[list[Candidate], int]:
+        """Of ``rows`` (in claim order), those that may be claimed: the unlimited ones,
+        and each key's first rows, as many as it has slots locked; and how many
+        limited rows found none."""
+        used: dict[str, int] = {}
+        usable = []
+        for c in rows:
+            key = c.limit_key
+            if key is not None:
+                if used.get(key, 0) >= len(slots.get(key, ())):
+                    continue
+                used[key] = used.get(key, 0) + 1
+            usable.append(c)
+        return usable, len(rows) - len(usable)
+
+    @staticmethod
+    def assign(chosen: Sequence[Candidate], slots: dict[str, list[Any]]) -> dict[Any, Any]:
+        """The slot each limited row of ``chosen`` takes: a key's n-th row, its n-th slot."""
+        given: dict[str, int] = {}
+        assigned = {}
+        for c in chosen:
+            if c.limit_key is not None:
+                n = given.get(c.limit_key, 0)
+                assigned[c.id] = slots[c.limit_key][n]
+                given[c.limit_key] = n + 1
+        return assigned
+
+    def freed_unclaimed(self, outcomes: Sequence[Outcome], result: Exchange) -> int:
+        """Concurrency slots these outcomes freed (those written) that the same
+        transaction's claim (``result.claimed``) did not take back for their keys."""
+        freed: dict[str, int] = {}
+        for o in outcomes:
+            if o.frees_slot and o.id in result.written and o.row is not None:
+                key = o.row.limit_key
+                assert key is not None
+                freed[key] = freed.get(key, 0) + 1
+        for claimed in result.claimed:
+            if claimed.limit_key in freed:
+                freed[claimed.limit_key] -= 1
+        return sum(n for n in freed.values() if n > 0)
 
     def stamp(
         self,
@@ -181,7 +267,8 @@ class LimitSQL:
 
         ``free_at`` is the claim's ``last_attempted_at`` plus the lease (a
         concurrency slot, renewed with the lease) or the period (a rate slot),
-        so the next start on the slot is a whole period after this one.
+        so the next start on the slot is a whole period after this one, and
+        the time its body may start after the claim (``start_within``).
         """
         if not slots:
             return
@@ -194,7 +281,8 @@ class LimitSQL:
                 continue
             period = by_id[row.id].limit_period or 0.0
             concurrency = period <= 0
-            free_at = row.claimed_at + dt.timedelta(seconds=lease if concurrency else period)
+            seconds = lease if concurrency else period + start_within(period)
+            free_at = row.claimed_at + dt.timedelta(seconds=seconds)
             params.append(
                 [
                     row.id if concurrency else None,

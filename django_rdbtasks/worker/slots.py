@@ -104,19 +104,45 @@ class Wake(threading.Event):
     this event: setting it also pokes every watched slot, so an enqueue
     notified while outcomes wait for their batch is claimed at once, not at
     the next poll.
+
+    Round threads whose runnable rows all wait for a limit's slot wait in
+    ``wait_for_slot``: a slot that comes free (``slot_freed``) wakes one of
+    them per slot, not all, since one claim takes it. A slot freed while none
+    waits is kept for the next to wait (at most one per round thread), so a
+    thread that saw the keys full just before the slot came free does not
+    sleep through it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._slots: tuple[Slot, ...] = ()
+        self._slot_freed = threading.Condition()
+        #: Slots freed and not yet taken up by a waiting round thread.
+        self._freed = 0
 
     def watch(self, slots: list[Slot]) -> None:
         self._slots = tuple(slots)
 
     def set(self) -> None:
         super().set()
+        with self._slot_freed:
+            self._slot_freed.notify_all()
         for slot in self._slots:
             slot.poke()
+
+    def slot_freed(self, count: int = 1) -> None:
+        """``count`` limit slots came free: wake as many round threads waiting for one."""
+        with self._slot_freed:
+            self._freed = min(self._freed + count, max(1, len(self._slots)))
+            self._slot_freed.notify(count)
+
+    def wait_for_slot(self, timeout: float) -> None:
+        """Until a limit's slot comes free, the wake-up is set, or ``timeout``."""
+        with self._slot_freed:
+            if not self._freed and not self.is_set():
+                self._slot_freed.wait(timeout)
+            if self._freed:
+                self._freed -= 1
 
 
 class Slot:
@@ -349,6 +375,7 @@ class Slot:
 
 
 def _claim_order(running: Running) -> tuple:
-    """Takeovers of dead holders first, then by priority, then oldest due first."""
+    """Takeovers of dead holders first, then rate-limited claims (whose bodies must
+    start in time: ``ClaimedRow.start_by``), then by priority, oldest due first."""
     row = running.row
-    return (row.lost_from is None, -row.priority, row.run_after)
+    return (row.lost_from is None, row.start_by is None, -row.priority, row.run_after)
