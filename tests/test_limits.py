@@ -16,8 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import InvalidTask
 from django_rdbtasks.db import dialect_for
-from django_rdbtasks.db.pg_round import ClaimForm
-from django_rdbtasks.db.rows import ClaimRequest, Outcome
+from django_rdbtasks.db.rows import RATE_START_WITHIN, ClaimRequest, Outcome
 from django_rdbtasks.limits import (
     ConcurrencyLimit,
     QueueLimit,
@@ -232,17 +231,24 @@ def test_a_full_key_is_not_claimed_nor_offered(mode):
 
 
 @db
-def test_an_outcome_frees_its_slot_for_the_next(mode):
+def test_the_round_that_ends_a_claim_takes_its_slot_for_the_next_task_of_its_key(mode):
+    """Hand-over: the round that writes a limited claim's outcome may claim the
+    key's next task into the slot it frees, in the same statement (PostgreSQL)
+    or transaction, without waiting for another round to see the slot free."""
     for _ in range(3):
         tasks.per_customer.enqueue("a")
     first = exchange("w1", mode=mode).claimed
     assert len(first) == 2
-    done = Outcome(first[0].id, first[0].version, OutcomeKind.SUCCESS, entry={})
-    nxt = exchange("w1", outcomes=[done], mode=mode)
+    done = Outcome(first[0].id, first[0].version, OutcomeKind.SUCCESS, entry={}, row=first[0])
+    nxt = exchange("w1", want=1, outcomes=[done], mode=mode)
     assert first[0].id in nxt.written
-    # Freed in the statement that wrote the outcome: claimable from the next.
-    nxt = nxt.claimed or exchange("w2", mode=mode).claimed
-    assert len(nxt) == 1 and running("concurrency:customer:a") == 2
+    assert len(nxt.claimed) == 1 and nxt.claimed[0].id not in {r.id for r in first}
+    assert running("concurrency:customer:a") == 2
+    # The slot is written once, to its new holder; the other still holds its own.
+    slots = LimitSlot.objects.values_list("holder_id", "holder_version")
+    holders = {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
+    assert holders == {(uuid.UUID(str(r.id)), r.version) for r in (first[1], nxt.claimed[0])}
+    assert nxt.freed == 0  # nothing freed for anyone else to wait for
 
 
 @db
@@ -294,7 +300,7 @@ def test_a_stale_holders_renewal_does_not_extend_its_old_slot(mode):
 
 
 @db
-def test_a_round_that_frees_a_lapsed_slot_does_not_also_take_it(mode):
+def test_a_round_that_frees_a_lapsed_slot_takes_it_back_writing_it_once(mode):
     for _ in range(3):
         tasks.per_customer.enqueue("a")
     held = exchange("w1", lease=0.3, mode=mode).claimed
@@ -303,13 +309,13 @@ def test_a_round_that_frees_a_lapsed_slot_does_not_also_take_it(mode):
         dialect_for(connection).renew(cursor, [(held[1].id, held[1].version)], "w1", 30)
     time.sleep(0.5)
     # The first's lease lapsed, but it is still w1's: its outcome is written,
-    # freeing its slot, in the round that claims. The round must not also
-    # take that slot (one statement writing one row twice): the third task
-    # waits for the next round, then takes it, held under its own claim.
-    done = Outcome(held[0].id, held[0].version, OutcomeKind.SUCCESS, entry={})
+    # freeing its slot, in the round that claims, and the round takes that
+    # slot for the third task: one write of the slot (``freed`` leaves it to
+    # ``taken``), held under the new claim.
+    done = Outcome(held[0].id, held[0].version, OutcomeKind.SUCCESS, entry={}, row=held[0])
     result = exchange("w1", outcomes=[done], lease=30, mode=mode)
     assert held[0].id in result.written
-    third = result.claimed or exchange("w2", lease=30, mode=mode).claimed
+    third = result.claimed
     assert len(third) == 1 and third[0].id not in {r.id for r in held}
     slots = LimitSlot.objects.values_list("holder_id", "holder_version")
     holders = {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
@@ -362,7 +368,8 @@ def test_rate_slots_come_back_a_period_after_each_start(mode):
     assert exchange("w1", want=100, outcomes=done, mode=mode).claimed == []
     wait_until(lambda: exchange("w2", want=100, mode=mode).claimed, timeout=5, interval=0.1)
     starts = sorted(Task.objects.values_list("last_attempted_at", flat=True))
-    assert starts[20] - starts[0] >= dt.timedelta(seconds=1)
+    # A period and the time the worker had to start the body (ClaimRequest).
+    assert starts[20] - starts[0] >= dt.timedelta(seconds=1 + RATE_START_WITHIN)
 
 
 @db
@@ -375,6 +382,106 @@ def test_singleton_is_a_concurrency_limit_of_one():
         1,
     )
     assert len(exchange("w1").claimed) == 1 and exchange("w2").claimed == []
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has no row locks")
+@pytest.mark.django_db(transaction=True, databases=["default", "replica"])
+def test_a_limited_row_whose_slot_another_claimer_holds_is_passed_over(mode):
+    """The slots are taken before the batch is cut: a row that finds none (here
+    the key's last free slot, held locked by another claimer mid-claim) does
+    not take the batch's place, and the row behind it is claimed instead."""
+    tasks.per_customer.enqueue("a")
+    assert len(exchange("w1", mode=mode).claimed) == 1  # one of "a"'s two slots taken
+    waiting = tasks.per_customer.enqueue("a")
+    plain = tasks.add.enqueue(1, 2)
+    with transaction.atomic(using="replica"):
+        held = list(
+            LimitSlot.objects.using("replica").select_for_update().filter(holder_id__isnull=True)
+        )
+        assert len(held) == 1
+        result = exchange("w2", want=1, mode=mode)
+    assert ids(result.claimed) == [plain.id]
+    assert result.contended  # worth looking again soon: the slot may come free
+    row = Task.objects.get(pk=waiting.id)
+    assert (row.status, row.version, row.attempts) == ("READY", 0, 0)
+
+
+@db
+def test_a_freed_slot_that_tasks_wait_for_is_told(mode, vendor):
+    """A slot freed and not taken back is counted, for the worker to wake a
+    waiting claimer; PostgreSQL tells every worker (NOTIFY on the slot channel)."""
+    import psycopg
+
+    from django_rdbtasks.db.pg_limited import SLOT_CHANNEL
+    from tests.conftest import listen_connection
+
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    listener = None
+    if vendor == "postgresql":
+        params = listen_connection().get_connection_params()
+        listener = psycopg.connect(
+            **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
+        )
+        listener.execute(f"LISTEN {SLOT_CHANNEL}")
+    try:
+        done = Outcome(first[0].id, first[0].version, OutcomeKind.SUCCESS, entry={}, row=first[0])
+        result = store_round([done])  # no claim: the slot is freed, for the third to take
+        assert ids_of(result.written) == ids([first[0]]) and result.freed == 1
+        if listener is not None:
+            told = [(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=1)]
+            assert told == [(SLOT_CHANNEL, "default")]
+        third = exchange("w2", mode=mode).claimed
+        assert len(third) == 1
+        # Nothing of "a" waits any more: a slot freed now is told to no one.
+        done = Outcome(first[1].id, first[1].version, OutcomeKind.SUCCESS, entry={}, row=first[1])
+        result = store_round([done])
+        assert ids_of(result.written) == ids([first[1]])
+        if listener is not None:
+            assert result.freed == 0
+            assert list(listener.notifies(timeout=0.5)) == []
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def store_round(outcomes, request=None):
+    """One round as a worker's round thread makes it, through its claim store."""
+    from django_rdbtasks.worker.connection import close_in_thread, open_in_thread, worker_alias
+    from django_rdbtasks.worker.store import ClaimStore
+
+    alias = worker_alias("default", lease=30.0, pooled=False)
+    try:
+        open_in_thread(alias)
+        result = ClaimStore(alias, "default").exchange(outcomes, "w1", request)
+    finally:
+        close_in_thread(alias)
+    return result
+
+
+def ids_of(written):
+    return [str(dialect_for(connection).decode_id(i)) for i in written]
+
+
+@db
+def test_a_round_held_back_by_full_keys_says_so_and_until_when(mode):
+    """Every runnable row waits for a slot: the round says so, and how long until
+    the first of those keys' slots comes free by time (the database's clock): a
+    rate window's end, a holder's lease."""
+    for i in range(25):
+        tasks.rated.enqueue(i)
+    assert len(exchange("w1", want=100, mode=mode).claimed) == 20
+    rated = exchange("w2", want=100, mode=mode)
+    assert rated.claimed == [] and not rated.contended and rated.held
+    assert 0 < rated.wait <= 1 + RATE_START_WITHIN
+    Task.objects.all().delete()
+    LimitSlot.objects.all().delete()
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    assert len(exchange("w1", want=100, lease=30, mode=mode).claimed) == 2
+    held = exchange("w2", want=100, mode=mode)
+    assert held.claimed == [] and held.held and 20 < held.wait <= 30
 
 
 # -- a key's backlog and the claim's order ----------------------------------------------

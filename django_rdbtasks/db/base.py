@@ -443,10 +443,14 @@ class Dialect(TaskInserts):
     ) -> None:
         """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
+        # More than the batch, in both modes: rows lost to others, or limited
+        # rows that find no slot, leave room to fill it. (Locked reads let go
+        # of the rows they read and do not claim only when the round commits.)
+        count = candidate_count(request.want)
         if request.mode == ClaimMode.SKIP_LOCKED:
-            read = self.locked_candidates(cursor, request.queues, request.want, result)
+            read = self.locked_candidates(cursor, request.queues, count, result)
         else:
-            read = self.candidates(cursor, request.queues, candidate_count(request.want), result)
+            read = self.candidates(cursor, request.queues, count, result)
         read = [c for c in read if c.id not in excluded]
         # The limited rows take their keys' free slots before the batch is cut:
         # one that finds none (its key full meanwhile) is passed over, and the
@@ -463,7 +467,7 @@ class Dialect(TaskInserts):
             return
         assigned = self.limits.assign(chosen, slots)
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
-        self.limits.stamp(cursor, rows, chosen, assigned, request.lease)
+        self.limits.stamp(cursor, rows, chosen, assigned, request.lease, request.start_within)
         by_id = {c.id: c for c in chosen}
         for row in rows:
             previous = by_id.get(row.id)

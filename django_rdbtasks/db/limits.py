@@ -41,27 +41,6 @@ from .rows import Candidate, ClaimedRow, Exchange, NewTask, Outcome
 if TYPE_CHECKING:
     from .base import Dialect
 
-#: How long after a rate-limited claim its worker may still start the task's
-#: body, in seconds, and at most this share of the period. A rate slot comes
-#: free a period *and this* after the claim, so two bodies started on one slot
-#: start a period apart at least, however late within it each started: the
-#: limit holds on the bodies' starts, not only on the claims. A body the
-#: worker cannot start in time is given back unstarted (its start is spent).
-#: Each window of a period then holds at most N starts, and the key drains at
-#: N per period plus this (docs/limits.md).
-RATE_START_WITHIN = 0.1
-RATE_START_SHARE = 0.1
-
-
-def start_within(period: float) -> float:
-    """Seconds a rate-limited claim's body may start after the claim (``RATE_START_WITHIN``)."""
-    return min(RATE_START_WITHIN, RATE_START_SHARE * period)
-
-
-def start_within_sql(period: str) -> str:
-    """``start_within`` of ``period`` (an SQL expression of seconds), as SQL."""
-    return f"LEAST({RATE_START_WITHIN}, {RATE_START_SHARE} * {period})"
-
 
 class LimitSQL:
     def __init__(self, dialect: Dialect) -> None:
@@ -262,13 +241,15 @@ class LimitSQL:
         chosen: Sequence[Candidate],
         slots: dict,
         lease: float,
+        start_within: float,
     ) -> None:
         """Mark the slots of the rows just claimed: from the claim's own database time.
 
         ``free_at`` is the claim's ``last_attempted_at`` plus the lease (a
-        concurrency slot, renewed with the lease) or the period (a rate slot),
-        so the next start on the slot is a whole period after this one, and
-        the time its body may start after the claim (``start_within``).
+        concurrency slot, renewed with the lease) or the period and the time
+        its worker has to start the body (a rate slot: ``start_within``,
+        ``ClaimRequest``), so the next start on the slot is a whole period
+        after this one, however late within its time this one starts.
         """
         if not slots:
             return
@@ -281,7 +262,7 @@ class LimitSQL:
                 continue
             period = by_id[row.id].limit_period or 0.0
             concurrency = period <= 0
-            seconds = lease if concurrency else period + start_within(period)
+            seconds = lease if concurrency else period + start_within
             free_at = row.claimed_at + dt.timedelta(seconds=seconds)
             params.append(
                 [

@@ -60,12 +60,20 @@ class LimitedClaim:
     """The limited reads, the slot step and the slots' hand-over of one round."""
 
     def __init__(
-        self, table: str, slot_table: str, now: str, free: Callable[[str], str], columns: str
+        self,
+        table: str,
+        slot_table: str,
+        now: str,
+        free: Callable[[str], str],
+        columns: str,
+        finishing: str,
     ) -> None:
         #: The task table, the slot table, the database's clock, as SQL.
         self.t, self.s, self.now = table, slot_table, now
         #: A slot (its alias) free now, by its own columns (``LimitSQL.free``).
         self.free = free
+        #: The ids of the claims the round is finishing, as a subquery (pg_round.py).
+        self.finishing = finishing
         #: What a claim reads of a row (pg_round.py), with where the row is (``at``):
         #: off the table, and off a CTE of rows so read.
         self.columns = f"{columns}, ctid AS at"
@@ -182,11 +190,13 @@ class LimitedClaim:
         """
         s, key = self.s, '"key"'
         return [
-            # Nothing is locked while the form holds (the next form claims).
+            # Nothing is locked while the form holds (the next form claims),
+            # nor for a claim the round finishes (its lapsed lease reads as
+            # runnable, and the round never claims it again).
             "lf AS MATERIALIZED (SELECT o.*, row_number() OVER (PARTITION BY o.limit_key "
             f"ORDER BY {CLAIM_ORDER}) AS rn FROM (SELECT * FROM offer "
-            f"WHERE limit_key IS NOT NULL AND NOT ({hold}) ORDER BY {CLAIM_ORDER} "
-            f"LIMIT {part}) AS o)",
+            f"WHERE limit_key IS NOT NULL AND id NOT IN ({self.finishing}) AND NOT ({hold}) "
+            f"ORDER BY {CLAIM_ORDER} LIMIT {part}) AS o)",
             "lk AS (SELECT limit_key, max(limit_count) AS n, count(*) AS rows FROM lf "
             "GROUP BY limit_key)",
             f"sf AS MATERIALIZED (SELECT x.id, x.{key}, row_number() OVER (PARTITION BY "
@@ -205,12 +215,12 @@ class LimitedClaim:
         """How many of the limited rows offered found no slot (others took them)."""
         return "(SELECT count(*) FROM lf) - (SELECT count(*) FROM sf)"
 
-    def taken(self, start_within: str) -> str:
+    def taken(self) -> str:
         """``taken``: the slots of the rows claimed, stamped with this start.
 
         A concurrency slot is held by the claim until its outcome (or its lease
-        lapses); a rate slot is free a period after this start, and the time
-        the worker has to start the body after it (``start_within``: limits.py).
+        lapses); a rate slot is free a period after this start and the time
+        the worker has to start the body (``%(start_within)s``: ``ClaimRequest``).
         """
         now = self.now
         return (
@@ -218,7 +228,7 @@ class LimitedClaim:
             "holder_id = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.id END, "
             "holder_version = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.version + 1 END, "
             f"last_started_at = {now}, free_at = {now} + CASE WHEN go.limit_period > 0 "
-            f"THEN go.limit_period + {start_within} ELSE %(lease)s END * INTERVAL '1 second' "
+            "THEN go.limit_period + %(start_within)s ELSE %(lease)s END * INTERVAL '1 second' "
             "FROM go WHERE s.id = go.slot_id)"
         )
 

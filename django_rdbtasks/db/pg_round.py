@@ -49,7 +49,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
-from .limits import start_within_sql
 from .outcomes import SETTLES_DEPENDANTS
 from .pg_finished import insert_moved, returning_written
 from .pg_limited import CLAIM_ORDER, QUEUES, LimitedClaim
@@ -156,7 +155,12 @@ class RoundSQL:
         self.t = dialect.table
         self.now = dialect.now_sql
         self.limited = LimitedClaim(
-            dialect.table, dialect.limits.table, dialect.now_sql, dialect.limits.free, _COLS
+            dialect.table,
+            dialect.limits.table,
+            dialect.now_sql,
+            dialect.limits.free,
+            _COLS,
+            FINISHING,
         )
 
     # -- outcomes ------------------------------------------------------------------------
@@ -396,7 +400,7 @@ class RoundSQL:
                 f"WHERE NOT ({hold}) LIMIT %(want)s)"
             )
         if not lean:
-            ctes.append(self.limited.taken(start_within_sql("go.limit_period")))
+            ctes.append(self.limited.taken())
         limited = (
             f"(SELECT limited FROM lim) OR EXISTS (SELECT 1 FROM {rows} "
             "WHERE limit_key IS NOT NULL)"

@@ -353,6 +353,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
                 finishing=[o.id for o in outcomes],
                 claimer=request.worker_id,
                 lease=request.lease,
+                start_within=request.start_within,
             )
             values["queues"] = list(request.queues)
         cursor.execute(sql, [_parameter(values[name]) for name in names])

@@ -101,7 +101,7 @@ class ClaimedRow:
     #: lost attempt is recorded and ``lost_from`` cleared).
     taken_over: bool = False
     #: A rate-limited claim: by when (``time.monotonic``) its body must start,
-    #: or be given back unstarted (``limits.start_within``). None: no deadline.
+    #: or be given back unstarted (``ClaimRequest.start_within``). None: no deadline.
     start_by: float | None = None
 
 
@@ -157,6 +157,11 @@ class Outcome:
         return cls(row.id, row.version, OutcomeKind.RELEASE, row=row)
 
 
+#: The least time, in seconds, a worker gives itself to start the body of a
+#: rate-limited task it claims (``ClaimRequest.start_within``).
+RATE_START_WITHIN = 0.1
+
+
 @dataclass(slots=True, frozen=True)
 class ClaimRequest:
     """Up to ``want`` runnable rows of ``queues``, leased for ``lease`` seconds."""
@@ -166,6 +171,12 @@ class ClaimRequest:
     worker_id: str
     lease: float
     mode: ClaimMode = ClaimMode.OPTIMISTIC
+    #: Seconds after the claim within which the worker starts a rate-limited
+    #: row's body, or gives it back unstarted. Its rate slot comes free a
+    #: period *and this* after the claim, so two bodies started on one slot
+    #: start a period apart at least, however late within it each started:
+    #: the limit holds on the starts, not only on the claims (docs/limits.md).
+    start_within: float = RATE_START_WITHIN
 
 
 @dataclass(slots=True)

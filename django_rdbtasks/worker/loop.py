@@ -27,7 +27,6 @@ from django.utils.crypto import get_random_string
 from ..backend import RDBTaskBackend
 from ..compat import task_backends
 from ..db import dialect_for
-from ..db.limits import start_within
 from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
@@ -509,8 +508,11 @@ class Worker:
         """Write what the slot finished and claim ``want`` more; retried through outages."""
         finished = slot.take_finished()
         outcomes = [outcome for outcome, _ in finished]
+        allowance = slot.start_allowance
         request = (
-            ClaimRequest(self.queues, want, slot.worker_id, self.lease, self.mode)
+            ClaimRequest(
+                self.queues, want, slot.worker_id, self.lease, self.mode, allowance.seconds()
+            )
             if want > 0 and not self.stopping.is_set()
             else None
         )
@@ -542,15 +544,17 @@ class Worker:
             # by the slot's last round (or released by the keeper's deadline).
             slot.put_back_finished(finished)
             return Exchange()
+        allowance.observe(time.monotonic() - sent)
         if request is not None:
             with self.counters.lock:
                 self.counters.claim_statements += exchange.statements
                 self.counters.claimed += len(exchange.claimed)
-        for row in exchange.claimed:
-            if row.limit_period:
-                # A rate limit holds on the bodies' starts: this one starts
-                # within its allowance of the claim, or is given back (db/limits.py).
-                row.start_by = sent + start_within(row.limit_period)
+            for row in exchange.claimed:
+                if row.limit_period:
+                    # A rate limit holds on the bodies' starts: this one starts
+                    # within its allowance of the claim (its slot comes free a
+                    # period and that after the claim), or is given back.
+                    row.start_by = sent + request.start_within
         if exchange.freed and not self.listen:
             # Slots its outcomes freed that tasks wait for: this process's
             # waiting round threads (PostgreSQL's NOTIFY tells every process).

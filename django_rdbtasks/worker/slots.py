@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..db.rows import ClaimedRow, Outcome
+from ..db.rows import RATE_START_WITHIN, ClaimedRow, Outcome
 from .execution import Running
 
 #: Longest the tasks claimed behind a running one wait before they are handed back.
@@ -87,6 +87,28 @@ class ClaimAhead:
             self.pace = duration  # slow down at once
         else:
             self.pace = 0.8 * self.pace + 0.2 * duration
+
+
+class StartAllowance:
+    """How long after its claim a rate-limited task's body may still start
+    (``ClaimRequest.start_within``): its rate slot comes free that much later.
+
+    At least ``RATE_START_WITHIN``, and twice the slowest recent round: a
+    body starts only once its claim has come back, so an allowance shorter
+    than a round would give back every rate-limited task the slot claims,
+    for as long as the database is that slow. The slowest round decays by a
+    tenth at each round.
+    """
+
+    def __init__(self, least: float = RATE_START_WITHIN) -> None:
+        self.least = least
+        self.slowest = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.slowest = max(seconds, 0.9 * self.slowest)
+
+    def seconds(self) -> float:
+        return max(self.least, 2 * self.slowest)
 
 
 @dataclass(slots=True)
@@ -171,6 +193,8 @@ class Slot:
         #: back: until it does they are RUNNING under this slot's id, and a
         #: claim cannot see them (burst mode must not take that for drained).
         self._handed_back_unwritten = False
+        #: The round thread's: how long its rate-limited bodies may start after their claim.
+        self.start_allowance = StartAllowance()
 
     def _touch(self) -> None:
         # Called with the lock held.
