@@ -444,8 +444,8 @@ class Dialect(TaskInserts):
         """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
         # More than the batch, in both modes: rows lost to others, or limited
-        # rows that find no slot, leave room to fill it. (Locked reads let go
-        # of the rows they read and do not claim only when the round commits.)
+        # rows that find no slot, leave room to fill it. (A locked read holds
+        # the rows it read and does not claim until the round commits.)
         count = candidate_count(request.want)
         if request.mode == ClaimMode.SKIP_LOCKED:
             read = self.locked_candidates(cursor, request.queues, count, result)
@@ -455,8 +455,7 @@ class Dialect(TaskInserts):
         # The limited rows take their keys' free slots before the batch is cut:
         # one that finds none (its key full meanwhile) is passed over, and the
         # rows behind it, limited or not, fill the batch; it stays READY.
-        slots = self.limits.lock_slots(cursor, read)
-        usable, lost = self.limits.with_slots(read, slots)
+        usable, slots, lost = self.limits.take_in_order(cursor, read, request.want)
         if request.mode == ClaimMode.SKIP_LOCKED:
             chosen, raced = usable[: request.want], False
         else:

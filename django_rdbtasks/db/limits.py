@@ -164,49 +164,47 @@ class LimitSQL:
 
     # -- claim (MySQL/MariaDB, SQLite) -----------------------------------------------------
 
-    def lock_slots(self, cursor: Any, rows: Sequence[Candidate]) -> dict[str, list[Any]]:
-        """Lock free slots for the limited ones of ``rows``: per key, as many as it has
-        rows there, skipping slots another session holds. Returns each key's
-        slots locked (their primary keys), in slot order.
+    def take_in_order(
+        self, cursor: Any, rows: Sequence[Candidate], want: int
+    ) -> tuple[list[Candidate], dict[str, list[Any]], int]:
+        """Of ``rows`` (in claim order), those that may be claimed, their slots locked.
 
-        Taken before the batch is cut (``with_slots``): a row that finds no
-        slot is passed over and the rows behind it fill the batch. Keys in
-        order, so two claimers lock slots in one order.
+        Walked in order until ``want`` may be claimed: an unlimited row may,
+        and a limited one if its key has a free slot, locked here (skipping
+        slots another session holds; a key's slots in one statement, as many
+        as its rows still to come need). A limited row that finds none is
+        passed over and the rows behind it fill the batch in its place; it
+        stays READY. The unlimited rows after the batch is full are kept as
+        spares, for rows the compare-and-set loses. Returns those rows, each
+        key's slots locked (primary keys, in slot order), and how many limited
+        rows found no slot.
         """
-        wanted: dict[str, tuple[int, int]] = {}
-        for c in rows:
-            if c.limit_key is not None:
-                rows_of_key, count = wanted.get(c.limit_key, (0, 0))
-                wanted[c.limit_key] = (rows_of_key + 1, max(count, c.limit_count or 0))
         lock = self.dialect.row_lock_sql if self.dialect.has_row_locks else ""
+        usable: list[Candidate] = []
         slots: dict[str, list[Any]] = {}
-        for key in sorted(wanted):
-            rows_of_key, count = wanted[key]
-            cursor.execute(
-                f"SELECT id FROM {self.table} s WHERE s.{self._key} = %s AND s.slot_no < %s "
-                f"AND {self.free_sql} ORDER BY s.slot_no LIMIT %s {lock}",
-                [key, count, rows_of_key],
-            )
-            slots[key] = [slot_id for (slot_id,) in cursor.fetchall()]
-        return slots
-
-    @staticmethod
-    def with_slots(
-        rows: Sequence[Candidate], slots: dict[str, list[Any]]
-    ) -> tuple[list[Candidate], int]:
-        """Of ``rows`` (in claim order), those that may be claimed: the unlimited ones,
-        and each key's first rows, as many as it has slots locked; and how many
-        limited rows found none."""
         used: dict[str, int] = {}
-        usable = []
-        for c in rows:
+        lost = 0
+        for i, c in enumerate(rows):
             key = c.limit_key
-            if key is not None:
-                if used.get(key, 0) >= len(slots.get(key, ())):
-                    continue
+            if key is None:
+                usable.append(c)
+                continue
+            if len(usable) >= want:
+                continue
+            if key not in slots:
+                rest = [r for r in rows[i:] if r.limit_key == key]
+                cursor.execute(
+                    f"SELECT id FROM {self.table} s WHERE s.{self._key} = %s AND s.slot_no < %s "
+                    f"AND {self.free_sql} ORDER BY s.slot_no LIMIT %s {lock}",
+                    [key, max(r.limit_count or 0 for r in rest), min(len(rest), want)],
+                )
+                slots[key] = [slot_id for (slot_id,) in cursor.fetchall()]
+            if used.get(key, 0) < len(slots[key]):
                 used[key] = used.get(key, 0) + 1
-            usable.append(c)
-        return usable, len(rows) - len(usable)
+                usable.append(c)
+            else:
+                lost += 1
+        return usable, slots, lost
 
     @staticmethod
     def assign(chosen: Sequence[Candidate], slots: dict[str, list[Any]]) -> dict[Any, Any]:

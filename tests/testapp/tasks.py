@@ -279,6 +279,15 @@ def rated(n):
     return n
 
 
+@task(limit=RateLimit(20, period=1.0, key="slow-provider"))
+def rated_sleep(n, seconds):
+    """A rate-limited call that takes a while: its start by the body's clock, then it sleeps."""
+    started = timezone.now()
+    LimitedRun.objects.create(key="rated_sleep", pid=os.getpid(), started_at=started)
+    time.sleep(seconds)
+    return n
+
+
 @task(limit=ConcurrencyLimit(3, key="acc-conc:{group}"))
 def limited_sleep(group, n, seconds=0.04):
     """Three at a time per group: its start and end by its own clock, in one row at its end."""
