@@ -555,6 +555,27 @@ def test_many_keys_are_claimed_in_order_without_a_walk(mode, vendor):
 
 
 @db
+def test_a_round_returns_every_row_it_claimed_whatever_form_it_started_with(vendor):
+    """A window round that sufficed, while another thread of the process walked a
+    moment ago (the walk form is kept for the next rounds): its claims are its
+    answer, none left RUNNING under its name unreported (so never run)."""
+    if vendor != "postgresql":
+        pytest.skip("the forms are PostgreSQL's round")
+    from django_rdbtasks.db.pg_round import ClaimForm
+
+    for i in range(3):
+        tasks.per_customer.enqueue(f"c{i}")
+    exchange("w0", want=1)  # the keys' slots made, one claimed
+    dialect = dialect_for(connection)
+    dialect.claim_forms[("default",)] = ClaimForm.WINDOW
+    dialect.walked_at[("default",)] = time.monotonic()
+    result = exchange("w1", want=10)
+    held = Task.objects.filter(status="RUNNING", worker_id="w1").values_list("id", flat=True)
+    assert len(result.claimed) == 2 and set(ids(result.claimed)) == {str(i) for i in held}
+    assert dialect.claim_forms[("default",)] == ClaimForm.WALK  # kept for the next round
+
+
+@db
 def test_a_key_whose_slots_were_deleted_gets_them_again(mode):
     backlog("a", 3)
     LimitSlot.objects.all().delete()  # none of "a" runs: its tasks only wait
@@ -957,7 +978,8 @@ def test_tasks_behind_full_keys_start_as_if_those_were_not_there(run_workers, ve
         assert quantile(free_spans, 0.5) < quantile(limited_spans, 0.5)
         assert quantile(free_spans, 0.9) < quantile(limited_spans, 0.9)
     claimed, statements = claims_logged(workers.log())
-    assert claimed == limited + unlimited
+    # (A task handed back from behind a long one is claimed again.)
+    assert claimed >= limited + unlimited
     # Most claim statements claimed something (the issue saw 0.25 tasks a transaction).
     assert claimed / statements >= 0.5, (claimed, statements)
 

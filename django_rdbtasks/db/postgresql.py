@@ -246,21 +246,31 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         assert request is not None
         self.note_contention(request, queues, mode, result, raced)
         while True:
-            needed = self.form_needed(queues, result)
-            self.claim_forms[queues] = needed
+            # What this statement needed: a form that did not suffice claimed
+            # nothing (it held), and the next runs at once.
+            needed = (
+                ClaimForm.WALK
+                if result.walk
+                else ClaimForm.WINDOW
+                if result.limited
+                else ClaimForm.LEAN
+            )
+            self.claim_forms[queues] = self.next_form(queues, needed)
             if needed <= form:
                 return result
             form = needed
             rest, raced = self._round(cursor, [], worker_id, request, form, mode)
             result.statements += 1
             self.note_contention(request, queues, mode, rest, raced)
-            result.claimed, result.contended = rest.claimed, rest.contended
+            # (Added to, never replaced: a statement's claims are never dropped.)
+            result.claimed += rest.claimed
+            result.contended = rest.contended
             result.missing = sorted({*result.missing, *rest.missing})
             result.limited, result.walk = rest.limited, rest.walk
             result.held, result.wait = rest.held, rest.wait
 
-    def form_needed(self, queues: tuple[str, ...], result: Exchange) -> ClaimForm:
-        """The form the next claim of ``queues`` starts with, after ``result``.
+    def next_form(self, queues: tuple[str, ...], needed: ClaimForm) -> ClaimForm:
+        """The form the next claim of ``queues`` starts with, after one that ``needed`` it.
 
         The walk form is kept for ``WALK_KEPT_SECONDS`` after a round last
         needed it: it claims what the window form would (a queue whose window
@@ -270,14 +280,14 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         and the threads of a process share the form.
         """
         now = time.monotonic()
-        if result.walk:
+        if needed == ClaimForm.WALK:
             self.walked_at[queues] = now
+        elif (
+            needed == ClaimForm.WINDOW
+            and now - self.walked_at.get(queues, -WALK_KEPT_SECONDS) < WALK_KEPT_SECONDS
+        ):
             return ClaimForm.WALK
-        if not result.limited:
-            return ClaimForm.LEAN
-        if now - self.walked_at.get(queues, -WALK_KEPT_SECONDS) < WALK_KEPT_SECONDS:
-            return ClaimForm.WALK
-        return ClaimForm.WINDOW
+        return needed
 
     def read_mode(self, request: ClaimRequest | None, queues: tuple[str, ...]) -> ClaimMode | None:
         """How this claim reads its candidates (see ``exchange``)."""
