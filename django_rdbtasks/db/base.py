@@ -17,6 +17,7 @@ worker had won it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
+#: How long the optimistic claims of a set of queues read with SKIP LOCKED after
+#: one came back short through lost races (``Dialect.read_mode``).
+LOCKED_READS_SECONDS = 5.0
 
 
 def candidate_count(want: int) -> int:
@@ -106,6 +110,9 @@ class Dialect(TaskInserts):
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
         self.limits = LimitSQL(self)
         self.ready = ReadyReads(self)
+        #: Per set of queues: until when (``time.monotonic``) optimistic
+        #: claims read with SKIP LOCKED, since one lost races (``read_mode``).
+        self.locked_reads_until: dict[tuple[str, ...], float] = {}
 
     # -- pieces each database spells its own way -------------------------------------
 
@@ -125,8 +132,57 @@ class Dialect(TaskInserts):
         round thread waits for the database. Nothing by default."""
 
     def forget_learnt(self) -> None:
-        """Forget what past rounds taught the claims (PostgreSQL: their forms and
-        contention), so that the next claim starts as a new process's would."""
+        """Forget what past rounds taught the claims (their contention; PostgreSQL:
+        their forms), so that the next claim starts as a new process's would."""
+        self.locked_reads_until.clear()
+
+    def reads_locked(self) -> bool:
+        """Whether an optimistic claim may read with SKIP LOCKED after lost races:
+        where the database locks rows, and a lock is the cluster's (not Galera's)."""
+        return self.has_row_locks
+
+    def read_mode(self, request: ClaimRequest | None, queues: tuple[str, ...]) -> ClaimMode | None:
+        """How this claim reads its candidates.
+
+        An optimistic claim that comes back short while it saw more runnable
+        rows than it won lost races: the other claimers read the same first
+        rows of the queue, and took them or hold them locked. For the next
+        ``LOCKED_READS_SECONDS`` the claims of these queues read as the
+        skip-locked mode does, skipping rows others hold as they read, so each
+        claimer fills its batch from rows nobody else is taking. The claim is
+        the same compare-and-set of the versions read either way; only which
+        rows it tries changes.
+        """
+        if request is None:
+            return None
+        if (
+            request.mode == ClaimMode.OPTIMISTIC
+            and self.locked_reads_until.get(queues, 0.0) > time.monotonic()
+        ):
+            return ClaimMode.SKIP_LOCKED
+        return request.mode
+
+    def note_contention(
+        self,
+        request: ClaimRequest,
+        queues: tuple[str, ...],
+        mode: ClaimMode | None,
+        result: Exchange,
+        raced: bool,
+    ) -> None:
+        """An optimistic claim that lost races for rows: read with SKIP LOCKED for a while.
+
+        (A limited row whose slot another claimer took is not such a race: the
+        locked read would not have found it a slot either.)
+        """
+        # Only a read made optimistically can tell (read_mode): a locked read never loses.
+        if (
+            mode == ClaimMode.OPTIMISTIC
+            and raced
+            and len(result.claimed) < request.want
+            and self.reads_locked()
+        ):
+            self.locked_reads_until[queues] = time.monotonic() + LOCKED_READS_SECONDS
 
     def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
         """Why this database cannot claim in ``mode`` (None: it can); may query it."""
@@ -443,11 +499,13 @@ class Dialect(TaskInserts):
     ) -> None:
         """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
+        queues = tuple(request.queues)
+        mode = self.read_mode(request, queues)
         # More than the batch, in both modes: rows lost to others, or limited
         # rows that find no slot, leave room to fill it. (A locked read holds
         # the rows it read and does not claim until the round commits.)
         count = candidate_count(request.want)
-        if request.mode == ClaimMode.SKIP_LOCKED:
+        if mode == ClaimMode.SKIP_LOCKED:
             read = self.locked_candidates(cursor, request.queues, count, result)
         else:
             read = self.candidates(cursor, request.queues, count, result)
@@ -456,12 +514,13 @@ class Dialect(TaskInserts):
         # one that finds none (its key full meanwhile) is passed over, and the
         # rows behind it, limited or not, fill the batch; it stays READY.
         usable, slots, lost = self.limits.take_in_order(cursor, read, request.want)
-        if request.mode == ClaimMode.SKIP_LOCKED:
+        if mode == ClaimMode.SKIP_LOCKED:
             chosen, raced = usable[: request.want], False
         else:
             chosen = self.lock_unchanged(cursor, usable, request.want) if usable else []
             raced = len(chosen) < min(len(usable), request.want)
         result.claimed, result.contended = [], raced or lost > 0
+        self.note_contention(request, queues, mode, result, raced)
         if not chosen:
             return
         assigned = self.limits.assign(chosen, slots)

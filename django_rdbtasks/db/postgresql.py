@@ -43,9 +43,6 @@ from .pg_sessions import PostgreSQLSessionBounds
 
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
-#: How long the optimistic claims of a set of queues read with SKIP LOCKED after
-#: one came back short through lost races (``PostgreSQLDialect.exchange``).
-LOCKED_READS_SECONDS = 5.0
 #: How long the claims of a set of queues keep the walk form after a round
 #: last needed it (``PostgreSQLDialect.form_needed``).
 WALK_KEPT_SECONDS = 5.0
@@ -144,9 +141,6 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         self.claim_forms: dict[tuple[str, ...], ClaimForm] = {}
         #: Per set of queues: when (``time.monotonic``) a round last needed the walk.
         self.walked_at: dict[tuple[str, ...], float] = {}
-        #: Per set of queues: until when (``time.monotonic``) optimistic
-        #: claims read with SKIP LOCKED, since one lost races.
-        self.locked_reads_until: dict[tuple[str, ...], float] = {}
         #: Whether the table of finished rows is there to move them to
         #: (pg_finished.py); None: not asked yet.
         self.moves_finished: bool | None = None
@@ -166,9 +160,9 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         outcome.wire = _outcome_json(outcome)
 
     def forget_learnt(self) -> None:
+        super().forget_learnt()
         self.claim_forms.clear()
         self.walked_at.clear()
-        self.locked_reads_until.clear()
         # Asked again, and the rounds that move rows made again with the columns then.
         self.moves_finished = None
         self._exchange_sql = {key: sql for key, sql in self._exchange_sql.items() if not key[-1]}
@@ -288,34 +282,6 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         ):
             return ClaimForm.WALK
         return needed
-
-    def read_mode(self, request: ClaimRequest | None, queues: tuple[str, ...]) -> ClaimMode | None:
-        """How this claim reads its candidates (see ``exchange``)."""
-        if request is None:
-            return None
-        if (
-            request.mode == ClaimMode.OPTIMISTIC
-            and self.locked_reads_until.get(queues, 0.0) > time.monotonic()
-        ):
-            return ClaimMode.SKIP_LOCKED
-        return request.mode
-
-    def note_contention(
-        self,
-        request: ClaimRequest,
-        queues: tuple[str, ...],
-        mode: ClaimMode | None,
-        result: Exchange,
-        raced: bool,
-    ) -> None:
-        """An optimistic claim that lost races for rows: read with SKIP LOCKED for a while.
-
-        (A limited row whose slot another claimer took is not such a race: the
-        locked read would not have found it a slot either.)
-        """
-        # Only a read made optimistically can tell (read_mode): a locked read never loses.
-        if mode == ClaimMode.OPTIMISTIC and raced and len(result.claimed) < request.want:
-            self.locked_reads_until[queues] = time.monotonic() + LOCKED_READS_SECONDS
 
     def _round(
         self,
