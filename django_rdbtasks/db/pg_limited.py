@@ -96,9 +96,10 @@ class LimitedClaim:
         """A key's slots below ``count``: how many there are, how many this statement
         may take, and when the first of the others comes free by time (``next_at``)."""
         free = self.slot_free("s", handover)
+        # (IS NOT TRUE: a slot without a holder compared with ``ended`` is NULL.)
         return (
             f"SELECT count(*) AS have, count(*) FILTER (WHERE {free}) AS free, "
-            f"min(s.free_at) FILTER (WHERE NOT {free}) AS next_at "
+            f"min(s.free_at) FILTER (WHERE ({free}) IS NOT TRUE) AS next_at "
             f'FROM {self.s} AS s WHERE s."key" = {key} AND s.slot_no < {count}'
         )
 

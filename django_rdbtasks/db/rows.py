@@ -211,8 +211,8 @@ class Exchange:
     #: Statements the claim ran (PostgreSQL: a form that did not suffice, then the next).
     statements: int = 1
     #: Concurrency slots the round's outcomes freed and its claim did not take
-    #: back, for READY rows of their keys: the worker wakes as many waiting
-    #: claimers (PostgreSQL also tells other processes: pg_limited.py).
+    #: back (PostgreSQL: those whose keys have READY rows waiting): the worker
+    #: wakes as many waiting claimers (PostgreSQL tells every process: pg_limited.py).
     freed: int = 0
 
 
