@@ -42,6 +42,8 @@ from limits import connect, project_env
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR / "rdbtasks_project"
 DATABASE = "bench_limit_waits"
+#: The workers' logs (gitignored), read for their claim counts.
+LOGS = BENCH_DIR / ".logs" / "limit_waits"
 GROUPS = 5
 #: The limited tasks' limit: per group (``benchapp.tasks.limited_sleep``).
 PER_GROUP = 3
@@ -111,6 +113,7 @@ def enqueue_in_one_transaction(args: argparse.Namespace, batches: list) -> None:
 
 
 def workers(args: argparse.Namespace, *, burst: bool, log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
     command = [
         args.python, "manage.py", "runworkers", "--processes", str(args.processes),
         "--threads", str(args.threads), "--mode", args.mode, "--log-level", "INFO",
@@ -156,7 +159,7 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
     """Enqueue ``batches`` in one transaction, drain them with burst workers, read the runs."""
     fresh_database(args)
     enqueue_in_one_transaction(args, batches)
-    log = BENCH_DIR / f".limit_waits-{name}.log"
+    log = LOGS / f"{name}.log"
     # Backends come and go with the workers: CPU read while they live (sampled).
     before_xacts = server_counters(args)[1]
     process = workers(args, burst=True, log=log)
@@ -232,7 +235,7 @@ def mixed(args: argparse.Namespace) -> dict:
 def hold(args: argparse.Namespace, batches: list, name: str) -> dict:
     """Workers serving ``batches`` once 15 tasks run: the server's cost over ``--window``."""
     fresh_database(args)
-    log = BENCH_DIR / f".limit_waits-{name}.log"
+    log = LOGS / f"{name}.log"
     process = workers(args, burst=False, log=log)
     try:
         enqueue_in_one_transaction(args, batches)
@@ -250,8 +253,8 @@ def hold(args: argparse.Namespace, batches: list, name: str) -> dict:
         time.sleep(args.window)
         cpu1, xacts1 = server_counters(args)
     finally:
-        process.terminate()
-        process.wait(60)
+        process.terminate()  # the holders are given back after the grace
+        process.wait(90)
         drop_database(args)
     return {
         "server_cpu_ms_per_s": round((cpu1 - cpu0) / args.window * 1e3, 1),
