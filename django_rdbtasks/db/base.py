@@ -18,6 +18,7 @@ worker had won it.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
@@ -59,6 +60,9 @@ __all__ = [
 ]
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
+#: How long the optimistic claims of a set of queues read with SKIP LOCKED after
+#: one came back short through lost races (``Dialect.read_mode``).
+LOCKED_READS_SECONDS = 5.0
 
 
 def candidate_count(want: int) -> int:
@@ -115,6 +119,9 @@ class Dialect(TaskInserts):
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
         self.limits = LimitSQL(self)
         self.ready = ReadyReads(self)
+        #: Per set of queues: until when (``time.monotonic``) optimistic
+        #: claims read with SKIP LOCKED, since one lost races (``read_mode``).
+        self.locked_reads_until: dict[tuple[str, ...], float] = {}
 
     # -- pieces each database spells its own way -------------------------------------
 
@@ -150,8 +157,57 @@ class Dialect(TaskInserts):
         outcome.texts = (entry, value)
 
     def forget_learnt(self) -> None:
-        """Forget what past rounds taught the claims (PostgreSQL: their forms and
-        contention), so that the next claim starts as a new process's would."""
+        """Forget what past rounds taught the claims (their contention; PostgreSQL:
+        their forms), so that the next claim starts as a new process's would."""
+        self.locked_reads_until.clear()
+
+    def reads_locked(self) -> bool:
+        """Whether an optimistic claim may read with SKIP LOCKED after lost races:
+        where the database locks rows, and a lock is the cluster's (not Galera's)."""
+        return self.has_row_locks
+
+    def read_mode(self, request: ClaimRequest | None, queues: tuple[str, ...]) -> ClaimMode | None:
+        """How this claim reads its candidates.
+
+        An optimistic claim that comes back short while it saw more runnable
+        rows than it won lost races: the other claimers read the same first
+        rows of the queue, and took them or hold them locked. For the next
+        ``LOCKED_READS_SECONDS`` the claims of these queues read as the
+        skip-locked mode does, skipping rows others hold as they read, so each
+        claimer fills its batch from rows nobody else is taking. The claim is
+        the same compare-and-set of the versions read either way; only which
+        rows it tries changes.
+        """
+        if request is None:
+            return None
+        if (
+            request.mode == ClaimMode.OPTIMISTIC
+            and self.locked_reads_until.get(queues, 0.0) > time.monotonic()
+        ):
+            return ClaimMode.SKIP_LOCKED
+        return request.mode
+
+    def note_contention(
+        self,
+        request: ClaimRequest,
+        queues: tuple[str, ...],
+        mode: ClaimMode | None,
+        result: Exchange,
+        raced: bool,
+    ) -> None:
+        """An optimistic claim that lost races for rows: read with SKIP LOCKED for a while.
+
+        (A limited row whose slot another claimer took is not such a race: the
+        locked read would not have found it a slot either.)
+        """
+        # Only a read made optimistically can tell (read_mode): a locked read never loses.
+        if (
+            mode == ClaimMode.OPTIMISTIC
+            and raced
+            and len(result.claimed) < request.want
+            and self.reads_locked()
+        ):
+            self.locked_reads_until[queues] = time.monotonic() + LOCKED_READS_SECONDS
 
     def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
         """Why this database cannot claim in ``mode`` (None: it can); may query it."""
@@ -395,24 +451,25 @@ class Dialect(TaskInserts):
         cursor: Any,
         queues: Sequence[str],
         limit: int,
-        missing: list[tuple[str, int, float]] | None = None,
+        found: Exchange | None = None,
     ) -> list[Candidate]:
         """Up to ``limit`` runnable rows, expired leases first, then READY by priority.
 
         A limited row is offered only as far as its key has free slots
-        (``ready_reads.py``); keys whose slots are missing go to ``missing``.
+        (``ready_reads.py``); what the read found of limits (keys missing
+        slots, keys that held rows back) goes to ``found``.
         """
-        return self.ready.read(cursor, queues, limit, missing=missing)
+        return self.ready.read(cursor, queues, limit, report=found)
 
     def locked_candidates(
         self,
         cursor: Any,
         queues: Sequence[str],
         limit: int,
-        missing: list[tuple[str, int, float]] | None = None,
+        found: Exchange | None = None,
     ) -> list[Candidate]:
         """``candidates``, each read locking its rows, skipping rows others hold locked."""
-        return self.ready.read(cursor, queues, limit, lock=self.row_lock_sql, missing=missing)
+        return self.ready.read(cursor, queues, limit, lock=self.row_lock_sql, report=found)
 
     def lock_unchanged(
         self, cursor: Any, candidates: Sequence[Candidate], want: int
@@ -467,31 +524,40 @@ class Dialect(TaskInserts):
     ) -> None:
         """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
-        if request.mode == ClaimMode.SKIP_LOCKED:
-            chosen = self.locked_candidates(cursor, request.queues, request.want, result.missing)
-            contended = False
+        queues = tuple(request.queues)
+        mode = self.read_mode(request, queues)
+        # More than the batch, in both modes: rows lost to others, or limited
+        # rows that find no slot, leave room to fill it. (A locked read holds
+        # the rows it read and does not claim until the round commits.)
+        count = candidate_count(request.want)
+        if mode == ClaimMode.SKIP_LOCKED:
+            read = self.locked_candidates(cursor, request.queues, count, result)
         else:
-            read = self.candidates(
-                cursor, request.queues, candidate_count(request.want), result.missing
-            )
-            read = [c for c in read if c.id not in excluded]
-            chosen = self.lock_unchanged(cursor, read, request.want) if read else []
-            contended = len(chosen) < min(len(read), request.want)
-        chosen = [c for c in chosen if c.id not in excluded]
-        # A row whose key has no free slot left is not claimed: it stays READY.
-        taken, slots = self.limits.take(cursor, chosen)
-        contended, chosen = contended or len(taken) < len(chosen), taken
-        result.claimed, result.contended = [], contended
+            read = self.candidates(cursor, request.queues, count, result)
+        read = [c for c in read if c.id not in excluded]
+        # The limited rows take their keys' free slots before the batch is cut:
+        # one that finds none (its key full meanwhile) is passed over, and the
+        # rows behind it, limited or not, fill the batch; it stays READY.
+        usable, slots, lost = self.limits.take_in_order(cursor, read, request.want)
+        if mode == ClaimMode.SKIP_LOCKED:
+            chosen, raced = usable[: request.want], False
+        else:
+            chosen = self.lock_unchanged(cursor, usable, request.want) if usable else []
+            raced = len(chosen) < min(len(usable), request.want)
+        result.claimed, result.contended = [], raced or lost > 0
+        self.note_contention(request, queues, mode, result, raced)
         if not chosen:
             return
+        assigned = self.limits.assign(chosen, slots)
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
-        self.limits.stamp(cursor, rows, chosen, slots, request.lease)
+        self.limits.stamp(cursor, rows, chosen, assigned, request.lease, request.start_within)
         by_id = {c.id: c for c in chosen}
         for row in rows:
             previous = by_id.get(row.id)
             if previous is not None and previous.was_running:
                 row.lost_from = previous
-        result.claimed, result.contended = rows, contended or len(rows) < len(chosen)
+        result.claimed = rows
+        result.contended = result.contended or len(rows) < len(chosen)
 
     def claim_chosen(
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float

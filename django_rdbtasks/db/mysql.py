@@ -34,6 +34,15 @@ class MySQLDialect(Dialect):
     vendor = "mysql"
     now_sql = "UTC_TIMESTAMP(6)"
     insert_ignore_sql = "INSERT IGNORE INTO {table} ({columns}) VALUES {values}"
+    #: Whether the server is a Galera node (``is_galera``); None: not asked yet.
+    galera: bool | None = None
+
+    def reads_locked(self) -> bool:
+        # A Galera node's row locks are its own: there the claims stay
+        # optimistic, the version compare-and-set certified cluster-wide.
+        if self.galera is None:
+            self.galera = self.is_galera()
+        return not self.galera
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + INTERVAL {placeholder} MICROSECOND)"
