@@ -556,8 +556,9 @@ class RDBTaskBackend(BaseTaskBackend):
     def _bulk_enqueue_limited(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], batch_size: int
     ) -> list[TaskResult]:
-        # Each row's key is computed from its arguments, and the rows' slots
-        # are made with them (db/limits.py): a NewTask per row.
+        # Each row's key is computed from its arguments and stored with it, in
+        # the rows' transaction; their slots are made by the workers that meet
+        # them (db/limits.py): a NewTask per row.
         prepared = self._prepare_calls(task, calls)
         results = []
         with transaction.atomic(using=self.database, savepoint=False):

@@ -317,3 +317,92 @@ def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
         assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
 
     on_a_worker_connection(rounds)
+
+
+def limited_outcomes(count: int) -> list[Outcome]:
+    """Outcomes of claims of no row, of a limited task: a round with them frees
+    (and may hand over) slots, the statement a round ending limited tasks is."""
+    row = SimpleNamespace(limit_key="concurrency:gone", limit_period=0.0, job_name="")
+    return [
+        Outcome(str(uuid.uuid4()), 1, OutcomeKind.SUCCESS, entry={"attempt": 1}, row=row)  # type: ignore[arg-type]
+        for _ in range(count)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [ClaimMode.OPTIMISTIC, ClaimMode.SKIP_LOCKED])
+def test_the_limited_forms_plans_made_on_an_empty_table_read_a_full_keys_backlog_by_indexes(mode):
+    """The window and walk forms are prepared too, their plans made once on an
+    empty table: run over a full key's 300,000 READY rows and fifty other keys,
+    each still reads the task table a LIMIT at a time and the slots by key, and
+    claims what is behind the backlog."""
+    from django.db import transaction
+
+    from django_rdbtasks.db.pg_round import ClaimForm
+    from tests.test_db_plans import (
+        BACKLOG,
+        ROWS_READ_BOUND,
+        WANT,
+        analyze,
+        insert_rows,
+        plan_nodes,
+        statistics_frozen,
+        take_every_slot,
+    )
+
+    request = ClaimRequest(["default"], WANT, "w", 60.0, mode)
+    slot_table = "django_rdbtasks_limitslot"
+
+    def rounds(store, wrapper):
+        dialect = store.dialect
+        analyze()
+        with statistics_frozen():
+            for form in (ClaimForm.WINDOW, ClaimForm.WALK):
+                for _ in range(3):  # counted, then prepared: the plans made on no rows
+                    dialect.claim_forms[("default",)] = form
+                    dialect.walked_at[("default",)] = 0.0 if form == ClaimForm.WINDOW else 1e18
+                    assert store.exchange(limited_outcomes(WANT), "w", request).claimed == []
+            take_every_slot("concurrency:full", 3)
+            insert_rows(BACKLOG, TaskStatus.READY, limit_key="concurrency:full")
+            for key in range(50):
+                insert_rows(2, TaskStatus.READY, limit_key=f"concurrency:k{key}")
+            insert_rows(2 * WANT, TaskStatus.READY)
+            assert_every_read_of_the_table_is_bounded(wrapper)
+            with wrapper.cursor() as cursor:
+                cursor.execute(
+                    "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements "
+                    "WHERE statement LIKE 'WITH %%' AND statement LIKE '%%limitslot%%'"
+                )
+                limited = cursor.fetchall()
+                assert len(limited) >= 4  # both forms, with and without slots to free
+                for name, count in limited:
+                    cursor.execute(
+                        f"EXPLAIN (FORMAT JSON) EXECUTE {name}({', '.join(['NULL'] * count)})"
+                    )
+                    document = cursor.fetchone()[0]
+                    plan = (json.loads(document) if isinstance(document, str) else document)[0]
+                    for cte, node in plan_nodes(plan["Plan"]):
+                        if node.get("Relation Name") == slot_table and "Scan" in node["Node Type"]:
+                            # The slots by their key's range, or by primary key, or holder.
+                            assert "Index Cond" in node, (cte, node)
+            claimed = []
+            for form in (ClaimForm.WINDOW, ClaimForm.WALK):
+                dialect.claim_forms[("default",)] = form
+                dialect.walked_at[("default",)] = 0.0 if form == ClaimForm.WINDOW else 1e18
+                with transaction.atomic(using=store.alias):
+                    result = store.exchange(limited_outcomes(WANT), "w", request)
+                    with wrapper.cursor() as cursor:
+                        cursor.execute(
+                            "SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables "
+                            "WHERE relname = %s",
+                            [Task._meta.db_table],
+                        )
+                        scanned, fetched = cursor.fetchone()
+                    transaction.set_rollback(True, using=store.alias)
+                assert scanned == 0 and fetched <= ROWS_READ_BOUND, (form, scanned, fetched)
+                claimed.append(len(result.claimed))
+        # The walk finds what the full key's window hides: the other keys, whose
+        # slots it reports missing, and the unlimited rows behind them.
+        assert claimed[1] == WANT, claimed
+
+    on_a_worker_connection(rounds)

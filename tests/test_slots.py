@@ -2,6 +2,7 @@
 
 import datetime as dt
 import threading
+import time
 
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
@@ -215,6 +216,79 @@ def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_slot():
     finally:
         slot.close()
         waiter.join(60)
+
+
+def waiters_on_a_freed_slot(wake, count):
+    """``count`` round threads waiting for a limit's slot; each sets its event once woken."""
+    woken = [threading.Event() for _ in range(count)]
+    waiting = threading.Barrier(count + 1)
+
+    def wait(done):
+        waiting.wait()
+        wake.wait_for_slot(60.0)
+        done.set()
+
+    threads = [threading.Thread(target=wait, args=(done,)) for done in woken]
+    for thread in threads:
+        thread.start()
+    waiting.wait()
+    return woken, threads
+
+
+def test_a_freed_slot_wakes_one_waiting_round_thread_not_all():
+    wake = Wake()
+    wake.watch([Slot(i, "w") for i in range(3)])
+    woken, threads = waiters_on_a_freed_slot(wake, 3)
+    try:
+        time.sleep(0.1)  # all three are waiting
+        wake.slot_freed()
+        deadline = time.monotonic() + 30
+        while not any(e.is_set() for e in woken) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert sum(e.is_set() for e in woken) == 1
+        wake.slot_freed(2)
+        assert all(e.wait(30) for e in woken)
+    finally:
+        wake.set()
+        for thread in threads:
+            thread.join(60)
+
+
+def test_an_enqueue_wakes_every_thread_waiting_for_a_slot():
+    wake = Wake()
+    wake.watch([Slot(i, "w") for i in range(2)])
+    woken, threads = waiters_on_a_freed_slot(wake, 2)
+    try:
+        time.sleep(0.1)
+        wake.set()
+        assert all(e.wait(30) for e in woken)
+    finally:
+        for thread in threads:
+            thread.join(60)
+
+
+def test_a_slot_freed_before_anyone_waits_is_kept_for_the_next_to_wait():
+    """A round thread that saw the keys full just before a slot came free does not
+    sleep through it; a few are kept, at most one per round thread."""
+    wake = Wake()
+    wake.watch([Slot(i, "w") for i in range(2)])
+    wake.slot_freed(5)
+    started = time.monotonic()
+    wake.wait_for_slot(30.0)
+    wake.wait_for_slot(30.0)
+    assert time.monotonic() - started < 5
+    wake.wait_for_slot(0.2)  # the other three were not kept: this one times out
+    assert time.monotonic() - started >= 0.2
+
+
+def test_rate_limited_claims_run_first_in_a_slot():
+    """Their bodies must start within their allowance (``ClaimedRow.start_by``)."""
+    slot = Slot(0, "w")
+    rated = row(3, 0)
+    rated.start_by = 123.0
+    slot.add([row(1, 5), row(2, 0), rated])
+    assert [slot.take_next().row.id for _ in range(3)] == [3, 1, 2]
 
 
 def test_outcomes_wait_for_their_batch_only_while_the_runner_has_more():

@@ -395,24 +395,25 @@ class Dialect(TaskInserts):
         cursor: Any,
         queues: Sequence[str],
         limit: int,
-        missing: list[tuple[str, int, float]] | None = None,
+        found: Exchange | None = None,
     ) -> list[Candidate]:
         """Up to ``limit`` runnable rows, expired leases first, then READY by priority.
 
         A limited row is offered only as far as its key has free slots
-        (``ready_reads.py``); keys whose slots are missing go to ``missing``.
+        (``ready_reads.py``); what the read found of limits (keys missing
+        slots, keys that held rows back) goes to ``found``.
         """
-        return self.ready.read(cursor, queues, limit, missing=missing)
+        return self.ready.read(cursor, queues, limit, report=found)
 
     def locked_candidates(
         self,
         cursor: Any,
         queues: Sequence[str],
         limit: int,
-        missing: list[tuple[str, int, float]] | None = None,
+        found: Exchange | None = None,
     ) -> list[Candidate]:
         """``candidates``, each read locking its rows, skipping rows others hold locked."""
-        return self.ready.read(cursor, queues, limit, lock=self.row_lock_sql, missing=missing)
+        return self.ready.read(cursor, queues, limit, lock=self.row_lock_sql, report=found)
 
     def lock_unchanged(
         self, cursor: Any, candidates: Sequence[Candidate], want: int
@@ -467,31 +468,37 @@ class Dialect(TaskInserts):
     ) -> None:
         """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
+        # More than the batch, in both modes: rows lost to others, or limited
+        # rows that find no slot, leave room to fill it. (A locked read holds
+        # the rows it read and does not claim until the round commits.)
+        count = candidate_count(request.want)
         if request.mode == ClaimMode.SKIP_LOCKED:
-            chosen = self.locked_candidates(cursor, request.queues, request.want, result.missing)
-            contended = False
+            read = self.locked_candidates(cursor, request.queues, count, result)
         else:
-            read = self.candidates(
-                cursor, request.queues, candidate_count(request.want), result.missing
-            )
-            read = [c for c in read if c.id not in excluded]
-            chosen = self.lock_unchanged(cursor, read, request.want) if read else []
-            contended = len(chosen) < min(len(read), request.want)
-        chosen = [c for c in chosen if c.id not in excluded]
-        # A row whose key has no free slot left is not claimed: it stays READY.
-        taken, slots = self.limits.take(cursor, chosen)
-        contended, chosen = contended or len(taken) < len(chosen), taken
-        result.claimed, result.contended = [], contended
+            read = self.candidates(cursor, request.queues, count, result)
+        read = [c for c in read if c.id not in excluded]
+        # The limited rows take their keys' free slots before the batch is cut:
+        # one that finds none (its key full meanwhile) is passed over, and the
+        # rows behind it, limited or not, fill the batch; it stays READY.
+        usable, slots, lost = self.limits.take_in_order(cursor, read, request.want)
+        if request.mode == ClaimMode.SKIP_LOCKED:
+            chosen, raced = usable[: request.want], False
+        else:
+            chosen = self.lock_unchanged(cursor, usable, request.want) if usable else []
+            raced = len(chosen) < min(len(usable), request.want)
+        result.claimed, result.contended = [], raced or lost > 0
         if not chosen:
             return
+        assigned = self.limits.assign(chosen, slots)
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
-        self.limits.stamp(cursor, rows, chosen, slots, request.lease)
+        self.limits.stamp(cursor, rows, chosen, assigned, request.lease, request.start_within)
         by_id = {c.id: c for c in chosen}
         for row in rows:
             previous = by_id.get(row.id)
             if previous is not None and previous.was_running:
                 row.lost_from = previous
-        result.claimed, result.contended = rows, contended or len(rows) < len(chosen)
+        result.claimed = rows
+        result.contended = result.contended or len(rows) < len(chosen)
 
     def claim_chosen(
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..states import OutcomeKind
-from .rows import Candidate, ClaimedRow, NewTask, Outcome
+from .rows import Candidate, ClaimedRow, Exchange, NewTask, Outcome
 
 if TYPE_CHECKING:
     from .base import Dialect
@@ -121,53 +121,116 @@ class LimitSQL:
                 [value for row in chunk for value in row],
             )
 
-    def slot_state(self, cursor: Any, counts: dict[str, int]) -> dict[str, tuple[int, int]]:
-        """Per key: how many of its slots below its count exist, and how many are free now.
+    def slot_state(
+        self, cursor: Any, counts: dict[str, int]
+    ) -> dict[str, tuple[int, int, float | None]]:
+        """Per key: how many of its slots below its count exist, how many are free
+        now, and the seconds until the first of the others comes free by time
+        (a rate window's end, a lapsing lease; None if none is busy), by the
+        database's clock.
 
         Reads at most ``count`` slot rows a key, by the ``(key, slot_no)`` index.
         """
-        state = {key: (0, 0) for key in counts}
+        found: dict[str, list[tuple[int, bool, Any, Any]]] = {key: [] for key in counts}
         keys = sorted(counts)
         for start in range(0, len(keys), 500):
             chunk = keys[start : start + 500]
             cursor.execute(
-                f"SELECT s.{self._key}, s.slot_no, CASE WHEN {self.free_sql} THEN 1 ELSE 0 END "
+                f"SELECT s.{self._key}, s.slot_no, CASE WHEN {self.free_sql} THEN 1 ELSE 0 END, "
+                f"s.free_at, {self.dialect.now_sql} "
                 f"FROM {self.table} s WHERE s.{self._key} IN ({', '.join(['%s'] * len(chunk))})",
                 chunk,
             )
-            for key, slot_no, free in cursor.fetchall():
+            for key, slot_no, free, free_at, now in cursor.fetchall():
                 if slot_no < counts[key]:
-                    have, free_now = state[key]
-                    state[key] = (have + 1, free_now + free)
+                    found[key].append((slot_no, bool(free), free_at, now))
+        state: dict[str, tuple[int, int, float | None]] = {}
+        for key, slots in found.items():
+            waits = [
+                self._seconds_between(now, free_at)
+                for _, free, free_at, now in slots
+                if not free and free_at is not None
+            ]
+            free_now = sum(free for _, free, _, _ in slots)
+            state[key] = (len(slots), free_now, min(waits, default=None))
         return state
+
+    def _seconds_between(self, start: Any, end: Any) -> float:
+        """``end - start`` in seconds, both as the driver returned a DateTimeField."""
+        decode = self.dialect.decode_dt
+        first, last = decode(start), decode(end)
+        assert first is not None and last is not None
+        return (last - first).total_seconds()
 
     # -- claim (MySQL/MariaDB, SQLite) -----------------------------------------------------
 
-    def take(self, cursor: Any, chosen: Sequence[Candidate]) -> tuple[list[Candidate], dict]:
-        """Of rows this transaction is about to claim, those it may: a free slot each.
+    def take_in_order(
+        self, cursor: Any, rows: Sequence[Candidate], want: int
+    ) -> tuple[list[Candidate], dict[str, list[Any]], int]:
+        """Of ``rows`` (in claim order), those that may be claimed, their slots locked.
 
-        Returns the rows to claim and, for the limited ones, the slot (its
-        primary key) each holds. The slots are locked, skipping any another
-        session holds, and stamped by ``stamp`` once the claim is written.
+        Walked in order until ``want`` may be claimed: an unlimited row may,
+        and a limited one if its key has a free slot, locked here (skipping
+        slots another session holds; a key's slots in one statement, as many
+        as its rows still to come need). A limited row that finds none is
+        passed over and the rows behind it fill the batch in its place; it
+        stays READY. The unlimited rows after the batch is full are kept as
+        spares, for rows the compare-and-set loses. Returns those rows, each
+        key's slots locked (primary keys, in slot order), and how many limited
+        rows found no slot.
         """
-        limited: dict[str, list[Candidate]] = {}
+        lock = self.dialect.row_lock_sql if self.dialect.has_row_locks else ""
+        usable: list[Candidate] = []
+        slots: dict[str, list[Any]] = {}
+        used: dict[str, int] = {}
+        lost = 0
+        for i, c in enumerate(rows):
+            key = c.limit_key
+            if key is None:
+                usable.append(c)
+                continue
+            if len(usable) >= want:
+                continue
+            if key not in slots:
+                rest = [r for r in rows[i:] if r.limit_key == key]
+                cursor.execute(
+                    f"SELECT id FROM {self.table} s WHERE s.{self._key} = %s AND s.slot_no < %s "
+                    f"AND {self.free_sql} ORDER BY s.slot_no LIMIT %s {lock}",
+                    [key, max(r.limit_count or 0 for r in rest), min(len(rest), want)],
+                )
+                slots[key] = [slot_id for (slot_id,) in cursor.fetchall()]
+            if used.get(key, 0) < len(slots[key]):
+                used[key] = used.get(key, 0) + 1
+                usable.append(c)
+            else:
+                lost += 1
+        return usable, slots, lost
+
+    @staticmethod
+    def assign(chosen: Sequence[Candidate], slots: dict[str, list[Any]]) -> dict[Any, Any]:
+        """The slot each limited row of ``chosen`` takes: a key's n-th row, its n-th slot."""
+        given: dict[str, int] = {}
+        assigned = {}
         for c in chosen:
             if c.limit_key is not None:
-                limited.setdefault(c.limit_key, []).append(c)
-        if not limited:
-            return list(chosen), {}
-        lock = self.dialect.row_lock_sql if self.dialect.has_row_locks else ""
-        slots: dict[Any, Any] = {}
-        for key in sorted(limited):
-            rows = limited[key]
-            cursor.execute(
-                f"SELECT id FROM {self.table} s WHERE s.{self._key} = %s AND s.slot_no < %s "
-                f"AND {self.free_sql} ORDER BY s.slot_no LIMIT %s {lock}",
-                [key, max(c.limit_count or 0 for c in rows), len(rows)],
-            )
-            for c, (slot_id,) in zip(rows, cursor.fetchall(), strict=False):
-                slots[c.id] = slot_id
-        return [c for c in chosen if c.limit_key is None or c.id in slots], slots
+                n = given.get(c.limit_key, 0)
+                assigned[c.id] = slots[c.limit_key][n]
+                given[c.limit_key] = n + 1
+        return assigned
+
+    def freed_unclaimed(self, outcomes: Sequence[Outcome], result: Exchange) -> int:
+        """Concurrency slots these outcomes freed (those written) that the same
+        transaction's claim (``result.claimed``) did not take back for their keys."""
+        freed: dict[str, int] = {}
+        for o in outcomes:
+            if o.frees_slot and o.id in result.written and o.row is not None:
+                key = o.row.limit_key
+                assert key is not None
+                freed[key] = freed.get(key, 0) + 1
+        for claimed in result.claimed:
+            if claimed.limit_key in freed:
+                freed[claimed.limit_key] -= 1
+        return sum(n for n in freed.values() if n > 0)
 
     def stamp(
         self,
@@ -176,12 +239,15 @@ class LimitSQL:
         chosen: Sequence[Candidate],
         slots: dict,
         lease: float,
+        start_within: float,
     ) -> None:
         """Mark the slots of the rows just claimed: from the claim's own database time.
 
         ``free_at`` is the claim's ``last_attempted_at`` plus the lease (a
-        concurrency slot, renewed with the lease) or the period (a rate slot),
-        so the next start on the slot is a whole period after this one.
+        concurrency slot, renewed with the lease) or the period and the time
+        its worker has to start the body (a rate slot: ``start_within``,
+        ``ClaimRequest``), so the next start on the slot is a whole period
+        after this one, however late within its time this one starts.
         """
         if not slots:
             return
@@ -194,7 +260,8 @@ class LimitSQL:
                 continue
             period = by_id[row.id].limit_period or 0.0
             concurrency = period <= 0
-            free_at = row.claimed_at + dt.timedelta(seconds=lease if concurrency else period)
+            seconds = lease if concurrency else period + start_within
+            free_at = row.claimed_at + dt.timedelta(seconds=seconds)
             params.append(
                 [
                     row.id if concurrency else None,

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .outcomes import SETTLES_DEPENDANTS
 from .pg_finished import insert_moved, returning_written
+from .pg_limited import CLAIM_ORDER, QUEUES, LimitedClaim
 from .ready_arms import DEFERRED, FRESH
 from .rows import CLAIM_COLUMNS
 
@@ -113,11 +114,9 @@ FINISHING = "SELECT unnest(%(finishing)s::uuid[])"
 _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_count, limit_period"
 #: ``_COLS`` read off the table, with where the row is (``at``: the claim's
 #: UPDATE reaches a row it locked by it, as the outcomes do, see IN_MINE).
-#: The optimistic pool's unlocked reads carry it unused: ``pick`` locks the
-#: row and reads its own.
+#: The optimistic pool's unlocked reads carry it unused: ``go`` locks the
+#: row and reads its own. (The limited reads' CTEs spell the same: pg_limited.py.)
 _ROW_COLS = f"{_COLS}, ctid AS at"
-#: ``_COLS`` read off a CTE of rows read with ``_ROW_COLS``.
-_KEPT_COLS = f"{_COLS}, at"
 _NAMED = re.compile(r"%\((\w+)\)s")
 
 
@@ -129,21 +128,9 @@ class ClaimForm(enum.IntEnum):
     WALK = 2
 
 
-#: The claim's queues, one row each, for the reads made per queue (LATERAL).
-_QUEUES = "unnest(%(queues)s::text[]) AS q(name)"
-
-
 def _per_queue(sql: str) -> str:
     """``sql`` (reading ``q.name``'s rows) for each of the claim's queues."""
-    return f"SELECT r.* FROM {_QUEUES} CROSS JOIN LATERAL ({sql}) AS r"
-
-
-def _missing(keys: list[str]) -> str:
-    """The keys of these slot counts that have fewer slots than their limit."""
-    return (
-        "SELECT DISTINCT limit_key, n, period FROM "
-        f"({' UNION ALL '.join(keys)}) AS k WHERE have < n"
-    )
+    return f"SELECT r.* FROM {QUEUES} CROSS JOIN LATERAL ({sql}) AS r"
 
 
 def compile_named(sql: str) -> tuple[str, tuple[str, ...]]:
@@ -166,8 +153,15 @@ class RoundSQL:
     def __init__(self, dialect: Dialect) -> None:
         self.d = dialect
         self.t = dialect.table
-        self.s = dialect.limits.table
         self.now = dialect.now_sql
+        self.limited = LimitedClaim(
+            dialect.table,
+            dialect.limits.table,
+            dialect.now_sql,
+            dialect.limits.free,
+            _COLS,
+            FINISHING,
+        )
 
     # -- outcomes ------------------------------------------------------------------------
 
@@ -225,32 +219,36 @@ class RoundSQL:
             else:
                 sets = ", ".join(f"{column} = {value}" for column, value in assignments)
                 ctes.append(
-                    f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {rows} WHERE {fence} RETURNING t.id)"
+                    f"d{i} AS (UPDATE {t} AS t SET {sets} FROM {rows} WHERE {fence} "
+                    "RETURNING t.id, t.queue_name)"
                 )
             done.append(f"d{i}")
         if kinds:
             ctes.append(self.busy_cte())
         if frees:
-            # The concurrency slots of the claims these outcomes ended, once
-            # written: till then the task is RUNNING, and counts (db/limits.py).
-            written = " UNION ALL ".join(f"SELECT id FROM {d}" for d in done)
-            ctes.append(
-                f"freed AS (UPDATE {self.s} AS s SET free_at = NULL, "
-                "holder_id = NULL, holder_version = NULL "
-                "FROM unnest(%(ended_ids)s::uuid[], %(ended_versions)s::bigint[]) "
-                f"AS f(id, version) WHERE f.id IN ({written}) "
-                "AND s.holder_id = f.id AND s.holder_version = f.version)"
-            )
+            # The limited claims these outcomes ended, once written: till
+            # then the task is RUNNING, and its slot counts (db/limits.py).
+            ctes.append(self.limited.ended(done))
+        freeing = self.limited.freed(handed_over=claim and form != ClaimForm.LEAN)
+        told = "SELECT 'f', NULL, (SELECT COALESCE(sum(n), 0) FROM told)::bigint"
         if not claim:
             if not done:
                 return "SELECT 'p', NULL, 0 WHERE false"
-            selects = " UNION ALL ".join(
-                [*(f"SELECT 'd', id, 0 FROM {d}" for d in done), "SELECT 'b', id, 0 FROM busy"]
-            )
-            return f"WITH {', '.join(ctes)} {selects}"
+            selects = [
+                *(f"SELECT 'd', id, 0 FROM {d}" for d in done),
+                "SELECT 'b', id, 0 FROM busy",
+            ]
+            if frees:
+                ctes += freeing
+                selects.append(told)
+            return f"WITH {', '.join(ctes)} {' UNION ALL '.join(selects)}"
         mode = mode or ClaimMode.OPTIMISTIC
-        claim_ctes, seen, flags, missing = self.claim_ctes(mode, form)
+        claim_ctes, seen, flags, details, missing = self.claim_ctes(mode, form, frees)
         ctes += claim_ctes
+        if frees:
+            # After ``go``: a slot it took back is not freed (one statement
+            # never writes a row twice).
+            ctes += freeing
         returning = ", ".join(f"t.{c}" for c in CLAIM_COLUMNS)
         ctes.append(
             f"claimed AS (UPDATE {t} AS t SET "
@@ -269,13 +267,16 @@ class RoundSQL:
             *([f"SELECT 'b', id, {blanks} FROM busy"] if kinds else []),
         ]
         # How many runnable rows the claim saw (more than it won: others won
-        # or hold the rest), and what it found of limited rows (``flags``).
-        rest = ", ".join(["NULL"] * (width - 2))
-        parts.append(f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {rest}")
+        # or hold the rest), what it found of limited rows (``flags``), and
+        # how long until a key that held rows back frees a slot (``details``).
+        rest = ", ".join(["NULL"] * (width - 3))
+        parts.append(f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {details}, {rest}")
+        if frees:
+            # How many slots it freed that READY rows wait for (each told, pg_limited.py).
+            parts.append(f"{told}, {', '.join(['NULL'] * (width - 1))}")
         if missing:
             # Keys whose slots are missing (a new key, a raised limit): the
             # worker makes them after the round (db/limits.py, make_slots).
-            rest = ", ".join(["NULL"] * (width - 3))
             parts.append(
                 "SELECT 'm', NULL, NULL, NULL, jsonb_build_array(limit_key, n, period), "
                 f"{rest} FROM ({missing}) AS m"
@@ -285,11 +286,17 @@ class RoundSQL:
 
     # -- the claim -----------------------------------------------------------------------
 
-    def claim_ctes(self, mode: ClaimMode, form: ClaimForm) -> tuple[list[str], str, str, str]:
-        """The CTEs ending in ``go`` (the rows to claim), and three SQL expressions:
+    def claim_ctes(
+        self, mode: ClaimMode, form: ClaimForm, frees: bool
+    ) -> tuple[list[str], str, str, str, str]:
+        """The CTEs ending in ``go`` (the rows to claim), and four SQL expressions:
         how many runnable rows were seen, the flags (``limited`` rows are
-        there, a window asks for the ``walk``), and a query of the keys
-        missing slots ('' in the lean form).
+        there, a window asks for the ``walk``, full keys ``held`` rows back),
+        the details (jsonb: ``wait``, the seconds until a slot of those keys
+        comes free by time; ``lost``, limited rows whose slot others took),
+        and a query of the keys missing slots ('' in the lean form).
+        ``frees``: the round ends limited claims, whose slots its claim may
+        take back (pg_limited.py).
 
         Every read is one per queue, a LATERAL over the queues' array: the
         statement (and its planning) is the same for one queue or ten.
@@ -307,7 +314,7 @@ class RoundSQL:
             # semi-join could be planned as a hash of every limited READY row
             # (the prepared round's generic plan was).
             "lim AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM "
-            f"{_QUEUES} CROSS JOIN LATERAL (SELECT 1 FROM {t} WHERE status = '{READY}' "
+            f"{QUEUES} CROSS JOIN LATERAL (SELECT 1 FROM {t} WHERE status = '{READY}' "
             "AND queue_name = q.name AND limit_key IS NOT NULL LIMIT 1) AS x) AS limited)"
         ]
         # Lean: nothing is read when limited rows are there (the next form runs).
@@ -330,13 +337,15 @@ class RoundSQL:
             _per_queue(self.fresh_rows(part, lock, gate)),
             _per_queue(self.deferred_by_priority(part, lock, gate)),
         ]
-        missing = ""
-        walk = "false"
+        missing, walk, held, details = "", "false", "false", "NULL::jsonb"
         if not lean:
-            limited_ctes, limited_reads, missing = self.limited_reads(part, lock, form)
+            limited_ctes, limited_reads, missing, held, wait = self.limited.reads(
+                part, lock, form == ClaimForm.WALK, frees
+            )
             ctes += limited_ctes
             reads += limited_reads
             walk = "EXISTS (SELECT 1 FROM nb WHERE walk)"
+            details = f"jsonb_build_object('wait', {wait}, 'lost', {self.limited.lost()})"
         rows = "ce" if skip_locked else "pool"
         # The lean form does not claim an expired lease of a limited task (it
         # takes a slot), the window form does not claim while a window is
@@ -347,41 +356,51 @@ class RoundSQL:
             hold = walk
         else:
             hold = "false"
-        pick = "go" if lean else "pick"
         if skip_locked:
             # Lock while reading: each read skips what others hold, and the
             # rows read but not picked are let go when the statement ends.
             ctes += [f"c{i} AS ({sql})" for i, sql in enumerate(reads)]
             ctes.append("ce AS (SELECT * FROM c0)")
             union = " UNION ALL ".join(f"SELECT * FROM c{i}" for i in range(len(reads)))
+            if not lean:
+                # The limited rows take their slots before the batch is cut.
+                ctes.append(f"offer AS MATERIALIZED ({union})")
+                ctes += self.limited.slot_step(part, hold, frees)
+                union = "SELECT * FROM ok"
             ctes.append(
-                f"{pick} AS (SELECT * FROM ({union}) u WHERE NOT ({hold}) "
-                "ORDER BY reclaim, priority DESC, run_after LIMIT %(want)s)"
+                f"go AS (SELECT * FROM ({union}) u WHERE NOT ({hold}) "
+                f"ORDER BY {CLAIM_ORDER} LIMIT %(want)s)"
             )
         else:
             # Optimistic: read without locks, then take the rows still unchanged
             # (the version compare-and-set), skipping any that someone holds locked.
             union = " UNION ALL ".join(f"({sql})" for sql in reads)
+            if not lean:
+                # The limited rows take their slots before the batch is cut.
+                ctes.append(f"offer AS MATERIALIZED (SELECT * FROM ({union}) u)")
+                ctes += self.limited.slot_step(part, hold, frees)
+                union = "SELECT * FROM ok"
             ctes.append(
                 f"pool AS MATERIALIZED (SELECT * FROM ({union}) u "
-                "ORDER BY reclaim, priority DESC, run_after LIMIT %(pool)s)"
+                f"ORDER BY {CLAIM_ORDER} LIMIT %(pool)s)"
             )
             # The pool's rows in claim order, each looked up and locked in
             # turn until the batch is full: more than the batch are read,
             # only about a batch's rows are looked up again (a join sorted
             # after it looked up and joined every row of the pool).
+            slot = "" if lean else ", p.slot_id"
             ctes.append(
-                f"{pick} AS (SELECT t.id, t.version, t.status, t.worker_id, "
+                "go AS (SELECT t.id, t.version, t.status, t.worker_id, "
                 "t.last_attempted_at, t.limit_key, t.limit_count, t.limit_period, t.at, "
-                f"p.reclaim, p.priority, p.run_after FROM (SELECT * FROM pool WHERE id NOT IN "
-                f"({FINISHING}) ORDER BY reclaim, priority DESC, run_after) AS p "
+                f"p.reclaim, p.priority, p.run_after{slot} FROM (SELECT * FROM pool "
+                f"WHERE id NOT IN ({FINISHING}) ORDER BY {CLAIM_ORDER}) AS p "
                 f"CROSS JOIN LATERAL (SELECT {_ROW_COLS} FROM {t} "
                 f"WHERE id = p.id AND version = p.version AND {self.d.claimable('')} "
                 "FOR UPDATE SKIP LOCKED) AS t "
                 f"WHERE NOT ({hold}) LIMIT %(want)s)"
             )
         if not lean:
-            ctes += self.slot_ctes()
+            ctes.append(self.limited.taken())
         limited = (
             f"(SELECT limited FROM lim) OR EXISTS (SELECT 1 FROM {rows} "
             "WHERE limit_key IS NOT NULL)"
@@ -392,15 +411,15 @@ class RoundSQL:
             # for as long as one of them is limited, whether its key is full
             # or not.
             limited += (
-                f" OR EXISTS (SELECT 1 FROM {_QUEUES} CROSS JOIN LATERAL (SELECT limit_key "
+                f" OR EXISTS (SELECT 1 FROM {QUEUES} CROSS JOIN LATERAL (SELECT limit_key "
                 f"FROM {t} WHERE {expired} ORDER BY lease_expires_at LIMIT {part}) AS x "
                 "WHERE x.limit_key IS NOT NULL)"
             )
         flags = (
             f"concat_ws(',', CASE WHEN {limited} THEN 'limited' END, "
-            f"CASE WHEN {walk} THEN 'walk' END)"
+            f"CASE WHEN {walk} THEN 'walk' END, CASE WHEN {held} THEN 'held' END)"
         )
-        return ctes, f"SELECT count(*) FROM {rows}", flags, missing
+        return ctes, f"SELECT count(*) FROM {rows}", flags, details, missing
 
     def fresh_rows(self, part: str, lock: str, gate: str) -> str:
         """The queue's (``q.name``) first ``part`` fresh READY rows, in claim order.
@@ -438,104 +457,3 @@ class RoundSQL:
             f"ORDER BY run_after LIMIT {part}{lock}) AS d "
             f"ORDER BY d.priority DESC, d.run_after LIMIT {part}"
         )
-
-    def _slot_counts(self, key: str, count: str) -> str:
-        """A key's slots below ``count``: how many there are, and how many are free now."""
-        return (
-            f"SELECT count(*) AS have, count(*) FILTER (WHERE {self.d.limits.free('s')}) "
-            f'AS free FROM {self.s} AS s WHERE s."key" = {key} AND s.slot_no < {count}'
-        )
-
-    def limited_reads(
-        self, part: str, lock: str, form: ClaimForm
-    ) -> tuple[list[str], list[str], str]:
-        """The CTEs and reads of READY rows with a limit, and the query of missing slots."""
-        t, now = self.t, self.now
-        ready = f"status = '{READY}' AND queue_name = {{queue}} AND limit_key IS NOT NULL"
-        head = "limit_key, limit_count, limit_period FROM " + t
-        ctes = [
-            # Each queue's window: its first rows with a limit, in claim order.
-            "la AS MATERIALIZED (SELECT q.name AS queue, r.* FROM "
-            f"{_QUEUES} CROSS JOIN LATERAL (SELECT {_ROW_COLS}, priority, run_after FROM {t} "
-            f"WHERE {ready.format(queue='q.name')} AND run_after <= {now} "
-            f"ORDER BY priority DESC, run_after LIMIT {part}{lock}) AS r)",
-            "ka AS MATERIALIZED (SELECT k.limit_key, k.n, k.period, c.have, c.free FROM "
-            "(SELECT limit_key, max(limit_count) AS n, max(limit_period) AS period "
-            "FROM la GROUP BY limit_key) AS k "
-            f"CROSS JOIN LATERAL ({self._slot_counts('k.limit_key', 'k.n')}) AS c)",
-            # A key's rows in a window, as many as it has free slots.
-            "lr AS (SELECT a.* FROM (SELECT la.*, row_number() OVER (PARTITION BY "
-            "la.queue, la.limit_key ORDER BY la.priority DESC, la.run_after) AS rn "
-            "FROM la) AS a JOIN ka ON ka.limit_key = a.limit_key WHERE a.rn <= ka.free)",
-            # A window was full, yet gave fewer rows than wanted: keys whose
-            # slots are all taken fill it. Then its queue's keys are walked.
-            "nb AS MATERIALIZED (SELECT q.name AS queue, "
-            f"(SELECT count(*) FROM la WHERE la.queue = q.name) >= {part} AND "
-            f"(SELECT count(*) FROM lr WHERE lr.queue = q.name) < {part} AS walk "
-            f"FROM {_QUEUES})",
-        ]
-        window = f"SELECT {_KEPT_COLS}, 1 AS reclaim, priority, run_after FROM lr"
-        keys = ["SELECT limit_key, n, period, have FROM ka"]
-        if form != ClaimForm.WALK:
-            return ctes, [window], _missing(keys)
-        ctes += [
-            # A loose index scan of each walked queue: each key's first row,
-            # one index descent a key, however many rows it holds.
-            f"kk AS ((SELECT nb.queue, f.* FROM nb CROSS JOIN LATERAL (SELECT {head} "
-            f"WHERE {ready.format(queue='nb.queue')} "
-            "ORDER BY limit_key, priority DESC, run_after LIMIT 1) AS f WHERE nb.walk) "
-            f"UNION ALL SELECT k.queue, n.* FROM kk AS k CROSS JOIN LATERAL (SELECT {head} "
-            f"WHERE {ready.format(queue='k.queue')} AND limit_key > k.limit_key "
-            "ORDER BY limit_key, priority DESC, run_after LIMIT 1) AS n)",
-            "kb AS MATERIALIZED (SELECT k.queue, k.limit_key, k.limit_count AS n, "
-            "k.limit_period AS period, c.have, c.free FROM kk AS k CROSS JOIN LATERAL "
-            f"({self._slot_counts('k.limit_key', 'k.limit_count')}) AS c)",
-            "rb AS (SELECT r.* FROM kb AS k CROSS JOIN LATERAL "
-            f"(SELECT {_ROW_COLS}, priority, run_after FROM {t} "
-            f"WHERE {ready.format(queue='k.queue')} AND limit_key = k.limit_key "
-            f"AND run_after <= {now} ORDER BY priority DESC, run_after "
-            f"LIMIT LEAST(k.free, {part}){lock}) AS r WHERE k.free > 0)",
-        ]
-        # Walked: a queue's key reads replace its window's rows (they hold them).
-        reads = [
-            f"{window} WHERE lr.queue IN (SELECT queue FROM nb WHERE NOT walk)",
-            f"SELECT {_KEPT_COLS}, 1 AS reclaim, priority, run_after FROM rb",
-        ]
-        keys.append("SELECT limit_key, n, period, have FROM kb")
-        return ctes, reads, _missing(keys)
-
-    def slot_ctes(self) -> list[str]:
-        """``go``: the rows of ``pick`` to claim, each limited one with a free slot it took.
-
-        The key's free slots are locked, skipping any another session holds;
-        PostgreSQL re-checks a locked row's ``free_at`` at its newest version,
-        so a slot is never taken twice. ``pick``'s rows of a key beyond its
-        free slots are not claimed: they stay READY, untouched. A lapsed slot
-        of a claim the same statement finishes is left to the next round.
-        """
-        s, key, now = self.s, '"key"', self.now
-        return [
-            "lk AS (SELECT limit_key, max(limit_count) AS n FROM pick "
-            "WHERE limit_key IS NOT NULL GROUP BY limit_key)",
-            f"sf AS MATERIALIZED (SELECT s.id, s.{key}, s.slot_no FROM {s} AS s "
-            f"JOIN lk ON s.{key} = lk.limit_key AND s.slot_no < lk.n "
-            f"WHERE {self.d.limits.free('s')} "
-            # Not a slot of a claim this statement finishes, lapsed: ``freed``
-            # writes that row, and one statement must not write a row twice.
-            "AND (s.holder_id IS NULL OR s.holder_id <> ALL(%(finishing)s::uuid[])) "
-            "FOR UPDATE OF s SKIP LOCKED)",
-            "go AS MATERIALIZED (SELECT p.*, sn.id AS slot_id FROM (SELECT pick.*, "
-            "row_number() OVER (PARTITION BY limit_key "
-            "ORDER BY reclaim, priority DESC, run_after) AS rn FROM pick) AS p "
-            f"LEFT JOIN (SELECT id, {key}, row_number() OVER (PARTITION BY {key} "
-            f"ORDER BY slot_no) AS rn FROM sf) AS sn ON sn.{key} = p.limit_key AND sn.rn = p.rn "
-            "WHERE p.limit_key IS NULL OR sn.id IS NOT NULL)",
-            # A concurrency slot is held by the claim until its outcome (or its
-            # lease lapses); a rate slot is free a period after this start.
-            f"taken AS (UPDATE {s} AS s SET "
-            "holder_id = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.id END, "
-            "holder_version = CASE WHEN go.limit_period > 0 THEN NULL ELSE go.version + 1 END, "
-            f"last_started_at = {now}, free_at = {now} + CASE WHEN go.limit_period > 0 "
-            "THEN go.limit_period ELSE %(lease)s END * INTERVAL '1 second' "
-            "FROM go WHERE s.id = go.slot_id)",
-        ]

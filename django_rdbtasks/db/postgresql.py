@@ -31,6 +31,7 @@ from .base import (
 from .pg_cursor import worker_cursor
 from .pg_finished import insert_moved, moved_columns, returning_written
 from .pg_inserts import NOTIFY_CHANNEL, PostgreSQLInserts
+from .pg_limited import SLOT_CHANNEL
 from .pg_round import (
     IN_MINE,
     LOCK,
@@ -49,6 +50,9 @@ _PREVIOUS = 1 + len(CLAIM_COLUMNS)
 #: How long the optimistic claims of a set of queues read with SKIP LOCKED after
 #: one came back short through lost races (``PostgreSQLDialect.exchange``).
 LOCKED_READS_SECONDS = 5.0
+#: How long the claims of a set of queues keep the walk form after a round
+#: last needed it (``PostgreSQLDialect.form_needed``).
+WALK_KEPT_SECONDS = 5.0
 
 
 #: What an array literal of ids and versions is made of: nothing to quote.
@@ -142,6 +146,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         #: Per set of queues: the form of claim the last round found they
         #: need (pg_round.py), which the next round starts with.
         self.claim_forms: dict[tuple[str, ...], ClaimForm] = {}
+        #: Per set of queues: when (``time.monotonic``) a round last needed the walk.
+        self.walked_at: dict[tuple[str, ...], float] = {}
         #: Per set of queues: until when (``time.monotonic``) optimistic
         #: claims read with SKIP LOCKED, since one lost races.
         self.locked_reads_until: dict[tuple[str, ...], float] = {}
@@ -171,6 +177,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
 
     def forget_learnt(self) -> None:
         self.claim_forms.clear()
+        self.walked_at.clear()
         self.locked_reads_until.clear()
         # Asked again, and the rounds that move rows made again with the columns then.
         self.moves_finished = None
@@ -246,28 +253,44 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         queues = tuple(request.queues) if request is not None else ()
         form = self.claim_forms.get(queues, ClaimForm.LEAN) if claim else ClaimForm.LEAN
         mode = self.read_mode(request, queues)
-        result = self._round(cursor, outcomes, worker_id, request, form, mode)
+        result, raced = self._round(cursor, outcomes, worker_id, request, form, mode)
         if not claim:
             return result
         assert request is not None
-        self.note_contention(request, queues, mode, result)
+        self.note_contention(request, queues, mode, result, raced)
         while True:
-            needed = (
-                ClaimForm.WALK
-                if result.walk
-                else ClaimForm.WINDOW
-                if result.limited
-                else ClaimForm.LEAN
-            )
+            needed = self.form_needed(queues, result)
             self.claim_forms[queues] = needed
             if needed <= form:
                 return result
             form = needed
-            rest = self._round(cursor, [], worker_id, request, form, mode)
-            self.note_contention(request, queues, mode, rest)
+            rest, raced = self._round(cursor, [], worker_id, request, form, mode)
+            result.statements += 1
+            self.note_contention(request, queues, mode, rest, raced)
             result.claimed, result.contended = rest.claimed, rest.contended
             result.missing = sorted({*result.missing, *rest.missing})
             result.limited, result.walk = rest.limited, rest.walk
+            result.held, result.wait = rest.held, rest.wait
+
+    def form_needed(self, queues: tuple[str, ...], result: Exchange) -> ClaimForm:
+        """The form the next claim of ``queues`` starts with, after ``result``.
+
+        The walk form is kept for ``WALK_KEPT_SECONDS`` after a round last
+        needed it: it claims what the window form would (a queue whose window
+        is not filled reads its window), for a little more planning, while a
+        round of the window form that finds a window filled is a statement
+        spent. Full keys' backlogs come and go with each slot taken and freed,
+        and the threads of a process share the form.
+        """
+        now = time.monotonic()
+        if result.walk:
+            self.walked_at[queues] = now
+            return ClaimForm.WALK
+        if not result.limited:
+            return ClaimForm.LEAN
+        if now - self.walked_at.get(queues, -WALK_KEPT_SECONDS) < WALK_KEPT_SECONDS:
+            return ClaimForm.WALK
+        return ClaimForm.WINDOW
 
     def read_mode(self, request: ClaimRequest | None, queues: tuple[str, ...]) -> ClaimMode | None:
         """How this claim reads its candidates (see ``exchange``)."""
@@ -286,10 +309,15 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         queues: tuple[str, ...],
         mode: ClaimMode | None,
         result: Exchange,
+        raced: bool,
     ) -> None:
-        """An optimistic claim that lost races: read with SKIP LOCKED for a while."""
+        """An optimistic claim that lost races for rows: read with SKIP LOCKED for a while.
+
+        (A limited row whose slot another claimer took is not such a race: the
+        locked read would not have found it a slot either.)
+        """
         # Only a read made optimistically can tell (read_mode): a locked read never loses.
-        if mode == ClaimMode.OPTIMISTIC and result.contended and len(result.claimed) < request.want:
+        if mode == ClaimMode.OPTIMISTIC and raced and len(result.claimed) < request.want:
             self.locked_reads_until[queues] = time.monotonic() + LOCKED_READS_SECONDS
 
     def _round(
@@ -300,7 +328,8 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         request: ClaimRequest | None,
         form: ClaimForm,
         mode: ClaimMode | None,
-    ) -> Exchange:
+    ) -> tuple[Exchange, bool]:
+        """One statement; and whether its claim lost races for rows (not for slots)."""
         by_kind: dict[OutcomeKind, list[Outcome]] = {}
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
@@ -318,8 +347,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             moving = self.moved_columns if moves else None
             statement = self.round.statement(kinds, frees, claim, mode, form, moving)
             compiled = self._exchange_sql[key] = compile_named(statement)
-            if form == ClaimForm.LEAN and not frees:
-                self.preparable_rounds.add(compiled[0])
+            self.preparable_rounds.add(compiled[0])
         sql, names = compiled
         values: dict[str, Any] = {
             "ids": [o.id for o in ordered],
@@ -338,11 +366,12 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
                 finishing=[o.id for o in outcomes],
                 claimer=request.worker_id,
                 lease=request.lease,
+                start_within=request.start_within,
             )
             values["queues"] = list(request.queues)
         cursor.execute(sql, [_parameter(values[name]) for name in names])
         result = Exchange()
-        seen = 0
+        seen = lost = 0
         for row in cursor.fetchall():
             marker = row[0]
             if marker == "c":
@@ -360,12 +389,22 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             elif marker == "m":
                 limit_key, count, period = self.decode_json(row[4])
                 result.missing.append((limit_key, int(count), float(period or 0)))
+            elif marker == "f":
+                result.freed = int(row[2])
             else:
                 seen = row[2]
                 flags = set((row[3] or "").split(","))
                 result.limited, result.walk = "limited" in flags, "walk" in flags
-        result.contended = claim and seen > len(result.claimed)
-        return result
+                result.held = "held" in flags
+                details = self.decode_json(row[4]) or {}
+                if details.get("wait") is not None:
+                    result.wait = max(0.0, float(details["wait"]))
+                lost = int(details.get("lost") or 0)
+        # Runnable rows others won or hold (a lost race), or limited rows whose
+        # slot another claimer took meanwhile: worth looking again soon.
+        raced = claim and seen > len(result.claimed)
+        result.contended = raced or (claim and lost > 0)
+        return result, raced
 
     def finish(
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
@@ -396,7 +435,12 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
                 )
             cursor.execute(sql, [_outcome_rows(group), worker_id])
             written.update((row[0], row[1]) for row in cursor.fetchall())
-        self.limits.release(cursor, [o for o in outcomes if o.id in written])
+        ended = [o for o in outcomes if o.id in written]
+        self.limits.release(cursor, ended)
+        # Tell the workers waiting for a slot of these tasks' queues (pg_limited.py),
+        # as the round does; sent at commit.
+        for queue in sorted({o.row.queue_name for o in ended if o.frees_slot and o.row}):
+            cursor.execute("SELECT pg_notify(%s, %s)", [SLOT_CHANNEL, queue])
         return written
 
     def claim_chosen(

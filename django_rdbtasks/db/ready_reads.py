@@ -27,12 +27,12 @@ then priority and ``run_after``, limited or not.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..states import TaskStatus
 from . import ready_arms
-from .rows import CANDIDATE_COLUMNS, Candidate
+from .rows import CANDIDATE_COLUMNS, Candidate, Exchange
 
 if TYPE_CHECKING:
     from .base import Dialect
@@ -47,6 +47,22 @@ EXPIRED, FRESH, DEFERRED, WINDOW = "expired", "fresh", "deferred", "window"
 class _Row:
     candidate: Candidate
     order: tuple
+
+
+@dataclass(slots=True)
+class Held:
+    """What a read found of limits: keys missing slots, keys that held rows back."""
+
+    missing: list[tuple[str, int, float]] = field(default_factory=list)
+    #: Keys with no free slot for rows of theirs the read found.
+    keys: set[str] = field(default_factory=set)
+    #: Seconds until the first slot of those keys comes free by time (None: none will).
+    wait: float | None = None
+
+    def add(self, key: str, wait: float | None) -> None:
+        self.keys.add(key)
+        if wait is not None and (self.wait is None or wait < self.wait):
+            self.wait = max(0.0, wait)
 
 
 class ReadyReads:
@@ -118,14 +134,16 @@ class ReadyReads:
         limit: int,
         *,
         lock: str = "",
-        missing: list[tuple[str, int, float]] | None = None,
+        report: Exchange | None = None,
     ) -> list[Candidate]:
         """Up to ``limit`` runnable rows of ``queues``, in claim order.
 
         ``lock``: a locking clause (``FOR UPDATE SKIP LOCKED``) each read
         takes its rows with; rows read and not returned stay locked until the
-        caller's transaction ends. ``missing``: keys whose slots are missing
-        are added to it, as ``(key, count, period)``.
+        caller's transaction ends. ``report``: keys whose slots are missing
+        are added to its ``missing``, as ``(key, count, period)``; whether
+        keys with no free slot held rows back, and how long until the first of
+        their slots comes free by time, to its ``held`` and ``wait``.
         """
         parts = self.parts(queues)
         read: list[list[_Row]] = [[] for _ in parts]
@@ -149,10 +167,11 @@ class ReadyReads:
                 windows[i] = read[n]
             else:
                 found += read[n]
-        offered, walk = self._offer(cursor, windows, limit, missing)
+        held = Held()
+        offered, walk = self._offer(cursor, windows, limit, held)
         for i in windows:
             if i in walk:
-                found += self._walk(cursor, queues[i], limit, lock, missing)
+                found += self._walk(cursor, queues[i], limit, lock, held)
                 if not self.split:
                     where = f"status = '{READY}' AND queue_name = %s AND limit_key IS NULL "
                     where += f"AND run_after <= {self.d.now_sql}"
@@ -160,6 +179,9 @@ class ReadyReads:
                     found += self._run(cursor, sql, [queues[i], limit], lock)
             else:
                 found += offered[i]
+        if report is not None:
+            report.missing += held.missing
+            report.held, report.wait = bool(held.keys), held.wait
         seen: set[Any] = set()
         rows = []
         for row in sorted(found, key=lambda r: r.order):
@@ -173,7 +195,7 @@ class ReadyReads:
         cursor: Any,
         windows: dict[int, list[_Row]],
         limit: int,
-        missing: list[tuple[str, int, float]] | None,
+        held: Held,
     ) -> tuple[dict[int, list[_Row]], set[int]]:
         """The window rows each queue may claim, and the queues whose keys must be walked.
 
@@ -190,8 +212,8 @@ class ReadyReads:
                     counts[c.limit_key] = max(counts.get(c.limit_key, 0), c.limit_count or 0)
                     periods[c.limit_key] = c.limit_period or 0.0
         state = self.d.limits.slot_state(cursor, counts) if counts else {}
-        self._report(state, counts, periods, missing)
-        left = {key: free for key, (_, free) in state.items()}
+        self._report(state, counts, periods, held)
+        left = {key: free for key, (_, free, _) in state.items()}
         offered: dict[int, list[_Row]] = {}
         walk: set[int] = set()
         for i, rows in windows.items():
@@ -202,22 +224,22 @@ class ReadyReads:
                     offered[i].append(r)
                     if key is not None:
                         left[key] -= 1
+                else:
+                    held.add(key, state[key][2])
             if len(rows) >= limit and len(offered[i]) < limit:
                 walk.add(i)
         return offered, walk
 
     @staticmethod
     def _report(
-        state: dict[str, tuple[int, int]],
+        state: dict[str, tuple[int, int, float | None]],
         counts: dict[str, int],
         periods: dict[str, float],
-        missing: list[tuple[str, int, float]] | None,
+        held: Held,
     ) -> None:
-        if missing is None:
-            return
-        for key, (have, _) in state.items():
+        for key, (have, _, _) in state.items():
             if have < counts[key]:
-                missing.append((key, counts[key], periods[key]))
+                held.missing.append((key, counts[key], periods[key]))
 
     def _walk(
         self,
@@ -225,7 +247,7 @@ class ReadyReads:
         queue: str,
         limit: int,
         lock: str,
-        missing: list[tuple[str, int, float]] | None,
+        held: Held,
     ) -> list[_Row]:
         """Each key of the queue with READY rows, read for as many as it has free slots."""
         heads: dict[str, tuple[int, float]] = {}
@@ -248,8 +270,13 @@ class ReadyReads:
             row = cursor.fetchone()
         counts = {key: count for key, (count, _) in heads.items()}
         state = self.d.limits.slot_state(cursor, counts) if counts else {}
-        self._report(state, counts, {k: p for k, (_, p) in heads.items()}, missing)
-        wanted = [(key, min(free, limit)) for key, (_, free) in sorted(state.items()) if free > 0]
+        self._report(state, counts, {k: p for k, (_, p) in heads.items()}, held)
+        for key, (_, free, wait) in state.items():
+            if free == 0:
+                held.add(key, wait)
+        wanted = [
+            (key, min(free, limit)) for key, (_, free, _) in sorted(state.items()) if free > 0
+        ]
         where = f"{ready} = %s AND run_after <= {self.d.now_sql}"
         sql = self._select(where, "priority DESC, run_after", 1)
         found: list[_Row] = []

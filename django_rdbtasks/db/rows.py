@@ -35,6 +35,7 @@ CLAIM_COLUMNS = (
     "requested_run_after",
     "trace_context",
     "limit_key",
+    "limit_period",
 )
 #: What a claim needs to know of a row before it takes it.
 CANDIDATE_COLUMNS = (
@@ -92,11 +93,16 @@ class ClaimedRow:
     trace_context: dict[str, str] | None = None
     #: The limit key whose slot the claim holds (None: unlimited, no slot to free).
     limit_key: str | None = None
+    #: The limit's period: above 0, a rate limit, whose body must start in time.
+    limit_period: float | None = None
     #: Set when the claim took over a RUNNING row whose lease had expired.
     lost_from: Candidate | None = None
     #: This claim took the row over from a lost holder (still true once the
     #: lost attempt is recorded and ``lost_from`` cleared).
     taken_over: bool = False
+    #: A rate-limited claim: by when (``time.monotonic``) its body must start,
+    #: or be given back unstarted (``ClaimRequest.start_within``). None: no deadline.
+    start_by: float | None = None
 
 
 @dataclass(slots=True)
@@ -127,6 +133,18 @@ class Outcome:
         return self.row is None or self.row.limit_key is not None
 
     @property
+    def frees_slot(self) -> bool:
+        """Whether writing this outcome frees a concurrency slot (a rate slot frees
+        itself a period after its start; a NOTE keeps its claim)."""
+        row = self.row
+        return (
+            self.kind != OutcomeKind.NOTE
+            and row is not None
+            and row.limit_key is not None
+            and not row.limit_period
+        )
+
+    @property
     def job_name(self) -> str:
         """The Job whose record follows this task ('' for none)."""
         return self.row.job_name if self.row is not None else ""
@@ -146,6 +164,11 @@ class Outcome:
         return cls(row.id, row.version, OutcomeKind.RELEASE, row=row)
 
 
+#: The least time, in seconds, a worker gives itself to start the body of a
+#: rate-limited task it claims (``ClaimRequest.start_within``).
+RATE_START_WITHIN = 0.1
+
+
 @dataclass(slots=True, frozen=True)
 class ClaimRequest:
     """Up to ``want`` runnable rows of ``queues``, leased for ``lease`` seconds."""
@@ -155,6 +178,12 @@ class ClaimRequest:
     worker_id: str
     lease: float
     mode: ClaimMode = ClaimMode.OPTIMISTIC
+    #: Seconds after the claim within which the worker starts a rate-limited
+    #: row's body, or gives it back unstarted. Its rate slot comes free a
+    #: period *and this* after the claim, so two bodies started on one slot
+    #: start a period apart at least, however late within it each started:
+    #: the limit holds on the starts, not only on the claims (docs/limits.md).
+    start_within: float = RATE_START_WITHIN
 
 
 @dataclass(slots=True)
@@ -180,6 +209,18 @@ class Exchange:
     #: are in its queues; a full key's backlog fills a queue's window of them.
     limited: bool = False
     walk: bool = False
+    #: Runnable rows were left READY because their keys had no free slot: the
+    #: worker waits for a slot to come free (a wake-up, or ``wait``), not a poll.
+    held: bool = False
+    #: Seconds (database clock) until a slot of those keys comes free by time:
+    #: a rate window's end, a lapsing lease. None: none will on its own.
+    wait: float | None = None
+    #: Statements the claim ran (PostgreSQL: a form that did not suffice, then the next).
+    statements: int = 1
+    #: Concurrency slots the round's outcomes freed and its claim did not take
+    #: back, for READY rows of their keys: the worker wakes as many waiting
+    #: claimers (PostgreSQL also tells other processes: pg_limited.py).
+    freed: int = 0
 
 
 #: Columns an enqueue writes; the rest keep their database default (NULL).
@@ -364,6 +405,7 @@ class RowDecoding:
             requested_run_after,
             trace_context,
             limit_key,
+            limit_period,
         ) = row
         decode_json, decode_dt, empty = self.decode_json, self.decode_dt, _EMPTY_JSON.get
         aware = _aware
@@ -388,6 +430,7 @@ class RowDecoding:
             None if requested_run_after is None else decode_dt(requested_run_after),
             None if trace_context is None else decode_json(trace_context),
             limit_key,
+            limit_period,
         )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..states import ClaimMode
-from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect
+from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect, Exchange
 
 
 class SQLiteDialect(Dialect):
@@ -58,7 +58,7 @@ class SQLiteDialect(Dialect):
         cursor: Any,
         queues: Sequence[str],
         limit: int,
-        missing: list[tuple[str, int, float]] | None = None,
+        found: Exchange | None = None,
     ) -> list[Candidate]:
         raise NotImplementedError("SQLite has no SELECT ... FOR UPDATE SKIP LOCKED.")
 

@@ -10,14 +10,18 @@ from typing import Any
 from django.db import connections
 
 from ..db import dialect_for
+from ..db.pg_limited import SLOT_CHANNEL
 from ..db.postgresql import NOTIFY_CHANNEL
 from ..retrying import Backoff
+from .slots import Wake
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
 
 class Listener(threading.Thread):
-    """Sets ``wake`` when a task is enqueued on one of ``queues``.
+    """Sets ``wake`` when a task is enqueued on one of ``queues``; and when a limit's
+    slot comes free for a task of one of them (pg_limited.py), wakes one round
+    thread waiting for a slot (``Wake.slot_freed``).
 
     Runs on its own connection: LISTEN needs one that is never inside a
     transaction. If it breaks, the claim loops still poll, so nothing is lost
@@ -28,7 +32,7 @@ class Listener(threading.Thread):
         self,
         database: str,
         queues: Iterable[str],
-        wake: threading.Event,
+        wake: Wake,
         halt: threading.Event,
         *,
         lease: float = 30.0,
@@ -50,6 +54,7 @@ class Listener(threading.Thread):
         raw = wrapper.get_new_connection(params)
         raw.autocommit = True
         raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        raw.execute(f"LISTEN {SLOT_CHANNEL}")
         return raw
 
     def run(self) -> None:
@@ -68,7 +73,11 @@ class Listener(threading.Thread):
             try:
                 while not self.halt.is_set():
                     for notify in raw.notifies(timeout=0.5):
-                        if notify.payload in self.queues:
+                        if notify.payload not in self.queues:
+                            continue
+                        if notify.channel == SLOT_CHANNEL:
+                            self.wake.slot_freed()
+                        else:
                             self.wake.set()
             except Exception as exc:
                 if not self.halt.is_set():

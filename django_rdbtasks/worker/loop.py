@@ -52,6 +52,10 @@ TICK = 0.01
 #: How often a round thread waiting for its busy runner looks again on its own
 #: (a wake-up pokes its slot: this is only the safety net).
 BUSY_POLL = 0.01
+#: How long past the database's ``wait`` a round thread held back by full keys
+#: looks again: the slot comes free by the database's clock, a little later
+#: than ours may say.
+SLOT_CLOCK_MARGIN = 0.005
 #: A signal this long after the first is a second one (exit at once); sooner,
 #: it is the same request arriving twice (a process group and its supervisor).
 SECOND_SIGNAL_AFTER = 0.2
@@ -264,10 +268,12 @@ class Worker:
             connections.close_all()
         processed = self.counters.processed
         logger.info(
-            "worker %s stopped after %d %s",
+            "worker %s stopped after %d %s (%d claimed in %d claim statements)",
             self.name,
             processed,
             "task" if processed == 1 else "tasks",
+            self.counters.claimed,
+            self.counters.claim_statements,
         )
         return EXIT_RECYCLE if self.recycle else 0
 
@@ -397,6 +403,11 @@ class Worker:
                         # Stopped first, or its lease lost meanwhile: given back unrun.
                         slot.finish(executor.release(running), running)
                         continue
+                if running.row.start_by is not None and time.monotonic() > running.row.start_by:
+                    # Too late for its rate limit's window: given back unstarted,
+                    # its attempt unspent, its start spent (docs/limits.md).
+                    slot.finish(executor.release(running), running)
+                    continue
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
                 # Encoded here, not in the round thread; made storable first.
@@ -459,6 +470,12 @@ class Worker:
                 # Runnable rows were there but others won them, or hold
                 # them locked: look again soon, not at once.
                 self.wake.wait(random.uniform(0.005, 0.05))
+            elif exchange.held:
+                # Every runnable row waits for a limit's slot: until one comes
+                # free (an outcome, told here or by NOTIFY), or a rate window
+                # ends or a lease lapses (the database's ``wait``), not a poll
+                # sooner. Burst mode does not end while they wait.
+                self.wake.wait_for_slot(self._slot_wait(exchange.wait))
             elif (
                 self.burst
                 and not self._retries_pending(store)
@@ -467,6 +484,13 @@ class Worker:
                 break
             else:
                 self.wake.wait(self.poll_interval)
+
+    def _slot_wait(self, wait: float | None) -> float:
+        """How long a round thread held back by full keys waits, at most, for a slot."""
+        if wait is None:
+            return self.poll_interval
+        # A little past the database's time: its clock, not ours, frees the slot.
+        return min(self.poll_interval, wait + SLOT_CLOCK_MARGIN)
 
     def _refill(self, slot: Slot, ahead: ClaimAhead) -> int:
         """How many to claim now (``ClaimAhead.to_claim``)."""
@@ -488,8 +512,11 @@ class Worker:
         """Write what the slot finished and claim ``want`` more; retried through outages."""
         finished = slot.take_finished()
         outcomes = [outcome for outcome, _ in finished]
+        allowance = slot.start_allowance
         request = (
-            ClaimRequest(self.queues, want, slot.worker_id, self.lease, self.mode)
+            ClaimRequest(
+                self.queues, want, slot.worker_id, self.lease, self.mode, allowance.seconds()
+            )
             if want > 0 and not self.stopping.is_set()
             else None
         )
@@ -498,8 +525,15 @@ class Worker:
             store.close()
             slot.connections_lost = True  # the runner's too (_run_slot)
 
+        sent = 0.0
+
+        def exchange_once() -> Exchange:
+            nonlocal sent
+            sent = time.monotonic()  # before the claim's database time
+            return store.exchange(outcomes, slot.worker_id, request)
+
         exchange = retry_database(
-            lambda: store.exchange(outcomes, slot.worker_id, request),
+            exchange_once,
             "claim" if request is not None else "write results",
             alias=None,
             on_error=reconnect,
@@ -514,6 +548,21 @@ class Worker:
             # by the slot's last round (or released by the keeper's deadline).
             slot.put_back_finished(finished)
             return Exchange()
+        allowance.observe(time.monotonic() - sent)
+        if request is not None:
+            with self.counters.lock:
+                self.counters.claim_statements += exchange.statements
+                self.counters.claimed += len(exchange.claimed)
+            for row in exchange.claimed:
+                if row.limit_period:
+                    # A rate limit holds on the bodies' starts: this one starts
+                    # within its allowance of the claim (its slot comes free a
+                    # period and that after the claim), or is given back.
+                    row.start_by = sent + request.start_within
+        if exchange.freed and not self.listen:
+            # Slots its outcomes freed that tasks wait for: this process's
+            # waiting round threads (PostgreSQL's NOTIFY tells every process).
+            self.wake.slot_freed(exchange.freed)
         if exchange.busy:
             # Rows another session holds locked: written by a later round,
             # while the claims stay ours and the others went through.

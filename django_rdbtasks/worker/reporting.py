@@ -28,6 +28,10 @@ class Counters:
 
     processed: int = 0
     failed: int = 0
+    #: Claim statements made (transactions: each is one, or part of one), and
+    #: tasks they claimed: tasks per claim transaction, logged at the end.
+    claim_statements: int = 0
+    claimed: int = 0
     #: Public ids of tasks this process scheduled a retry for (``--burst`` waits for them).
     retrying: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)

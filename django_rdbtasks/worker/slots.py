@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..db.rows import ClaimedRow, Outcome
+from ..db.rows import RATE_START_WITHIN, ClaimedRow, Outcome
 from .execution import Running
 
 #: Longest the tasks claimed behind a running one wait before they are handed back.
@@ -89,6 +89,28 @@ class ClaimAhead:
             self.pace = 0.8 * self.pace + 0.2 * duration
 
 
+class StartAllowance:
+    """How long after its claim a rate-limited task's body may still start
+    (``ClaimRequest.start_within``): its rate slot comes free that much later.
+
+    At least ``RATE_START_WITHIN``, and twice the slowest recent round: a
+    body starts only once its claim has come back, so an allowance shorter
+    than a round would give back every rate-limited task the slot claims,
+    for as long as the database is that slow. The slowest round decays by a
+    tenth at each round.
+    """
+
+    def __init__(self, least: float = RATE_START_WITHIN) -> None:
+        self.least = least
+        self.slowest = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.slowest = max(seconds, 0.9 * self.slowest)
+
+    def seconds(self) -> float:
+        return max(self.least, 2 * self.slowest)
+
+
 @dataclass(slots=True)
 class HandBack:
     """What the keeper took from a slot to write on its behalf."""
@@ -104,19 +126,45 @@ class Wake(threading.Event):
     this event: setting it also pokes every watched slot, so an enqueue
     notified while outcomes wait for their batch is claimed at once, not at
     the next poll.
+
+    Round threads whose runnable rows all wait for a limit's slot wait in
+    ``wait_for_slot``: a slot that comes free (``slot_freed``) wakes one of
+    them per slot, not all, since one claim takes it. A slot freed while none
+    waits is kept for the next to wait (at most one per round thread), so a
+    thread that saw the keys full just before the slot came free does not
+    sleep through it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._slots: tuple[Slot, ...] = ()
+        self._slot_freed = threading.Condition()
+        #: Slots freed and not yet taken up by a waiting round thread.
+        self._freed = 0
 
     def watch(self, slots: list[Slot]) -> None:
         self._slots = tuple(slots)
 
     def set(self) -> None:
         super().set()
+        with self._slot_freed:
+            self._slot_freed.notify_all()
         for slot in self._slots:
             slot.poke()
+
+    def slot_freed(self, count: int = 1) -> None:
+        """``count`` limit slots came free: wake as many round threads waiting for one."""
+        with self._slot_freed:
+            self._freed = min(self._freed + count, max(1, len(self._slots)))
+            self._slot_freed.notify(count)
+
+    def wait_for_slot(self, timeout: float) -> None:
+        """Until a limit's slot comes free, the wake-up is set, or ``timeout``."""
+        with self._slot_freed:
+            if not self._freed and not self.is_set():
+                self._slot_freed.wait(timeout)
+            if self._freed:
+                self._freed -= 1
 
 
 class Slot:
@@ -145,6 +193,8 @@ class Slot:
         #: back: until it does they are RUNNING under this slot's id, and a
         #: claim cannot see them (burst mode must not take that for drained).
         self._handed_back_unwritten = False
+        #: The round thread's: how long its rate-limited bodies may start after their claim.
+        self.start_allowance = StartAllowance()
 
     def _touch(self) -> None:
         # Called with the lock held.
@@ -349,6 +399,7 @@ class Slot:
 
 
 def _claim_order(running: Running) -> tuple:
-    """Takeovers of dead holders first, then by priority, then oldest due first."""
+    """Takeovers of dead holders first, then rate-limited claims (whose bodies must
+    start in time: ``ClaimedRow.start_by``), then by priority, oldest due first."""
     row = running.row
-    return (row.lost_from is None, -row.priority, row.run_after)
+    return (row.lost_from is None, row.start_by is None, -row.priority, row.run_after)

@@ -121,6 +121,7 @@ class ClaimStore:
                 self._follow_up(outcomes, result.written, worker_id)
                 if request is not None and request.want > 0:
                     dialect.claim_into(cursor, request, result, [o.id for o in outcomes])
+            result.freed = dialect.limits.freed_unclaimed(outcomes, result)
             self._make_slots(result)
             return result
         # One statement, committed on its own: everything that needs more

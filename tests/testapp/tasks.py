@@ -3,6 +3,8 @@
 import os
 import time
 
+from django.utils import timezone
+
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.limits import ConcurrencyLimit, RateLimit
@@ -267,8 +269,44 @@ def per_tenant(tenant, seconds):
 
 @task(limit=RateLimit(20, period=1.0, key="provider"))
 def rated(n):
-    """At most 20 starts a second, cluster-wide."""
-    LimitedRun.objects.create(key="rated", pid=os.getpid(), started_at=DbNow())
+    """At most 20 starts a second, cluster-wide: the body's start, by its own clock.
+
+    The tests run every worker on one machine, so the processes' wall clocks
+    are one clock, read as the body begins (what a rate-limited API counts).
+    """
+    started = timezone.now()
+    LimitedRun.objects.create(key="rated", pid=os.getpid(), started_at=started)
+    return n
+
+
+@task(limit=RateLimit(20, period=1.0, key="slow-provider"))
+def rated_sleep(n, seconds):
+    """A rate-limited call that takes a while: its start by the body's clock, then it sleeps."""
+    started = timezone.now()
+    LimitedRun.objects.create(key="rated_sleep", pid=os.getpid(), started_at=started)
+    time.sleep(seconds)
+    return n
+
+
+@task(limit=ConcurrencyLimit(3, key="acc-conc:{group}"))
+def limited_sleep(group, n, seconds=0.04):
+    """Three at a time per group: its start and end by its own clock, in one row at its end."""
+    started = timezone.now()
+    time.sleep(seconds)
+    LimitedRun.objects.create(
+        key=f"group:{group}", pid=os.getpid(), started_at=started, finished_at=timezone.now()
+    )
+    return n
+
+
+@task()
+def unlimited_sleep(n, seconds=0.01):
+    """No limit: its start and end, as ``limited_sleep`` records them."""
+    started = timezone.now()
+    time.sleep(seconds)
+    LimitedRun.objects.create(
+        key="free", pid=os.getpid(), started_at=started, finished_at=timezone.now()
+    )
     return n
 
 

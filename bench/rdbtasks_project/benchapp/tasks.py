@@ -31,6 +31,31 @@ def mixed(key: int, seconds: float) -> None:
         time.sleep(seconds)
 
 
+def _record_run(kind: str, n: int, started: float) -> None:
+    """bench/limit_waits.py: one row a run, its start and end by the body's own clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO bench_runs (kind, n, started, finished) VALUES (%s, %s, %s, %s)",
+            [kind, n, started, time.time()],
+        )
+
+
+@task(limit=ConcurrencyLimit(3, key="acc-conc:{group}"))
+def limited_sleep(group: int, n: int, seconds: float) -> None:
+    """bench/limit_waits.py: at most 3 running per group; sleeps, then records its run."""
+    started = time.time()
+    time.sleep(seconds)
+    _record_run(f"group:{group}", n, started)
+
+
+@task()
+def unlimited_sleep(n: int, seconds: float) -> None:
+    """bench/limit_waits.py: no limit; sleeps, then records its run."""
+    started = time.time()
+    time.sleep(seconds)
+    _record_run("free", n, started)
+
+
 @task(limit=ConcurrencyLimit(3, key="k{key}"))
 def limited3(key: int) -> None:
     """bench/limits.py: a no-op, at most 3 running per key."""

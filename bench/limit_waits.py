@@ -1,0 +1,299 @@
+"""Limited and unlimited tasks in one queue, and the cost of waiting for a full key.
+
+Run from the repository root with the project's virtualenv, PostgreSQL on
+127.0.0.1:5432 (user postgres, trust):
+
+    .venv/bin/python bench/limit_waits.py                        # both measurements
+    .venv/bin/python bench/limit_waits.py --only mixed --mode skip-locked
+    .venv/bin/python bench/limit_waits.py --only full --processes 2 --threads 10
+
+**mixed** (issue 42's scenario): ``--limited`` tasks that sleep 40 ms under
+``ConcurrencyLimit(3, key="acc-conc:{group}")`` over 5 groups, then
+``--unlimited`` tasks that sleep 10 ms, enqueued with ``bulk_enqueue`` in one
+transaction, drained by ``runworkers --burst``. Then the unlimited tasks alone,
+the same way. Reported from the bodies' own start and end times (each body
+records its run): the unlimited tasks' start delays (deciles, seconds after
+the first body started), their drain rate beside the rate alone, how many
+limited bodies ran at once on average while their backlog lasted (of the 15
+the limits allow), the server's CPU and transactions per task, and the tasks
+claimed per claim statement (from the workers' log).
+
+**full**: the same workers with every key full, 15 holders sleeping through
+the window and a backlog of READY rows of their keys behind them, beside the
+same workers with an idle queue (15 unlimited sleepers, nothing else): the
+server's CPU (its backends' ``/proc`` times) and transactions per second
+(``pg_stat_database``) over the same window, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from limits import connect, project_env
+
+BENCH_DIR = Path(__file__).resolve().parent
+PROJECT_DIR = BENCH_DIR / "rdbtasks_project"
+DATABASE = "bench_limit_waits"
+GROUPS = 5
+#: The limited tasks' limit: per group (``benchapp.tasks.limited_sleep``).
+PER_GROUP = 3
+CLAIMS = re.compile(r"\((\d+) claimed in (\d+) claim statements\)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", choices=["mixed", "full"], help="one measurement only")
+    parser.add_argument("--limited", type=int, default=2000)
+    parser.add_argument("--unlimited", type=int, default=500)
+    parser.add_argument("--processes", type=int, default=2, help="runworkers --processes")
+    parser.add_argument("--threads", type=int, default=10, help="runworkers --threads")
+    parser.add_argument("--mode", default="optimistic", help="runworkers --mode")
+    parser.add_argument("--window", type=float, default=20.0, help="full: seconds measured")
+    parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
+    parser.add_argument("--pg-port", default=os.environ.get("PGPORT", "5432"))
+    parser.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--database", default=DATABASE)
+    # Internal: the enqueuing process, given the calls as JSON.
+    parser.add_argument("--enqueue", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def enqueue(args: argparse.Namespace) -> None:
+    """Every batch of ``--enqueue`` (task name, calls) in one transaction."""
+    sys.path.insert(0, str(PROJECT_DIR))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+    import django
+
+    django.setup()
+    from benchapp import tasks
+    from django.db import transaction
+
+    from django_rdbtasks.backend import bulk_enqueue
+
+    with transaction.atomic():
+        for name, calls in json.loads(args.enqueue):
+            bulk_enqueue(getattr(tasks, name), [(tuple(call), {}) for call in calls])
+
+
+def fresh_database(args: argparse.Namespace) -> None:
+    with connect(args, "postgres") as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {args.database}")
+    manage = [args.python, "manage.py", "migrate", "--verbosity", "0"]
+    subprocess.run(manage, cwd=PROJECT_DIR, env=project_env(args), check=True)
+    with connect(args, args.database) as conn:
+        conn.execute("CREATE TABLE bench_runs (kind text, n int, started float8, finished float8)")
+
+
+def drop_database(args: argparse.Namespace) -> None:
+    with connect(args, "postgres") as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+
+
+def enqueue_in_one_transaction(args: argparse.Namespace, batches: list) -> None:
+    subprocess.run(
+        [args.python, __file__, "--enqueue", json.dumps(batches), "--database", args.database],
+        cwd=PROJECT_DIR,
+        env=project_env(args),
+        check=True,
+    )
+
+
+def workers(args: argparse.Namespace, *, burst: bool, log: Path) -> subprocess.Popen:
+    command = [
+        args.python, "manage.py", "runworkers", "--processes", str(args.processes),
+        "--threads", str(args.threads), "--mode", args.mode, "--log-level", "INFO",
+        *(["--burst"] if burst else []),
+    ]  # fmt: skip
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            command, cwd=PROJECT_DIR, env=project_env(args), stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def server_counters(args: argparse.Namespace) -> tuple[float, int]:
+    """The database's backends' CPU seconds so far (``/proc``), and its transactions."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with connect(args, "postgres") as conn:
+        pids = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [args.database]
+        ).fetchall()
+        xacts = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [args.database],
+        ).fetchone()[0]
+    cpu = 0.0
+    for (pid,) in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu += (int(fields[11]) + int(fields[12])) / ticks
+    return cpu, xacts
+
+
+def claims(log: Path) -> tuple[int, int]:
+    """Tasks claimed and claim statements made, summed over the workers' last lines."""
+    claimed = statements = 0
+    for match in CLAIMS.finditer(log.read_text()):
+        claimed += int(match[1])
+        statements += int(match[2])
+    return claimed, statements
+
+
+def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
+    """Enqueue ``batches`` in one transaction, drain them with burst workers, read the runs."""
+    fresh_database(args)
+    enqueue_in_one_transaction(args, batches)
+    log = BENCH_DIR / f".limit_waits-{name}.log"
+    # Backends come and go with the workers: CPU read while they live (sampled).
+    before_xacts = server_counters(args)[1]
+    process = workers(args, burst=True, log=log)
+    cpu_seen: dict[int, float] = {}
+    while process.poll() is None:
+        sample_backends(args, cpu_seen)
+        time.sleep(0.05)
+    after_xacts = server_counters(args)[1]
+    with connect(args, args.database) as conn:
+        runs = conn.execute("SELECT kind, n, started, finished FROM bench_runs").fetchall()
+    drop_database(args)
+    claimed, statements = claims(log)
+    return {
+        "runs": runs,
+        "server_cpu": sum(cpu_seen.values()),
+        "xacts": after_xacts - before_xacts,
+        "claimed": claimed,
+        "claim_statements": statements,
+    }
+
+
+def sample_backends(args: argparse.Namespace, seen: dict[int, float]) -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    with connect(args, "postgres") as conn:
+        pids = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [args.database]
+        ).fetchall()
+    for (pid,) in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seen[pid] = (int(fields[11]) + int(fields[12])) / ticks
+
+
+def deciles(values: list[float]) -> list[float]:
+    cuts = statistics.quantiles(values, n=10)
+    return [round(v, 2) for v in (values[0], cuts[0], cuts[4], cuts[8], values[-1])]
+
+
+def mixed(args: argparse.Namespace) -> dict:
+    limited = [[i % GROUPS, i, 0.04] for i in range(args.limited)]
+    unlimited = [[i, 0.01] for i in range(args.unlimited)]
+    both = drain(args, [["limited_sleep", limited], ["unlimited_sleep", unlimited]], "mixed")
+    alone = drain(args, [["unlimited_sleep", unlimited]], "alone")
+    runs = both["runs"]
+    first = min(started for _, _, started, _ in runs)
+    free = sorted(started - first for kind, _, started, _ in runs if kind == "free")
+    free_alone = sorted(started for kind, _, started, _ in alone["runs"])
+    limited_runs = [(s, f) for kind, _, s, f in runs if kind != "free"]
+    # While the backlog lasts: from the first limited start to the last.
+    a = min(s for s, _ in limited_runs)
+    b = max(s for s, _ in limited_runs)
+    busy = sum(max(0.0, min(f, b) - max(s, a)) for s, f in limited_runs)
+    tasks = len(runs)
+    rate = (len(free) - 1) / (free[-1] - free[0])
+    rate_alone = (len(free_alone) - 1) / (free_alone[-1] - free_alone[0])
+    return {
+        "tasks": tasks,
+        "unlimited_start_deciles_s": deciles(free),
+        "unlimited_rate": round(rate, 1),
+        "unlimited_rate_alone": round(rate_alone, 1),
+        "unlimited_rate_ratio": round(rate / rate_alone, 2),
+        "limited_running_on_average": round(busy / (b - a), 2),
+        "limited_allowed": GROUPS * PER_GROUP,
+        "limited_rate": round(len(limited_runs) / (b - a), 1),
+        "server_cpu_us_per_task": round(both["server_cpu"] / tasks * 1e6),
+        "transactions_per_task": round(both["xacts"] / tasks, 2),
+        "tasks_per_claim_statement": round(both["claimed"] / max(1, both["claim_statements"]), 2),
+    }
+
+
+def hold(args: argparse.Namespace, batches: list, name: str) -> dict:
+    """Workers serving ``batches`` once 15 tasks run: the server's cost over ``--window``."""
+    fresh_database(args)
+    log = BENCH_DIR / f".limit_waits-{name}.log"
+    process = workers(args, burst=False, log=log)
+    try:
+        enqueue_in_one_transaction(args, batches)
+        with connect(args, args.database) as conn:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running = conn.execute(
+                    "SELECT count(*) FROM django_rdbtasks_task WHERE status = 'RUNNING'"
+                ).fetchone()[0]
+                if running >= GROUPS * PER_GROUP:
+                    break
+                time.sleep(0.1)
+        time.sleep(2)  # the rounds that found the keys full are behind us
+        cpu0, xacts0 = server_counters(args)
+        time.sleep(args.window)
+        cpu1, xacts1 = server_counters(args)
+    finally:
+        process.terminate()
+        process.wait(60)
+        drop_database(args)
+    return {
+        "server_cpu_ms_per_s": round((cpu1 - cpu0) / args.window * 1e3, 1),
+        "transactions_per_s": round((xacts1 - xacts0) / args.window, 1),
+    }
+
+
+def full(args: argparse.Namespace) -> dict:
+    seconds = args.window + 30
+    holders = [[i % GROUPS, i, seconds] for i in range(GROUPS * PER_GROUP)]
+    backlog = [[i % GROUPS, i, 0.04] for i in range(GROUPS * PER_GROUP, 1000)]
+    keys_full = hold(args, [["limited_sleep", holders], ["limited_sleep", backlog]], "full")
+    sleepers = [[i, seconds] for i in range(GROUPS * PER_GROUP)]
+    idle = hold(args, [["unlimited_sleep", sleepers]], "idle")
+    return {
+        "keys_full": keys_full,
+        "idle": idle,
+        "cpu_ratio": round(
+            keys_full["server_cpu_ms_per_s"] / max(idle["server_cpu_ms_per_s"], 0.1), 2
+        ),
+        "transactions_ratio": round(
+            keys_full["transactions_per_s"] / max(idle["transactions_per_s"], 0.1), 2
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.enqueue:
+        enqueue(args)
+        return 0
+    shape = f"--processes {args.processes} --threads {args.threads} --mode {args.mode}"
+    results: dict[str, dict] = {}
+    if args.only in (None, "mixed"):
+        results["mixed"] = mixed(args)
+        print(f"mixed ({shape}): {json.dumps(results['mixed'])}", flush=True)
+    if args.only in (None, "full"):
+        results["full"] = full(args)
+        print(f"full ({shape}): {json.dumps(results['full'])}", flush=True)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
