@@ -127,3 +127,76 @@ def test_the_metrics_say_how_long_a_queue_has_been_paused():
     assert value(found, "rdbtasks_queue_paused_seconds", queue="emails") >= 0
     assert ("rdbtasks_queue_paused_seconds", frozenset({"queue": "emails"}.items())) in found
     assert value(found, "rdbtasks_queue_paused_seconds", queue="default") == 0
+
+
+# -- real worker processes --------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("mode", ["optimistic", "skip-locked"])
+def test_no_worker_process_claims_from_a_paused_queue(run_workers, vendor, mode):
+    from django_rdbtasks.models import Task
+    from django_rdbtasks.states import TaskStatus
+    from tests.testapp.models import SideEffect
+
+    if vendor == "sqlite" and mode == "skip-locked":
+        pytest.skip("SQLite claims in the optimistic mode only")
+    queues.pause("emails")
+    emails = [tasks.send_email.enqueue(f"{n}@example.com").id for n in range(20)]
+    for n in range(20):
+        tasks.record.enqueue(f"other-{n}")
+    args = ["--burst", "--no-scheduler", "--processes", "2", "--threads", "2", "--mode", mode]
+    worker = run_workers(*args, "--poll-interval", "0.05")
+    assert worker.wait(120) == 0, worker.log()
+    assert SideEffect.objects.filter(key__startswith="other-").count() == 20
+    assert not SideEffect.objects.filter(key__startswith="email:").exists()
+    paused = Task.objects.filter(pk__in=emails)
+    assert set(paused.values_list("status", "attempts")) == {(TaskStatus.READY, 0)}
+    queues.resume("emails")
+    worker = run_workers(*args, "--poll-interval", "0.05")
+    assert worker.wait(120) == 0, worker.log()
+    assert SideEffect.objects.filter(key__startswith="email:").count() == 20
+
+
+def _commits() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def _transactions_while(run_workers, seconds: float) -> int:
+    import time
+
+    from django_rdbtasks.models import Worker
+    from tests.conftest import wait_until
+
+    worker = run_workers("--no-scheduler", "--poll-interval", "0.5", "--queue", "emails")
+    wait_until(lambda: Worker.objects.filter(stopped_at__isnull=True).exists())
+    time.sleep(2)  # its start-up's transactions (checks, registration) are over
+    before = _commits()
+    time.sleep(seconds)
+    after = _commits()
+    worker.stop()
+    Worker.objects.all().delete()
+    return after - before
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_queues_are_paused_waits_as_an_idle_one_does(run_workers, vendor):
+    """No claim-then-skip spin: a paused queue costs the server what an empty one does."""
+    if vendor != "postgresql":
+        pytest.skip("counts the test database's own transactions (pg_stat_database)")
+    idle = _transactions_while(run_workers, 3.0)
+    queues.pause("emails")
+    for n in range(200):
+        tasks.send_email.enqueue(f"{n}@example.com")
+    paused = _transactions_while(run_workers, 3.0)
+    # Polls every half second and heartbeats: a few dozen at most either way.
+    assert paused <= 2 * idle + 10, (paused, idle)
