@@ -23,7 +23,9 @@ from typing import Any
 from django.db import router
 from django.db.models import Q
 
+from .exceptions import InvalidTaskPath
 from .jobs import database_now
+from .loading import TaskNotHere, check_loadable
 from .models import LimitSlot, Task, TaskDependency, Worker
 from .queues import paused_queues
 from .states import TaskStatus
@@ -45,6 +47,7 @@ class Hold(enum.StrEnum):
     WAITING_FOR_PARENTS = "waiting for parents"
     HELD = "held by a worker"
     LEASE_LAPSED = "lease lapsed"
+    CODE_MISSING = "its code is missing"
     RUNNABLE = "runnable now"
 
 
@@ -133,6 +136,9 @@ def _findings(task: Task, now: dt.datetime, alias: str) -> list[Finding]:
     found += _queue(task, alias)
     if status == TaskStatus.READY and task.limit_key:
         found += _limit(task, now, alias)
+    missing = _code_missing(task)
+    if missing is not None:
+        found.append(missing)
     return found
 
 
@@ -284,6 +290,35 @@ def _holder(task: Task, now: dt.datetime, alias: str) -> Finding:
         until=lease,
         detail={"worker_id": task.worker_id},
     )
+
+
+def _code_missing(task: Task) -> Finding | None:
+    """This release cannot run the task: its workers hand it back, or fail it.
+
+    Asked of this process's code, the same release as its workers' (the row
+    keeps no trace of the workers that handed it back). A task claimed and
+    given back unstarted has ``started_at`` set and its attempt unspent.
+    """
+    try:
+        check_loadable(task.task_path)
+    except TaskNotHere as exc:
+        seen = (
+            f"; claimed and handed back unstarted, last at {task.last_attempted_at.isoformat()}"
+            if task.started_at is not None and task.last_attempted_at is not None
+            else ""
+        )
+        return Finding(
+            Hold.CODE_MISSING,
+            f"This release has no code for it ({exc}){seen}: its workers hand it back, "
+            "attempt unspent, for a worker of a release that has it, and it fails once "
+            "nobody ran it for MISSING_TASK_GRACE. Deploy the release that has it.",
+        )
+    except InvalidTaskPath as exc:
+        return Finding(
+            Hold.CODE_MISSING,
+            f"No worker will run it: {exc} It fails, unretried, when a worker claims it.",
+        )
+    return None
 
 
 def _runnable(task: Task, now: dt.datetime, alias: str) -> Finding:

@@ -198,3 +198,18 @@ def test_json_says_it_all(serving):
     data = explain(result.id).as_json()
     assert data["runnable"] is True
     assert data["findings"][0]["hold"] == "runnable now"
+
+
+def test_code_this_release_lacks_is_named_and_the_workers_hand_it_back(serving, clock):
+    """A rolling deploy: a task of the next release, met by this release's claim."""
+    result = tasks.record.enqueue("from the future")
+    Task.objects.filter(pk=result.id).update(task_path="tests.testapp.tasks.next_release_task")
+    why = explain(result.id)
+    assert why.holds() == [Hold.CODE_MISSING]
+    assert "has no 'next_release_task'" in str(why)
+    report = drain()
+    assert [r.outcome for r in report] == ["postpone"]  # handed back, attempt unspent
+    why = explain(result.id)
+    assert why.holds() == [Hold.NOT_DUE, Hold.CODE_MISSING]
+    assert "handed back unstarted" in str(why)
+    assert Task.objects.get(pk=result.id).attempts == 0
