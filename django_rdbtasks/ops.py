@@ -30,7 +30,7 @@ from .compat import task_backends
 from .db import dialect_for
 from .db.pg_finished import estimated_rows
 from .jobs import database_now
-from .models import Task, TaskStatus, Worker
+from .models import PausedQueue, Task, TaskStatus, Worker
 from .models.ready import ready_conditions
 from .reads import read_database, replica_lag
 from .suggest import did_you_mean
@@ -81,6 +81,8 @@ class QueueStats:
     cancelled: int = 0
     #: Since when the longest-waiting runnable task could have run.
     oldest_runnable: dt.datetime | None = None
+    #: Since when an operator has paused it (queues.py); None while it runs.
+    paused_since: dt.datetime | None = None
 
     def lag(self, now: dt.datetime) -> float | None:
         """Seconds the oldest runnable task has been waiting; None when none is."""
@@ -167,6 +169,7 @@ class Snapshot:
             data = asdict(queue)
             data.pop("name")
             data["oldest_runnable"] = _iso(queue.oldest_runnable)
+            data["paused_since"] = _iso(queue.paused_since)
             data["lag_seconds"] = _round(queue.lag(self.now))
             return data
 
@@ -260,6 +263,11 @@ def snapshot(
     _count_waiting(tasks, stats_for)
     throughput = _count_finished(tasks, now, window, stats_for)
 
+    paused = PausedQueue.objects.using(source)
+    if queues is not None:
+        paused = paused.filter(queue_name__in=list(queues))
+    for row in paused:
+        stats_for(row.queue_name).paused_since = row.paused_at
     total = QueueStats("total")
     for stats in by_queue.values():
         total.add(stats)

@@ -22,6 +22,7 @@ from .display import breakable, concurrency_text, cron_in_words, duration_text, 
 from .filters import ListState, visible_queues
 from .live import live_settings
 from .permissions import access_for, filter_jobs
+from .queues import can_pause
 from .utils import admin_url, page_context
 
 #: The chart's windows; each is also a "finished" filter of the task list.
@@ -167,12 +168,17 @@ def queue_rows(snap: ops.Snapshot, range_key: str) -> list[dict[str, Any]]:
                 ("cancelled", stats.cancelled, TaskStatus.CANCELLED, _("Cancelled")),
             )
         ]
+        paused = stats.paused_since
         rows.append(
             {
                 "name": name,
                 "cells": cells,
                 "lag_text": duration_text(stats.lag(snap.now)),
                 "link": tasks_url(name),
+                "paused_text": (
+                    duration_text((snap.now - paused).total_seconds()) if paused else ""
+                ),
+                "pause_url": admin_url(Task, "queue", name, "resume" if paused else "pause"),
             }
         )
     return rows
@@ -321,6 +327,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         "links": card_links(range_key),
         "live": live_settings(request, "#rdbtasks-live-region"),
         "can_retry": model_admin.has_retry_permission(request),
+        "can_pause": can_pause(request),
         "show_rows": access.unrestricted,
         "cleanup": cleanup_section(snap.cleanup),
     }

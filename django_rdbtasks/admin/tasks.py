@@ -20,12 +20,14 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import ops
 from ..db.functions import DbNow
+from ..explain import explain
 from ..models import Task, TaskStatus, task_path_in
 from .actions import Operation, OperationsMixin, Report
 from .changelist import FastListMixin, NoCountChangeList
 from .display import count_text, last_error
 from .filters import EnqueuedFilter, FinishedFilter, QueueFilter, StatusFilter, TaskPathFilter
 from .permissions import access_for
+from .queues import pause_view
 from .reading import admin_database
 from .retry_failed import retry_failed_view
 from .task_display import TaskFields
@@ -349,6 +351,8 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
         extra = dict(extra_context or {})
         if task is not None:
             extra["history"] = self.history_table(task)
+            # On the primary: what holds a task back is what the claim sees now.
+            extra["explanation"] = explain(task.pk)
             extra.update(self.buttons_allowed(request, task))
             extra["discard_question"] = _(
                 "Discard this task? Its row and its history are deleted; this cannot be undone."
@@ -370,5 +374,10 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
         return [
             path("dashboard/", own(dashboard_view), name=f"{info}_dashboard"),
             path("retry-failed/", own(retry_failed_view), name=f"{info}_retry_failed"),
+            path(
+                "queues/<str:queue>/<str:verb>/",
+                wrap(lambda request, queue, verb: pause_view(self, request, queue, verb)),
+                name=f"{info}_queue",
+            ),
             *super().get_urls(),
         ]

@@ -17,6 +17,7 @@ worker had won it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 import uuid
@@ -97,7 +98,7 @@ class Dialect(TaskInserts):
     only_sql = ""
 
     def __init__(self, connection: Any, *, pinned_now: dt.datetime | None = None) -> None:
-        from ..models import Task
+        from ..models import PausedQueue, Task
 
         if pinned_now is not None:
             # A test pinned this alias's clock (testing.clock): every statement
@@ -111,6 +112,7 @@ class Dialect(TaskInserts):
         qn = connection.ops.quote_name
         self.table = self.only_sql + qn(Task._meta.db_table)  # its reads, updates, deletes
         self.insert_table = qn(Task._meta.db_table)  # an INSERT's, a COPY's
+        self.paused_table = qn(PausedQueue._meta.db_table)
         self._pk_field = Task._meta.pk
         self._claim_cols = ", ".join(CLAIM_COLUMNS)
         self._cand_cols = ", ".join(CANDIDATE_COLUMNS)
@@ -524,6 +526,15 @@ class Dialect(TaskInserts):
     ) -> None:
         """``claim``, into ``result``: its claims, whether it lost races, keys missing slots."""
         excluded = set(exclude)
+        # Paused queues are not read (queues.py): one look-up of a table of a
+        # few rows, in the claim's transaction (PostgreSQL's round does it in
+        # its statement: pg_limited.QUEUES).
+        unpaused = self.unpaused(cursor, request.queues)
+        if not unpaused:
+            result.claimed = []
+            return
+        if len(unpaused) < len(request.queues):
+            request = dataclasses.replace(request, queues=unpaused)
         queues = tuple(request.queues)
         mode = self.read_mode(request, queues)
         # More than the batch, in both modes: rows lost to others, or limited
@@ -558,6 +569,12 @@ class Dialect(TaskInserts):
                 row.lost_from = previous
         result.claimed = rows
         result.contended = result.contended or len(rows) < len(chosen)
+
+    def unpaused(self, cursor: Any, queues: Sequence[str]) -> list[str]:
+        """Those of ``queues`` that no operator has paused."""
+        cursor.execute(f"SELECT queue_name FROM {self.paused_table}", [])
+        paused = {row[0] for row in cursor.fetchall()}
+        return [name for name in queues if name not in paused]
 
     def claim_chosen(
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float

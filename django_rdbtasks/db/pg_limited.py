@@ -44,8 +44,17 @@ READY = TaskStatus.READY.value
 SLOT_CHANNEL = "rdbtasks_slot"
 #: The claim's order, in every CTE that orders rows (``reclaim``: expired leases first).
 CLAIM_ORDER = "reclaim, priority DESC, run_after"
-#: The claim's queues, one row each, for the reads made per queue (LATERAL).
-QUEUES = "unnest(%(queues)s::text[]) AS q(name)"
+#: Paused queues (``models.PausedQueue``, ``queues.py``): one row per queue an operator paused.
+PAUSED_TABLE = "django_rdbtasks_pausedqueue"
+#: The claim's queues, one row each, for the reads made per queue (LATERAL):
+#: those of the request that are not paused. A paused queue is read by none of
+#: the round's reads (expired leases, READY rows, limited rows, the probe), so
+#: a pause costs its queue nothing but this one look-up by the table's unique
+#: index, and is exact: a pause committed before the round began is seen by it.
+QUEUES = (
+    "(SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name) WHERE NOT EXISTS "
+    f"(SELECT 1 FROM {PAUSED_TABLE} AS p WHERE p.queue_name = u.name)) AS q(name)"
+)
 
 
 def missing_slots(keys: list[str]) -> str:

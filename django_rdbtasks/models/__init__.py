@@ -3,6 +3,7 @@
 from ..states import TaskStatus
 from .jobs import Job, JobQuerySet, JobRecord, MisfirePolicy
 from .limits import LimitSlot
+from .queues import PausedQueue
 from .tasks import (
     Dashboard,
     PartialIndex,
@@ -27,6 +28,7 @@ __all__ = [
     "Lock",
     "MisfirePolicy",
     "PartialIndex",
+    "PausedQueue",
     "SearchIndex",
     "StatusIndex",
     "Task",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -35,3 +37,7 @@ class LimitSlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}#{self.slot_no}"
+
+    def is_free(self, now: dt.datetime) -> bool:
+        """Whether a claim may take it at ``now`` (the database clock), as the claim decides."""
+        return self.free_at is None or self.free_at <= now

@@ -446,12 +446,20 @@ class DatabaseCollector:
             "How long the oldest runnable task of the queue has waited (0: none waits).",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "rdbtasks_queue_paused_seconds",
+            "How long an operator has had the queue paused (0: it runs).",
+            labels=["queue"],
+        )
         for name, stats in snap.queues.items():
             for state in QUEUE_STATES:
                 depth.add_metric([name, state], getattr(stats, state))
             lag.add_metric([name], stats.lag(snap.now) or 0.0)
+            since = stats.paused_since
+            paused.add_metric([name], (snap.now - since).total_seconds() if since else 0.0)
         yield depth
         yield lag
+        yield paused
         yield GaugeMetricFamily(
             "rdbtasks_workers_alive",
             "Worker processes with a heartbeat in the last 90 seconds.",

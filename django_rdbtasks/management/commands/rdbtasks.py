@@ -13,6 +13,7 @@ worker host (a Kubernetes pod): see docs/deploy.md.
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
 import math
 import socket
@@ -21,12 +22,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from ... import ops
+from ... import ops, queues
 from ...cleanup import SHOWN_AFTER, CleanupReport, shown_tables
 from ...durations import parse_age
+from ...explain import explain
 from ...models import Task
 from ...schema import unapplied_migrations
 from ...states import TaskStatus
@@ -69,7 +72,8 @@ def seconds_text(seconds: float | None) -> str:
 class Command(BaseCommand):
     help = (
         "Queue depth, lag and live workers (status), the worker registry (workers), "
-        "or this host's liveness and readiness (probe)."
+        "this host's liveness and readiness (probe), why a task is not running "
+        "(explain), or a queue paused and resumed (pause, resume)."
     )
     # No system checks first: some of them query the database (on Django 6.1),
     # so a probe would crash where it must answer, and a monitor runs often.
@@ -153,6 +157,26 @@ class Command(BaseCommand):
             f"unreachable (default {DEFAULT_PROBE_TIMEOUT:g}).",
         )
 
+        explain_ = subcommands.add_parser(
+            "explain",
+            help="Why a task is not running: every condition the claim applies, for one task.",
+        )
+        explain_.add_argument("task_id", metavar="TASK_ID")
+        self._common(explain_)
+        explain_.add_argument("--json", action="store_true", help="Print JSON, for scripts.")
+        for verb, what in (
+            ("pause", "Stop every worker claiming from a queue (running tasks finish)."),
+            ("resume", "Let workers claim from a paused queue again."),
+        ):
+            queue_command = subcommands.add_parser(verb, help=what, description=what)
+            queue_command.add_argument("queue", metavar="QUEUE")
+            self._common(queue_command)
+            queue_command.add_argument(
+                "--by", default="", help="Who does it, for the record (default: the OS user)."
+            )
+            if verb == "pause":
+                queue_command.add_argument("--reason", default="", help="Why, for the record.")
+
         workers = subcommands.add_parser("workers", help="The worker registry.")
         self._common(workers)
         self._read_from(workers)
@@ -181,6 +205,10 @@ class Command(BaseCommand):
         try:
             if options["subcommand"] == "status":
                 self.status(options)
+            elif options["subcommand"] == "explain":
+                self.explain(options)
+            elif options["subcommand"] in ("pause", "resume"):
+                self.pause_or_resume(options)
             else:
                 self.workers(options)
         except DatabaseError as exc:
@@ -291,6 +319,9 @@ class Command(BaseCommand):
         return "\n".join(lines)
 
     def _queue_row(self, name: str, stats: ops.QueueStats, snap: ops.Snapshot) -> list[Any]:
+        if stats.paused_since is not None:
+            paused_for = seconds_text((snap.now - stats.paused_since).total_seconds())
+            name = f"{name} (paused {paused_for})"
         return [
             name,
             stats.ready,
@@ -310,6 +341,39 @@ class Command(BaseCommand):
         if snap.gone_workers:
             text += f"; {snap.gone_workers} gone without stopping (no heartbeat)"
         return text + "."
+
+    # -- explain, pause, resume ----------------------------------------------------------
+
+    def explain(self, options: dict[str, Any]) -> None:
+        try:
+            why = explain(options["task_id"], using=options["database"])
+        except (Task.DoesNotExist, ValidationError, ValueError):
+            raise CommandError(f"No task {options['task_id']!r}.") from None
+        if options["json"]:
+            self.stdout.write(json.dumps(why.as_json(), indent=2))
+        else:
+            self.stdout.write(str(why))
+
+    def pause_or_resume(self, options: dict[str, Any]) -> None:
+        queue, verb = options["queue"], options["subcommand"]
+        by = options["by"] or getpass.getuser()
+        try:
+            if verb == "pause":
+                changed = queues.pause(
+                    queue, by=by, reason=options["reason"], using=options["database"]
+                )
+            else:
+                changed = queues.resume(queue, by=by, using=options["database"])
+        except queues.UnknownQueue as exc:
+            raise CommandError(str(exc)) from exc
+        if verb == "pause":
+            self.stdout.write(
+                f"Queue {queue!r} paused." if changed else f"Queue {queue!r} was paused already."
+            )
+        else:
+            self.stdout.write(
+                f"Queue {queue!r} resumed." if changed else f"Queue {queue!r} was not paused."
+            )
 
     # -- probes ------------------------------------------------------------------------
 
