@@ -9,7 +9,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 PYTEST_ARGS ?=
 
-.PHONY: venvs test test-line test-libraries test-clusters test-quick test-stress lint worker bench clean
+.PHONY: venvs sql test test-line test-libraries test-clusters test-quick test-stress lint worker bench clean
 
 # mysqlclient (in the test extra, and for the example on MySQL) compiles from
 # source: it needs these Debian packages, plus Python's headers.
@@ -62,6 +62,11 @@ endef
 	touch $@
 
 venvs: .venv/.installed .venv-dj61/.installed
+
+# docs/sql/<database>.sql: every statement as the code builds it (db/catalog.py),
+# checked by tests/test_sql_catalog.py. Run after changing a statement on purpose.
+sql: .venv/.installed
+	.venv/bin/python -c "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'tests.settings'); django.setup(); from django_rdbtasks.db.catalog import write_all; write_all()"
 
 lint: .venv/.installed
 	.venv/bin/ruff check .

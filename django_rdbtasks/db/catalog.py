@@ -1,0 +1,339 @@
+"""Every statement the dialects build, rendered as SQL text a reviewer can read.
+
+``render(vendor)`` gives, for one database, each statement the worker and the
+backend run about tasks, named and commented, laid out by ``sqlparse``
+(Django's own dependency): the PostgreSQL round in each of its claim forms and
+modes, with and without outcomes; the portable claim's reads, its compare-and-
+set, the outcomes' writes, renewals, progress, the slots of limits, the
+enqueue's INSERTs and the sessions' bounds. ``docs/sql/<vendor>.sql`` holds
+the rendering, and ``tests/test_sql_catalog.py`` fails when it differs from
+what the code builds, so that any change to a statement shows in review as a
+diff of SQL (``make sql`` writes the files again).
+
+Statements are built with a connection wrapper that never connects (the
+dialects need only its quoting and features) and rendered with fixed
+placeholders; a statement a method runs on a cursor is caught by a cursor
+that records instead of executing. Nothing here runs in a worker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlparse
+from django.db import models
+from django.db.utils import load_backend
+
+from ..models import Task
+from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .mysql import MySQLDialect
+from .pg_round import ClaimForm
+from .postgresql import PostgreSQLDialect
+from .rows import Candidate, ClaimedRow, NewTask, Outcome
+from .sqlite import SQLiteDialect
+
+ENGINES = {
+    "postgresql": "django.db.backends.postgresql",
+    "mysql": "django.db.backends.mysql",
+    "sqlite": "django.db.backends.sqlite3",
+}
+VENDOR_NAMES = {"postgresql": "PostgreSQL", "mysql": "MySQL/MariaDB", "sqlite": "SQLite"}
+#: Fixed values for the rendering: ids, a worker, queues, a lease.
+IDS = [uuid.UUID(int=1), uuid.UUID(int=2)]
+WORKER = "host:1:0:abcdef"
+QUEUES = ["default", "emails"]
+LEASE = 30.0
+AT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Statement:
+    name: str
+    #: Why the statement is there, in a sentence or two.
+    comment: str
+    sql: str
+
+
+class RecordingCursor:
+    """Records what a method executes. It answers as a database where every row
+    named is there and every write touches one row, so that a method goes on
+    to its next statement: a read of ids gives the ids asked for, any other
+    read nothing, the clock ``AT``."""
+
+    rowcount = 1
+
+    def __init__(self) -> None:
+        self.executed: list[str] = []
+        self._answer: list[tuple[Any, ...]] = []
+
+    def execute(self, sql: str, params: Any = ()) -> None:
+        self.executed.append(sql)
+        asked = [p for p in (params or []) if isinstance(p, uuid.UUID | str) and p in _ID_SET]
+        self._answer = [(i,) for i in asked] if sql.startswith("SELECT id FROM") else []
+
+    def executemany(self, sql: str, rows: Any) -> None:
+        self.executed.append(sql)
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self._answer
+
+    def fetchone(self) -> tuple[Any, ...]:
+        return (AT,)
+
+
+_ID_SET = set(IDS) | {str(i) for i in IDS}
+
+
+def dialect(vendor: str) -> Any:
+    """A dialect of ``vendor`` over a wrapper that never connects."""
+    settings: dict[str, Any] = {
+        "ENGINE": ENGINES[vendor],
+        "NAME": "catalog",
+        "USER": "",
+        "PASSWORD": "",
+        "HOST": "",
+        "PORT": "",
+        "OPTIONS": {},
+        "TIME_ZONE": None,
+        "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": False,
+        "AUTOCOMMIT": True,
+        "ATOMIC_REQUESTS": False,
+        "TEST": {},
+    }
+    wrapper = load_backend(ENGINES[vendor]).DatabaseWrapper(settings, f"catalog_{vendor}")
+    if vendor == "mysql":
+        # What a connection would learn from the server: rendered for MariaDB,
+        # the server the project is tested on (MySQL lacks two session bounds).
+        wrapper.__dict__["mysql_is_mariadb"] = True
+        wrapper.__dict__["mysql_version"] = (10, 11, 0)
+        wrapper.__dict__["mysql_server_info"] = "10.11.0-MariaDB"
+    cls = {"postgresql": PostgreSQLDialect, "mysql": MySQLDialect, "sqlite": SQLiteDialect}[vendor]
+    return cls(wrapper)
+
+
+def _claimed() -> ClaimedRow:
+    return ClaimedRow(
+        id=IDS[0],
+        version=1,
+        task_path="app.tasks.send",
+        args=[],
+        kwargs={},
+        attempts=1,
+        max_attempts=3,
+        queue_name="default",
+        backend_name="default",
+        priority=0,
+        enqueued_at=AT,
+        started_at=AT,
+        claimed_at=AT,
+        run_after=AT,
+        history=[],
+    )
+
+
+def _outcome(kind: OutcomeKind) -> Outcome:
+    entry = {"attempt": 1, "outcome": str(kind)}
+    return Outcome(IDS[0], 1, kind, entry=entry, return_value="ok", delay=1.0, row=_claimed())
+
+
+def _new_task() -> NewTask:
+    return NewTask(
+        id=IDS[0],
+        task_path="app.tasks.send",
+        queue_name="default",
+        backend_name="default",
+        priority=0,
+        args_json="[]",
+        kwargs_json="{}",
+        max_attempts=3,
+        run_after=None,
+    )
+
+
+def _recorded(call: Callable[[RecordingCursor], object]) -> list[str]:
+    cursor = RecordingCursor()
+    call(cursor)
+    return cursor.executed
+
+
+def statements(vendor: str) -> Iterator[Statement]:
+    """Every statement of ``vendor``'s dialect, in the order the docs list them."""
+    d = dialect(vendor)
+    if vendor == "postgresql":
+        yield from _postgresql(d)
+    else:
+        yield from _portable(d)
+    yield from _common(d)
+
+
+def _moved_columns(d: Any) -> dict[str, str]:
+    """The columns a moved row is copied by (read from ``pg_attribute`` by a worker):
+    here the model's, with the types it gives them."""
+    return {
+        str(field.column): str(field.db_type(d.first_connection))
+        for field in Task._meta.concrete_fields
+        if not isinstance(field, models.GeneratedField)
+    }
+
+
+def _postgresql(d: Any) -> Iterator[Statement]:
+    moved = _moved_columns(d)
+    for mode in ClaimMode:
+        for form in ClaimForm:
+            name = f"round_claim_{form.name.lower()}_{mode.value.replace('-', '_')}"
+            yield Statement(
+                name,
+                f"A round that only claims, in the {form.name.lower()} form, {mode.value}: "
+                "the outcomes' CTEs are absent, the claim's reads are per queue "
+                "(pg_round.py's docstring says what each form reads).",
+                d.round.statement((), False, True, mode, form),
+            )
+    yield Statement(
+        "round_success_then_claim_lean_optimistic",
+        "The common round: a success written and its row moved to the finished "
+        "table, then the lean claim, in one statement.",
+        d.round.statement(
+            (OutcomeKind.SUCCESS,), False, True, ClaimMode.OPTIMISTIC, ClaimForm.LEAN, moved
+        ),
+    )
+    yield Statement(
+        "round_success_frees_slot_then_claim_window_optimistic",
+        "A limited task's success frees its slot, which the claim of the window "
+        "form may hand over to the key's next task (pg_limited.py).",
+        d.round.statement(
+            (OutcomeKind.SUCCESS,), True, True, ClaimMode.OPTIMISTIC, ClaimForm.WINDOW, moved
+        ),
+    )
+    kinds = tuple(k for k in OutcomeKind if k != OutcomeKind.NOTE)
+    yield Statement(
+        "round_every_outcome_no_claim",
+        "Outcomes of every kind written, no claim: what a round writes when the "
+        "worker wants nothing more (shutdown, claimed ahead).",
+        d.round.statement(kinds, True, False, None, ClaimForm.LEAN, moved),
+    )
+    for name, comment, (sql, names) in (
+        ("renew", "The heartbeat: leases (and slots) of the claims still ours.", d.renew_sql),
+        (
+            "renew_unlimited",
+            "The heartbeat of a process holding no limited claim.",
+            d.renew_unlimited_sql,
+        ),
+    ):
+        yield Statement(name, f"{comment} Parameters, in order: {', '.join(names)}.", sql)
+    yield Statement(
+        "enqueue_one",
+        "A single enqueue, prepared where the session allows (preparing.py), with its NOTIFY.",
+        d.insert_one_sql[True],
+    )
+    yield Statement(
+        "enqueue_call",
+        "A single enqueue where nothing can be prepared: the function of migration 0005.",
+        d.enqueue_call_sql,
+    )
+    yield Statement("enqueue_many", "Many NewTask rows in one INSERT.", d.insert_sql)
+    yield Statement(
+        "enqueue_batch_read_back",
+        "After a bulk enqueue's COPY: its clock read off its first row, and the NOTIFY.",
+        d.copied_sql[True],
+    )
+
+
+def _portable(d: Any) -> Iterator[Statement]:
+    yield Statement(
+        "claim_first_read",
+        "The claim's first read, for two queues: per queue, expired leases, then READY "
+        "rows by priority (fresh, deferred, limited: each its index's range), one "
+        "UNION ALL (ready_reads.py).",
+        d.candidates_sql(len(QUEUES)),
+    )
+    yield Statement(
+        "claim_compare_and_set",
+        "The claim itself for three candidates: version + 1 where each is still at the "
+        "version read (optimistic locking).",
+        d.claim_update_sql(3),
+    )
+    for kind in OutcomeKind:
+        yield Statement(
+            f"outcome_{kind.value}",
+            f"A {kind.value} outcome written, fenced by the claim (id, version, holder).",
+            d.outcome_sql[kind],
+        )
+    candidate = Candidate(IDS[0], 0, TaskStatus.READY.value, "", None)
+    for i, sql in enumerate(_recorded(lambda c: d.lock_unchanged(c, [candidate], 1))):
+        yield Statement(
+            f"claim_lock_unchanged_{i}",
+            "Of the candidates read, those still at the version read, locked, skipping "
+            "rows others hold (the optimistic claim never waits).",
+            sql,
+        )
+    if d.has_row_locks:
+        for i, sql in enumerate(_recorded(lambda c: d.locked_candidates(c, QUEUES, 5))):
+            yield Statement(
+                f"claim_first_read_skip_locked_{i}",
+                "The first read in the skip-locked mode: each part locks what it reads.",
+                sql,
+            )
+    for i, sql in enumerate(
+        _recorded(lambda c: d.finish(c, [_outcome(OutcomeKind.SUCCESS)], WORKER))
+    ):
+        yield Statement(f"finish_{i}", "Outcomes written outside a round (finish).", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.insert_tasks(c, [_new_task()]))):
+        yield Statement(f"enqueue_{i}", "An enqueue: the clock, then the row.", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.renew(c, [(IDS[0], 1)], WORKER, LEASE))):
+        yield Statement(f"renew_{i}", "The heartbeat, step by step.", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.unpaused(c, QUEUES))):
+        yield Statement(f"claim_paused_queues_{i}", "The paused queues, read by the claim.", sql)
+
+
+def _common(d: Any) -> Iterator[Statement]:
+    for i, sql in enumerate(
+        _recorded(
+            lambda c: d.save_progress(
+                c, IDS[0], 1, WORKER, progress=0.5, message="half", checkpoint_json="{}"
+            )
+        )
+    ):
+        yield Statement(f"save_progress_{i}", "A running task's progress, fenced.", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.lock_rows(c, [(IDS[0], 1)], WORKER))):
+        yield Statement(f"lock_rows_{i}", "The rows of outcomes about to be written.", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.limits.make_slots(c, [("tenant:1", 3, 0.0)]))):
+        yield Statement(f"make_slots_{i}", "A limit key's missing slots, made.", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.current_time(c))):
+        yield Statement(f"clock_{i}", "The database's clock.", sql)
+    for i, sql in enumerate(d.session_sql(LEASE)):
+        yield Statement(f"session_{i}", "A worker session's bounds, set once.", sql)
+    for i, sql in enumerate(d.transaction_sql(LEASE)):
+        yield Statement(
+            f"transaction_{i}", "The same bounds per transaction, behind a pooler.", sql
+        )
+
+
+def render(vendor: str) -> str:
+    """The catalog of ``vendor`` as one SQL file."""
+    parts = [
+        f"-- The SQL django-rdbtasks runs on {VENDOR_NAMES[vendor]}, as the code builds it.\n"
+        "-- Generated by django_rdbtasks/db/catalog.py (make sql); checked by\n"
+        "-- tests/test_sql_catalog.py. %s, %(name)s: parameters.\n"
+    ]
+    for statement in statements(vendor):
+        # Laid out only: keywords and names as written (a column named like a
+        # keyword, ``version``, stays as it is).
+        text = sqlparse.format(statement.sql, reindent=True)
+        comment = "\n".join(f"-- {line}" for line in textwrap.wrap(statement.comment, 96))
+        parts.append(f"-- name: {statement.name}\n{comment}\n{text.strip()};\n")
+    return "\n".join(parts)
+
+
+def write_all(directory: str = "docs/sql") -> None:
+    """Write ``<directory>/<vendor>.sql`` for every database (``make sql``)."""
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    for vendor in ENGINES:
+        (target / f"{vendor}.sql").write_text(render(vendor))
