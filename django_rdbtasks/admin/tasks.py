@@ -351,8 +351,11 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
         extra = dict(extra_context or {})
         if task is not None:
             extra["history"] = self.history_table(task)
-            # On the primary: what holds a task back is what the claim sees now.
-            extra["explanation"] = explain(task.pk)
+            # From where the page read the task (the replica when READ_DATABASE
+            # names one, like every admin page): a box that contradicts the row
+            # above it would mislead more than one a replica's lag behind.
+            # `rdbtasks explain` asks the primary.
+            extra["explanation"] = explain(task.pk, using=task._state.db)
             extra.update(self.buttons_allowed(request, task))
             extra["discard_question"] = _(
                 "Discard this task? Its row and its history are deleted; this cannot be undone."
