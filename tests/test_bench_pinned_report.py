@@ -38,6 +38,7 @@ def interval(from_s: float, phase: Phase, p99_ms: float, call_ms: float, hot_mb:
         "hot_dead_versions_per_task": 2.0,
         "oldest_xmin_age": 10,
         "autovacuum_count": 1,
+        "load_average": 2.0,
     }
 
 

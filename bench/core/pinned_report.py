@@ -91,6 +91,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "finished_table_mb_last": part[-1]["finished_table"]["heap_mb"]
             + part[-1]["finished_table"]["indexes_mb"],
             "hot_dead_versions_per_task": writes / finished if finished else None,
+            # The machine is shared more often than not: the latency moves with it.
+            "load_average_mean": statistics.fmean(_values(part, "load_average") or [0]),
         }
     return summary
 
@@ -104,7 +106,7 @@ def judge_pinned(rows: Sequence[dict[str, Any]], *, rate: float) -> dict[str, An
         checks.append(_check("phases", "a clean, a pinned and a recovery phase", passed=False))
     else:
         checks.append(
-            _within(
+            within_limit(
                 "pickup p99",
                 "worst pinned interval's pickup p99 over the clean intervals' median",
                 pinned["delay_p99_max_s"],
@@ -112,7 +114,7 @@ def judge_pinned(rows: Sequence[dict[str, Any]], *, rate: float) -> dict[str, An
             )
         )
         checks.append(
-            _within(
+            within_limit(
                 "enqueue p95",
                 "worst pinned interval's bulk_enqueue call p95 over the clean intervals' median",
                 pinned["enqueue_call_p95_max_s"],
@@ -168,7 +170,7 @@ def _first_hot_mb(rows: Sequence[dict[str, Any]]) -> float | None:
     return hot_mb(part[0]) if part else None
 
 
-def _within(name: str, what: str, worst: float | None, clean: float | None) -> dict[str, Any]:
+def within_limit(name: str, what: str, worst: float | None, clean: float | None) -> dict[str, Any]:
     ratio = _ratio(worst, clean)
     return _check(
         name,
@@ -192,7 +194,7 @@ def _fmt_ms(seconds: float | None) -> str:
     return _fmt(None if seconds is None else seconds * 1000, "{:.1f} ms")
 
 
-def _ms(seconds: float | None) -> str:
+def ms(seconds: float | None) -> str:
     return _fmt(None if seconds is None else seconds * 1000, "{:.1f}")
 
 
@@ -205,8 +207,8 @@ def render_pinned(rows: Sequence[dict[str, Any]]) -> str:
         "| from (s) | phase | enqueued/s | finished/s | pickup p50 / p99 (ms) "
         "| enqueue call p95 (ms) | task table dead tuples | task table heap / indexes (MB) "
         "| dead versions/task | finished table heap / indexes (MB) | oldest xmin age "
-        "| autovacuums |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| autovacuums | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         hot, done = row["hot_table"], row["finished_table"]
@@ -214,12 +216,13 @@ def render_pinned(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['from_s']:.0f} | {phase} | {_fmt(row['enqueued_per_second'], '{:,.0f}')} "
             f"| {row['finished_per_second']:,.0f} "
-            f"| {_ms(row['delay_p50_s'])} / {_ms(row['delay_p99_s'])} "
-            f"| {_ms(row['enqueue_call_p95_s'])} | {hot['dead_tuples']:,} "
+            f"| {ms(row['delay_p50_s'])} / {ms(row['delay_p99_s'])} "
+            f"| {ms(row['enqueue_call_p95_s'])} | {hot['dead_tuples']:,} "
             f"| {hot['heap_mb']:.1f} / {hot['indexes_mb']:.1f} "
             f"| {_fmt(row['hot_dead_versions_per_task'], '{:.2f}')} "
             f"| {done['heap_mb']:.1f} / {done['indexes_mb']:.1f} "
-            f"| {_fmt(row['oldest_xmin_age'], '{:,}')} | {row['autovacuum_count']} |"
+            f"| {_fmt(row['oldest_xmin_age'], '{:,}')} | {row['autovacuum_count']} "
+            f"| {_fmt(row.get('load_average'), '{:.1f}')} |"
         )
     return "\n".join(lines)
 
@@ -229,18 +232,19 @@ def render_phases(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| phase | s | finished/s | pickup p50 median (ms) | pickup p99 median / max (ms) "
         "| enqueue call p95 median / max (ms) | task table dead tuples max "
-        "| task table MB max / end | dead versions/task |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| task table MB max / end | dead versions/task | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for phase, part in summarize(rows).items():
         lines.append(
             f"| {phase} | {part['seconds']:.0f} | {part['finished_per_second']:,.0f} "
-            f"| {_ms(part['delay_p50_median_s'])} "
-            f"| {_ms(part['delay_p99_median_s'])} / {_ms(part['delay_p99_max_s'])} "
-            f"| {_ms(part['enqueue_call_p95_median_s'])} / {_ms(part['enqueue_call_p95_max_s'])} "
+            f"| {ms(part['delay_p50_median_s'])} "
+            f"| {ms(part['delay_p99_median_s'])} / {ms(part['delay_p99_max_s'])} "
+            f"| {ms(part['enqueue_call_p95_median_s'])} / {ms(part['enqueue_call_p95_max_s'])} "
             f"| {part['hot_dead_tuples_max']:,} "
             f"| {part['hot_mb_max']:.1f} / {part['hot_mb_last']:.1f} "
-            f"| {_fmt(part['hot_dead_versions_per_task'], '{:.2f}')} |"
+            f"| {_fmt(part['hot_dead_versions_per_task'], '{:.2f}')} "
+            f"| {part['load_average_mean']:.1f} |"
         )
     return "\n".join(lines)
 
