@@ -22,6 +22,13 @@ on a server with autovacuum on (bench/README.md: a cluster of your own):
    row (bench/core/steady_sample.py); at the end the verdict
    (bench/core/steady_verdict.py), the tables, and the JSON.
 
+With ``--pinned MINUTES`` (issue 43; also ``run.py --pinned``) the load runs
+in three phases, clean, pinned and recovery (``--clean-minutes``,
+``--recovery-minutes``), and the harness holds a REPEATABLE READ snapshot with
+an xid through the pinned one (bench/core/pin.py); the rows then say what
+issue 43 asks (the enqueue call's p95, the task table's own dead tuples and
+size) and bench/core/pinned_report.py judges them instead of the thirds.
+
 Exits 1 when the verdict fails.
 """
 
