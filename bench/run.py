@@ -16,6 +16,9 @@ virtualenv for a Python peer, an npm prefix with Node 22 for a Node one):
     .venv/bin/python bench/run.py --backlog         # django-rdbtasks: empty table vs a big one
     .venv/bin/python bench/run.py --sustained 10    # a fixed enqueue rate for 10 minutes
                                                     # (bench/sustained.py --help: its options)
+    .venv/bin/python bench/run.py --pinned 4 --rate 300 --pg-port 5461
+                                                    # the same, with a snapshot held 4 minutes
+                                                    # between a clean and a recovery phase
 
 See bench/README.md for what is measured and how.
 """
@@ -686,6 +689,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         at = argv.index("--sustained")
         return sustained.main(["--minutes", *argv[at + 1 : at + 2], *argv[:at], *argv[at + 2 :]])
+    if "--pinned" in argv:
+        # Issue 43: the sustained harness with a pin the harness holds (--pinned MINUTES).
+        import sustained
+
+        return sustained.main(argv)
     args = parse_args(argv)
     started = datetime.datetime.now().astimezone()
     stamp = started.strftime("%Y%m%d-%H%M%S")

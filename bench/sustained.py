@@ -22,6 +22,13 @@ on a server with autovacuum on (bench/README.md: a cluster of your own):
    row (bench/core/steady_sample.py); at the end the verdict
    (bench/core/steady_verdict.py), the tables, and the JSON.
 
+With ``--pinned MINUTES`` (issue 43; also ``run.py --pinned``) the load runs
+in three phases, clean, pinned and recovery (``--clean-minutes``,
+``--recovery-minutes``), and the harness holds a REPEATABLE READ snapshot with
+an xid through the pinned one (bench/core/pin.py); the rows then say what
+issue 43 asks (the enqueue call's p95, the task table's own dead tuples and
+size) and bench/core/pinned_report.py judges them instead of the thirds.
+
 Exits 1 when the verdict fails.
 """
 
@@ -35,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +55,15 @@ sys.path.insert(0, str(BENCH_DIR))
 
 from core import measure  # noqa: E402
 from core.pg import PgServer, settle, truncate  # noqa: E402
+from core.pin import Pin  # noqa: E402
+from core.pinned_report import (  # noqa: E402
+    Phase,
+    judge_pinned,
+    phase_of,
+    render_phases,
+    render_pinned,
+    render_pinned_verdict,
+)
 from core.procs import WorkerGroup  # noqa: E402
 from core.steady_sample import TABLE, TABLES, Sampler, server_settings  # noqa: E402
 from core.steady_verdict import (  # noqa: E402
@@ -99,7 +116,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="RDBTASKS_RETENTION for every finished status: how long finished tasks are "
         "kept (default: %(default)s); 'none' for no retention",
     )
-    parser.add_argument("--interval", type=float, default=60.0, help="seconds per row")
+    pinned = parser.add_argument_group(
+        "pinned (issue 43)",
+        "--pinned MINUTES: a clean phase, then the harness holds a snapshot and an xid "
+        "(idle in transaction) for MINUTES, then a recovery phase; judged as issue 43 asks "
+        "(bench/core/pinned_report.py). --minutes and the thirds' verdict do not apply.",
+    )
+    pinned.add_argument(
+        "--pinned", type=float, metavar="MINUTES", help="hold a REPEATABLE READ snapshot this long"
+    )
+    pinned.add_argument(
+        "--clean-minutes", type=float, default=2.0, help="before the pin (default: %(default)s)"
+    )
+    pinned.add_argument(
+        "--recovery-minutes", type=float, default=3.0, help="after it (default: %(default)s)"
+    )
+    pinned.add_argument(
+        "--pin-readers",
+        type=int,
+        default=0,
+        help="sessions that also hold a REPEATABLE READ snapshot and scan the task table "
+        "(default: %(default)s)",
+    )
+    pinned.add_argument(
+        "--pin-read-every",
+        type=float,
+        default=5.0,
+        help="seconds between a reader's scans (default: %(default)s)",
+    )
+    pinned.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="the same phases with nothing held: the clean run to read a pinned one against",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="seconds per row (default: 60; 10 with --pinned)",
+    )
     parser.add_argument("--probe", type=float, default=5.0, help="seconds between depth probes")
     parser.add_argument(
         "--warmup",
@@ -149,6 +204,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.produce:
         return args
+    if args.interval is None:
+        args.interval = 10.0 if args.pinned is not None else 60.0
+    if args.pinned is not None:
+        phases = (args.clean_minutes, args.pinned, args.recovery_minutes)
+        if min(phases) <= 0 or args.pin_readers < 0 or args.pin_read_every <= 0:
+            parser.error("--pinned, --clean-minutes, --recovery-minutes must be positive")
+        for minutes in phases:
+            if abs(minutes * 60 / args.interval - round(minutes * 60 / args.interval)) > 1e-6:
+                parser.error("each phase must last a whole number of --interval")
+        args.minutes = sum(phases)
+    elif args.no_pin:
+        parser.error("--no-pin goes with --pinned MINUTES")
     if args.interval <= 0 or args.probe <= 0 or args.minutes <= 0:
         parser.error("--minutes, --interval and --probe must be positive")
     args.intervals = math.floor(args.minutes * 60 / args.interval + 1e-9)
@@ -185,6 +252,11 @@ def log(message: str) -> None:
 # -- the producer (a process of its own, so its CPU is not the harness's) ----------------
 
 
+def per_call(rate: int) -> int:
+    """Tasks per ``bulk_enqueue`` call: the rate in ``TICKS_PER_SECOND`` calls."""
+    return max(1, round(rate / TICKS_PER_SECOND))
+
+
 def produce(args: argparse.Namespace) -> None:
     """Enqueue ``--rate`` tasks a second for ``--seconds``; print a line per call."""
     sys.path.insert(0, str(PROJECT_DIR))
@@ -196,33 +268,43 @@ def produce(args: argparse.Namespace) -> None:
 
     from django_rdbtasks.backend import bulk_enqueue
 
-    per_call = max(1, round(args.rate / TICKS_PER_SECOND))
-    period = per_call / args.rate
+    batch = per_call(args.rate)
+    period = batch / args.rate
     start = time.time()
     report(start, 0)
     calls = 0
     behind = 0.0
     while time.time() - start < args.seconds:
-        bulk_enqueue(tasks.noop, [((), {})] * per_call, batch_size=per_call)
+        began = time.perf_counter()
+        bulk_enqueue(tasks.noop, [((), {})] * batch, batch_size=batch)
+        took = time.perf_counter() - began
         calls += 1
-        report(time.time(), calls * per_call)
+        report(time.time(), calls * batch, took)
         pause = start + calls * period - time.time()
         if pause > 0:
             time.sleep(pause)
         else:
             behind = max(behind, -pause)
-    print(json.dumps({"enqueued": calls * per_call, "most_behind_seconds": behind}), flush=True)
+    print(json.dumps({"enqueued": calls * batch, "most_behind_seconds": behind}), flush=True)
 
 
-def report(at: float, enqueued: int) -> None:
-    print(json.dumps({"t": at, "n": enqueued}), flush=True)
+def report(at: float, enqueued: int, call_seconds: float | None = None) -> None:
+    line: dict[str, float] = {"t": at, "n": enqueued}
+    if call_seconds is not None:
+        line["call"] = call_seconds
+    print(json.dumps(line), flush=True)
 
 
 class ProducerLog:
-    """The producer's lines as they come: (time, tasks enqueued so far), and its summary."""
+    """The producer's lines as they come: (time, tasks enqueued so far), and its summary.
+
+    A line after a call also says how long the ``bulk_enqueue`` call took.
+    """
 
     def __init__(self, stream: IO[str]) -> None:
         self.points: list[tuple[float, int]] = []
+        #: (when the call returned, how long it took), seconds.
+        self.calls: list[tuple[float, float]] = []
         self.summary: dict[str, Any] = {}
         self.first = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
@@ -236,6 +318,8 @@ class ProducerLog:
                 continue
             if "t" in item:
                 self.points.append((item["t"], item["n"]))
+                if "call" in item:
+                    self.calls.append((item["t"], item["call"]))
                 self.first.set()
             else:
                 self.summary = item
@@ -249,6 +333,10 @@ class ProducerLog:
                 break
             count = n
         return count
+
+    def call_seconds(self, since: float, until: float) -> list[float]:
+        """How long each ``bulk_enqueue`` call that returned in ``[since, until)`` took."""
+        return [took for when, took in list(self.calls) if since <= when < until]
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -357,11 +445,24 @@ def sample_load(
     group: WorkerGroup,
     producer: subprocess.Popen,
     produced: ProducerLog,
+    pin: Pin | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """The interval rows, from when the producer's first call was about to start."""
+    """The interval rows, from when the producer's first call was about to start.
+
+    With ``--pinned``, ``pin`` is held from the end of the clean phase to the
+    start of the recovery phase (unless ``--no-pin``: the same phases, nothing
+    held).
+    """
     if not produced.first.wait(120) or not produced.points:
         raise RuntimeError("the producer did not start")
     started = produced.points[0][0]
+    actions: list[tuple[float, str, Callable[[], None]]] = []
+    if pin is not None:
+        hold_at = started + args.clean_minutes * 60
+        actions = [
+            (hold_at, "pin held", pin.hold),
+            (hold_at + args.pinned * 60, "pin released", pin.release),
+        ]
     sampler = Sampler(conn, workers_session=group.processes[0].pid)
     sampler.start()
     rows: list[dict[str, Any]] = []
@@ -375,21 +476,41 @@ def sample_load(
                 raise RuntimeError(f"runworkers exited; see {group.log_path}")
             if producer.poll() is not None and producer.returncode != 0:
                 raise RuntimeError(f"the producer exited with {producer.returncode}")
-            wake = min(next_probe, until + lag)
+            wake = min(next_probe, until + lag, *(at for at, _, _ in actions[:1]))
             time.sleep(max(0.0, wake - time.time()))
-            if wake == next_probe:
+            if actions and wake == actions[0][0]:
+                _, what, action = actions.pop(0)
+                action()
+                log(what)
+            elif wake == next_probe:
                 sampler.probe()
                 next_probe += args.probe
             else:
                 break
         enqueued = produced.enqueued_by(until) - produced.enqueued_by(since)
         row = {"from_s": since - started, **sampler.interval(since, until, enqueued)}
+        calls = produced.call_seconds(since, until)
+        row["enqueue_calls"] = len(calls)
+        row["enqueue_call_p50_s"] = measure.percentile(calls, 50) if calls else None
+        row["enqueue_call_p95_s"] = measure.percentile(calls, 95) if calls else None
+        if args.pinned is not None:
+            phase = phase_of(row["from_s"], args.clean_minutes * 60, args.pinned * 60)
+            row["phase"] = phase.value
+            row["pin_held"] = phase is Phase.PINNED and pin is not None
         rows.append(row)
         log(
             f"{row['from_s']:6.0f} s: enqueued {row['enqueued_per_second']:7,.0f}/s, "
             f"finished {row['finished_per_second']:7,.0f}/s, depth {row['depth_max']:,}, "
             f"delay p50 {fmt_ms(row['delay_p50_s'])}, table {row['total_mb']:,.0f} MB, "
             f"dead {row['dead_tuples']:,}, pruned {row['pruned_per_second']:,.0f}/s"
+            + (
+                f"; {row['phase']}: delay p99 {fmt_ms(row['delay_p99_s'])}, enqueue call p95 "
+                f"{fmt_ms(row['enqueue_call_p95_s'])}, task table dead "
+                f"{row['hot_table']['dead_tuples']:,}, "
+                f"{row['hot_table']['heap_mb'] + row['hot_table']['indexes_mb']:.1f} MB"
+                if "phase" in row
+                else ""
+            )
         )
     return rows, started
 
@@ -425,7 +546,7 @@ def run(args: argparse.Namespace) -> int:
             rate = max(1, round(args.share * peak["rate"]))
         empty_table(conn)
         keep = {} if args.keep_seconds is None else {"BENCH_RETENTION": args.keep}
-        log(describe(args, rate, peak))
+        log(describe(args, rate, peak) if args.pinned is None else describe_pinned(args, rate))
         commands = system.idle_worker_commands(args.processes)
         group = WorkerGroup(
             commands,
@@ -433,18 +554,27 @@ def run(args: argparse.Namespace) -> int:
             env={**system.env(), **keep},
             log=system.context.logs_dir / "workers.log",
         )
+        pin = (
+            Pin(server, args.database, readers=args.pin_readers, read_every=args.pin_read_every)
+            if args.pinned is not None and not args.no_pin
+            else None
+        )
         with group:
             producer = start_producer(args, system, rate)
             assert producer.stdout is not None
             produced = ProducerLog(producer.stdout)
             try:
-                rows, started = sample_load(args, conn, group, producer, produced)
+                rows, started = sample_load(args, conn, group, producer, produced, pin)
                 producer.wait(60)
             finally:
+                if pin is not None:
+                    pin.release()
                 if producer.poll() is None:
                     producer.terminate()
                     producer.wait(30)
             produced.join(10)
+    if args.pinned is not None:
+        return report_pinned(args, stamp, system, rate, rows, started, pin, settings, produced)
     max_backlog = args.max_backlog if args.max_backlog is not None else rate * 10
     verdict = judge(
         rows,
@@ -495,6 +625,80 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     log(f"producer: {produced.summary}; results in {output}; logs in {system.context.logs_dir}")
+    return 0 if verdict["passed"] else 1
+
+
+def describe_pinned(args: argparse.Namespace, rate: int) -> str:
+    held = (
+        "nothing held (--no-pin: the clean run)"
+        if args.no_pin
+        else "a REPEATABLE READ transaction with an xid idle in transaction"
+        + (
+            f" and {args.pin_readers} REPEATABLE READ readers scanning the task table every "
+            f"{args.pin_read_every:g} s"
+            if args.pin_readers
+            else ""
+        )
+    )
+    keep = "no retention" if args.keep_seconds is None else f"RDBTASKS_RETENTION {args.keep}"
+    flags = f" {args.worker_args}" if args.worker_args else ""
+    return (
+        f"Pinned load (issue 43): {rate:,} tasks/s (bulk_enqueue of {per_call(rate)} every "
+        f"{per_call(rate) / rate:.2g} s), runworkers --processes {args.processes}{flags}, "
+        f"no-op tasks, {keep}; {args.clean_minutes:g} min clean, {args.pinned:g} min pinned "
+        f"({held}), {args.recovery_minutes:g} min recovery; a row every {args.interval:g} s"
+    )
+
+
+def report_pinned(
+    args: argparse.Namespace,
+    stamp: str,
+    system: RDBTasks,
+    rate: int,
+    rows: list[dict[str, Any]],
+    started: float,
+    pin: Pin | None,
+    settings: dict[str, Any],
+    produced: ProducerLog,
+) -> int:
+    verdict = judge_pinned(rows, rate=rate)
+    title = describe_pinned(args, rate)
+    print()
+    print(title)
+    print()
+    print(render_pinned(rows))
+    print()
+    print(render_phases(rows))
+    print()
+    print(render_pinned_verdict(verdict))
+    output = args.output or BENCH_DIR / "results" / f"pinned-{stamp}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(
+        json.dumps(
+            {
+                "title": title,
+                "started_at": started,
+                "rate": rate,
+                "processes": args.processes,
+                "retention": None if args.keep_seconds is None else args.keep,
+                "pin": None if pin is None else pin.as_dict(),
+                "config": {
+                    key: value
+                    for key, value in vars(args).items()
+                    if key not in ("produce", "seconds") and not isinstance(value, Path)
+                },
+                "server": settings,
+                "producer": produced.summary,
+                "intervals": rows,
+                "verdict": verdict,
+                "load_average_after": os.getloadavg(),
+            },
+            indent=2,
+        )
+    )
+    log(f"producer: {produced.summary}; results in {output}; logs in {system.context.logs_dir}")
+    if pin is not None and pin.as_dict()["errors"]:
+        log(f"WARNING: the pin's readers failed: {pin.as_dict()['errors']}")
     return 0 if verdict["passed"] else 1
 
 

@@ -157,3 +157,40 @@ def test_a_run_whose_workers_drain_nothing_fails(harness):
     assert {"backlog", "keeps up", "throughput"} <= failed, verdict
     assert result["intervals"][-1]["depth_end"] >= 200  # 6 s of 50 a second, nearly all
     assert "Verdict: FAILED" in done.stdout
+
+
+def test_a_pinned_run_holds_its_snapshot_in_the_pinned_phase_only(harness):
+    # Issue 43's harness: 3 s clean, 3 s with a REPEATABLE READ snapshot and an
+    # xid held (and a reader), 3 s of recovery, a row a second.
+    done, result = harness(
+        "--rate",
+        "50",
+        "--processes",
+        "1",
+        "--pinned",
+        "0.05",
+        "--clean-minutes",
+        "0.05",
+        "--recovery-minutes",
+        "0.05",
+        "--pin-readers",
+        "1",
+        "--pin-read-every",
+        "0.5",
+    )
+    output = done.stdout + done.stderr
+    rows = result["intervals"]
+    assert [row["phase"] for row in rows] == ["clean"] * 3 + ["pinned"] * 3 + ["recovery"] * 3
+    assert [row["pin_held"] for row in rows] == [False] * 3 + [True] * 3 + [False] * 3
+    for row in rows:
+        assert {"hot_table", "finished_table", "enqueue_call_p95_s"} <= set(row), output
+    pin = result["pin"]
+    assert pin["xid"] and pin["released_at"] > pin["held_at"], output
+    assert pin["reader_scans"] >= 1 and not pin["errors"], output
+    # The held xid keeps the server's horizon back while it is held, and only then.
+    pinned_ages = [row["oldest_xmin_age"] for row in rows if row["pin_held"]]
+    assert min(pinned_ages) >= 1, output
+    checks = [check["name"] for check in result["verdict"]["checks"]]
+    assert checks == ["pickup p99", "enqueue p95", "back to clean size", "keeps up when clean"]
+    assert "| from (s) | phase |" in done.stdout
+    assert "Issue 43's checks: " in done.stdout

@@ -92,10 +92,15 @@ class Sampler:
     previous: Totals | None = None
     #: CPU seconds of each database backend at the last reading, by pid.
     backend_cpu: dict[int, float] = field(default_factory=dict)
+    #: The task table's own updates and deletes so far (the finished rows' table apart).
+    hot_writes: int = 0
+    #: The oldest snapshot's or xid's age (``oldest_xmin_age``) at the probes since the last row.
+    xmin_ages: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         """Take the counters the first interval is measured from."""
         self.previous = self._totals()
+        self.hot_writes = relations(self.conn)[TABLE]["writes"]
         self._backends_cpu_delta()
         self.probe()
 
@@ -108,6 +113,9 @@ class Sampler:
         ).fetchone()
         assert row is not None
         self.probes.append((at, int(row[0]), int(row[1]), bool(row[2])))
+        age = oldest_xmin_age(self.conn)
+        if age is not None:
+            self.xmin_ages.append(age)
 
     def interval(self, since: float, until: float, enqueued: int | None) -> dict[str, Any]:
         """The row of the interval ``[since, until)`` (epoch seconds), read a little after it.
@@ -120,6 +128,9 @@ class Sampler:
         self.probes = [probe for probe in self.probes if probe[0] >= until]
         finished, p50, p99, delay_max = self._finished(since, until)
         table = self._table()
+        each = relations(self.conn)
+        hot_writes = each[TABLE]["writes"] - self.hot_writes
+        self.hot_writes = each[TABLE]["writes"]
         totals = self._totals()
         before = self.previous
         assert before is not None
@@ -157,6 +168,14 @@ class Sampler:
             "updated": updated,
             "hot_share": (totals.hot_updated - before.hot_updated) / updated if updated else None,
             **table,
+            "hot_table": each[TABLE],
+            "finished_table": each[FINISHED_TABLE],
+            # Every update or delete of a row of the table the claim reads leaves
+            # a dead version there (and a non-HOT update an entry in each index).
+            "hot_dead_versions_per_task": hot_writes / finished if finished else None,
+            # The largest the probes saw: a pin released just before the row's
+            # reading held the interval back all the same.
+            "oldest_xmin_age": max(self.xmin_ages, default=None),
             "worker_cpu_s": worker_cpu,
             "server_cpu_s": server_cpu,
             "worker_cpu_us_per_task": _per_task(worker_cpu, finished),
@@ -164,6 +183,7 @@ class Sampler:
             "wal_bytes_per_task": int(wal[0]) / finished if finished else None,
             "load_average": os.getloadavg()[0],
         }
+        self.xmin_ages.clear()
         # The probe nearest the interval's end stands for the start of the next.
         self.probes.insert(0, inside[-1])
         return row
@@ -259,6 +279,41 @@ class Sampler:
         delta = sum(cpu - self.backend_cpu.get(pid, 0.0) for pid, cpu in now.items())
         self.backend_cpu = now
         return delta
+
+
+def relations(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
+    """The task table and the finished rows' table apart: sizes, tuples, writes so far.
+
+    ``pg_stat_user_tables`` counts each relation's own rows: the task table's
+    figures are the hot table's alone, without the rows it inherits.
+    """
+    mb = 2**20
+    return {
+        name: {
+            "heap_mb": heap / mb,
+            "indexes_mb": indexes / mb,
+            "live_tuples": live,
+            "dead_tuples": dead,
+            "updated": updated,
+            "hot_updated": hot_updated,
+            "deleted": deleted,
+            "writes": updated + deleted,
+        }
+        for name, heap, indexes, live, dead, updated, hot_updated, deleted in conn.execute(
+            "SELECT relname::text, pg_relation_size(relid), pg_indexes_size(relid), n_live_tup,"
+            " n_dead_tup, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
+            " WHERE relname = ANY(%s) AND schemaname = current_schema()",
+            [TABLES],
+        ).fetchall()
+    }
+
+
+def oldest_xmin_age(conn: psycopg.Connection) -> int | None:
+    """How many transactions the oldest snapshot or xid on the server holds vacuum back."""
+    row = conn.execute(
+        "SELECT max(greatest(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity"
+    ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def _per_task(cpu: float | None, tasks: int) -> float | None:

@@ -14,7 +14,8 @@ USE_TZ = True
 INSTALLED_APPS = ["django_rdbtasks", "benchapp"]
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
+        # BENCH_DB_ENGINE=mysql: bench/pinned_mysql.py's runs on MariaDB/MySQL.
+        "ENGINE": "django.db.backends." + os.environ.get("BENCH_DB_ENGINE", "postgresql"),
         "NAME": os.environ.get("BENCH_DB_NAME", "bench_rdbtasks"),
         "HOST": os.environ.get("BENCH_DB_HOST", "127.0.0.1"),
         "PORT": os.environ.get("BENCH_DB_PORT", "5432"),
