@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, connections, transaction
+from django.db import connections, transaction
 from django.db.models import F
 
-from .arguments import encode_arguments
+from .backend_interface import TaskBackendInterface
 from .compat import (
-    BaseTaskBackend,
     InvalidTask,
     Task,
     TaskResult,
@@ -24,20 +21,18 @@ from .compat import (
     framework_signals,
 )
 from .db import dialect_for
-from .db.cursors import kept_cursor
 from .db.functions import DbNow
-from .db.rows import NewBatch, NewTask, new_ids
-from .exceptions import ArgumentsNotJSON, InvalidTaskPath
-from .keys import task_key
-from .limits import limit_for, limit_spec, queue_limits_option, validate_limit
+from .enqueueing import Enqueuer
+from .exceptions import InvalidTaskPath
+from .limits import queue_limits_option, validate_limit
 from .loading import check_loadable, load_task, note_declared
 from .models import Task as TaskRow
-from .models import TaskStatus, uuid7
-from .observability import tracing
+from .models import TaskStatus
 from .pooling import pooling_checks
 from .rdbtask import RDBTask
 from .reads import read_database_checks
-from .results import RDBTaskResult, ready_result, stamp_enqueued_at
+from .results import RDBTaskResult
+from .sagas import lock_workflows, settle_finished
 from .storable import (
     DEFAULT_MAX_ARGUMENTS_BYTES,
     DEFAULT_MAX_CHECKPOINT_BYTES,
@@ -94,11 +89,9 @@ KNOWN_OPTIONS = frozenset(
 MIN_STORAGE_LIMIT = 1024
 #: The ``max_attempts`` column's largest value everywhere (an ``integer`` on PostgreSQL).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
-#: The ``dedup_key`` column's length.
-MAX_DEDUP_KEY_LENGTH = 255
 
 
-class RDBTaskBackend(BaseTaskBackend):
+class RDBTaskBackend(TaskBackendInterface):
     task_class = RDBTask
     supports_defer = True
     supports_priority = True
@@ -151,6 +144,8 @@ class RDBTaskBackend(BaseTaskBackend):
         #: this backend's configuration (the framework makes a new backend when
         #: TASKS changes), so the same task object needs checking once.
         self._valid_tasks: dict[int, Task] = {}
+        #: Builds and inserts this backend's task rows (enqueueing.py).
+        self.enqueuer = Enqueuer(self)
 
     def _settings_errors(self, params: dict) -> list[str]:
         """Unknown keys of the TASKS entry, and QUEUES that is not a list of names.
@@ -328,151 +323,16 @@ class RDBTaskBackend(BaseTaskBackend):
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def _new_task(
-        self, task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, job_name: str = ""
-    ) -> NewTask:
-        return self._prepare(task, args, kwargs, job_name=job_name)[0]
-
-    def _prepare(
-        self, task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, job_name: str = ""
-    ) -> tuple[NewTask, tuple[list[Any], dict[str, Any]]]:
-        """The row to insert, and the arguments as the task will receive them."""
-        self._refuse_bad_options()
-        args_json, kwargs_json, values, keywords = encode_arguments(
-            args, kwargs, self.storage_limits.arguments
-        )
-        dedup = getattr(task, "dedup_key", None)
-        dedup_key = None if dedup is None else task_key(dedup, task, args, kwargs, what="Dedup key")
-        if dedup_key is not None and len(dedup_key) > MAX_DEDUP_KEY_LENGTH:
-            raise InvalidTask(
-                f"A dedup key is at most {MAX_DEDUP_KEY_LENGTH} characters: {dedup_key[:60]!r}..."
-            )
-        limit = limit_for(task, self.queue_limits)  # computed before anything is written
-        new = NewTask(
-            id=uuid7(),
-            task_path=task.module_path,
-            queue_name=task.queue_name,
-            backend_name=self.alias,
-            priority=task.priority,
-            args_json=args_json,
-            kwargs_json=kwargs_json,
-            max_attempts=self.max_attempts_for(task),
-            run_after=task.run_after,
-            job_name=job_name,
-            dedup_key=dedup_key,
-            limit=limit_spec(limit, task, args, kwargs) if limit is not None else None,
-        )
-        return new, (values, keywords)
-
-    def _prepare_calls(
-        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
-    ) -> list[tuple[NewTask, tuple[list[Any], dict[str, Any]]]]:
-        """``_prepare`` for each of a bulk enqueue's calls; a refusal names the call."""
-        prepared = []
-        for index, (args, kwargs) in enumerate(calls):
-            try:
-                prepared.append(self._prepare(task, args, kwargs))
-            except ArgumentsNotJSON as exc:
-                raise ArgumentsNotJSON(f"calls[{index}]: {exc}") from exc
-        return prepared
-
-    def _insert(
-        self, tasks: Sequence[NewTask] | NewBatch, meanwhile: Callable[[], object] | None = None
-    ) -> Any:
-        connection = connections[self.database]
-        dialect = dialect_for(connection)
-        # None unless the caller is being traced (the tracing extra).
-        span = tracing.enqueue_span(tasks) if tracing.ENABLED else None
-        if span is None:
-            return self._insert_rows(connection, dialect, tasks, meanwhile)
-        with span:
-            span.mark(tasks)  # its context goes into the rows' trace_context
-            return self._insert_rows(connection, dialect, tasks, meanwhile)
-
-    def _insert_rows(
-        self,
-        connection: Any,
-        dialect: Any,
-        tasks: Sequence[NewTask] | NewBatch,
-        meanwhile: Callable[[], object] | None = None,
-    ) -> Any:
-        # The rows and their NOTIFY commit with the caller's transaction if one
-        # is open, so a rollback takes the tasks with it; else in their own.
-        # One statement is atomic by itself and needs no transaction around it.
-        cursor = kept_cursor(connection, dialect, prepare=self.prepare)
-        if isinstance(tasks, NewBatch):  # a bulk enqueue's, in its transaction
-            return dialect.insert_batch(cursor, tasks, self.notify, meanwhile)
-        limited = [t for t in tasks if t.limit is not None]
-        if dialect.insert_is_one_statement and not limited:
-            return dialect.insert_tasks(cursor, tasks, self.notify)
-        with transaction.atomic(using=self.database, savepoint=False):
-            enqueued_at = dialect.insert_tasks(cursor, tasks, self.notify)
-            if limited:
-                # In the rows' transaction: no worker sees them unlimited.
-                dialect.limits.attach(cursor, limited)
-            return enqueued_at
-
-    def _new_result(
-        self,
-        task: Task,
-        new: NewTask,
-        enqueued_at: Any,
-        decoded: tuple[list[Any], dict[str, Any]] | None = None,
-    ) -> TaskResult:
-        args, kwargs = decoded or (json.loads(new.args_json), json.loads(new.kwargs_json))
-        return ready_result(task, str(new.id), enqueued_at, args, kwargs, self.alias)
-
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self._validate_once(task)
-        new, decoded = self._prepare(task, args, kwargs)
-        return self._enqueue_one(task, new, decoded)
-
-    def _refuse_bad_options(self) -> None:
-        if self.option_errors:
-            raise ImproperlyConfigured(
-                f"Task backend {self.alias!r}: {' '.join(self.option_errors)}"
-            )
+        return self.enqueuer.enqueue(task, *self.enqueuer.prepare(task, args, kwargs))
 
     def enqueue_job_task(self, task: Task, kwargs: dict[str, Any], *, job_name: str) -> TaskResult:
         """Enqueue a Job's tick, marked so its JobRecord follows the task."""
         self.validate_task(task)
-        return self._enqueue_one(task, self._new_task(task, [], kwargs, job_name=job_name))
-
-    def _enqueue_one(
-        self,
-        task: Task,
-        new: NewTask,
-        decoded: tuple[list[Any], dict[str, Any]] | None = None,
-    ) -> TaskResult:
-        if new.dedup_key is not None:
-            return self._enqueue_deduplicated(task, new)
-        result = self._new_result(task, new, self._insert([new]), decoded)
-        self.send_signal("task_enqueued", result)
-        return result
-
-    def _enqueue_deduplicated(self, task: Task, new: NewTask) -> TaskResult:
-        """Insert unless a READY or RUNNING task has the key; then return that one.
-
-        The unique index on the active key decides, not a read before the
-        write, so concurrent producers cannot both get in.
-        """
-        for _ in range(5):
-            try:
-                with transaction.atomic(using=self.database):
-                    enqueued_at = self._insert([new])
-            except IntegrityError:
-                active = (
-                    TaskRow.objects.using(self.database)
-                    .filter(active_dedup_key=new.dedup_key)
-                    .first()
-                )
-                if active is not None:
-                    return self.result_from_row(active, task)
-                continue  # it finished in between: try again
-            result = self._new_result(task, new, enqueued_at)
-            self.send_signal("task_enqueued", result)
-            return result
-        raise IntegrityError(f"Could not enqueue with dedup key {new.dedup_key!r}.")
+        return self.enqueuer.enqueue(
+            task, self.enqueuer.new_task(task, [], kwargs, job_name=job_name)
+        )
 
     def bulk_enqueue(
         self,
@@ -488,89 +348,7 @@ class RDBTaskBackend(BaseTaskBackend):
         one an earlier call of the same batch made).
         """
         self._validate_once(task)
-        if getattr(task, "dedup_key", None) is not None:
-            prepared = self._prepare_calls(task, calls)
-            with transaction.atomic(using=self.database, savepoint=False):
-                return [self._enqueue_one(task, new, decoded) for new, decoded in prepared]
-        self._refuse_bad_options()
-        if limit_for(task, self.queue_limits) is not None:
-            return self._bulk_enqueue_limited(task, calls, batch_size)
-        # Each column of the calls a list of its own: a bulk enqueue makes no
-        # object per task that outlives the call but its result and values
-        # (every one that does costs the garbage collector's passes again).
-        args_json: list[str] = []
-        kwargs_json: list[str] = []
-        values: list[list[Any]] = []
-        keywords: list[dict[str, Any]] = []
-        limit = self.storage_limits.arguments
-        for index, (args, kwargs) in enumerate(calls):
-            try:
-                encoded = encode_arguments(args, kwargs, limit)
-            except ArgumentsNotJSON as exc:
-                raise ArgumentsNotJSON(f"calls[{index}]: {exc}") from exc
-            args_json.append(encoded[0])
-            kwargs_json.append(encoded[1])
-            values.append(encoded[2])
-            keywords.append(encoded[3])
-        results: list[TaskResult] = []
-        with transaction.atomic(using=self.database, savepoint=False):
-            for start in range(0, len(values), batch_size):
-                end = start + batch_size
-                batch = NewBatch(
-                    task_path=task.module_path,
-                    queue_name=task.queue_name,
-                    backend_name=self.alias,
-                    priority=task.priority,
-                    max_attempts=self.max_attempts_for(task),
-                    run_after=task.run_after,
-                    ids=new_ids(min(end, len(values)) - start),
-                    args_json=args_json[start:end],
-                    kwargs_json=kwargs_json[start:end],
-                )
-                results += self._enqueue_batch(task, batch, values[start:end], keywords[start:end])
-        for result in results:
-            self.send_signal("task_enqueued", result)
-        return results
-
-    def _enqueue_batch(
-        self,
-        task: Task,
-        batch: NewBatch,
-        values: list[list[Any]],
-        keywords: list[dict[str, Any]],
-    ) -> list[TaskResult]:
-        """One statement of a bulk enqueue; its results made while the database writes it."""
-        made: list[TaskResult] = []
-
-        def make() -> None:
-            alias = self.alias
-            made.extend(
-                ready_result(task, result_id, None, args, kwargs, alias)
-                for result_id, args, kwargs in zip(batch.ids, values, keywords, strict=True)
-            )
-
-        # Stamped with the rows' clock once they are in, before anyone sees them.
-        stamp_enqueued_at(made, self._insert(batch, meanwhile=make))
-        return made
-
-    def _bulk_enqueue_limited(
-        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], batch_size: int
-    ) -> list[TaskResult]:
-        # Each row's key is computed from its arguments and stored with it, in
-        # the rows' transaction; their slots are made by the workers that meet
-        # them (db/limits.py): a NewTask per row.
-        prepared = self._prepare_calls(task, calls)
-        results = []
-        with transaction.atomic(using=self.database, savepoint=False):
-            for start in range(0, len(prepared), batch_size):
-                chunk = prepared[start : start + batch_size]
-                enqueued_at = self._insert([new for new, _ in chunk])
-                results += [
-                    self._new_result(task, new, enqueued_at, values) for new, values in chunk
-                ]
-        for result in results:
-            self.send_signal("task_enqueued", result)
-        return results
+        return self.enqueuer.bulk_enqueue(task, calls, batch_size)
 
     # -- results -----------------------------------------------------------------------
 
@@ -599,8 +377,6 @@ class RDBTaskBackend(BaseTaskBackend):
         recorded (the worker tells the task; it ends CANCELLED when it
         returns), or its final status if it had already finished.
         """
-        from .sagas import lock_workflows, settle_finished
-
         rows = TaskRow.objects.using(self.database).filter(pk=result_id)
         with transaction.atomic(using=self.database):
             # Its workflow's row before its own: a worker settling the workflow

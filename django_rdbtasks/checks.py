@@ -159,7 +159,8 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     checked on its own (``read_declared_jobs``).
     """
     from .discovery import task_module_failures
-    from .jobs import read_declared_jobs, validate_job_target, validate_task_path
+    from .job_validation import validate_job_target, validate_task_path
+    from .jobs import read_declared_jobs
 
     task_module_failures()  # the @periodic of the tasks modules, as a worker has them
     jobs, problems = read_declared_jobs()

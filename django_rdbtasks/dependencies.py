@@ -24,9 +24,11 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest
 
+from .backend_interface import TaskBackendInterface
 from .compat import TASK_BASE_CLASSES, InvalidTask, Task, TaskResult
 from .db import dialect_for
 from .db.functions import DbNow
+from .enqueueing import Enqueuer
 from .exceptions import InvalidTaskPath, RDBTasksError
 from .loading import check_loadable
 from .models import Task as TaskRow
@@ -152,8 +154,6 @@ class Workflow:
         return order
 
     def enqueue(self) -> dict[str, TaskResult]:
-        from .backend import RDBTaskBackend
-
         order = self._ordered()
         saga = any(node.compensate_with is not None for node in order)
         if saga:
@@ -161,12 +161,13 @@ class Workflow:
         results: dict[str, TaskResult] = {}
         backends = {node.task.get_backend() for node in order}
         backend = next(iter(backends))
-        if len(backends) != 1 or not isinstance(backend, RDBTaskBackend):
+        if len(backends) != 1 or not isinstance(backend, TaskBackendInterface):
             raise ValueError("All tasks of a workflow must use one RDBTaskBackend.")
+        enqueuer = Enqueuer(backend)
         with transaction.atomic(using=backend.database):
             for node in order:
                 parent_ids = [results[p].id if p in self._nodes else p for p in node.depends_on]
-                results[node.name] = _enqueue_child(backend, node, parent_ids)
+                results[node.name] = _enqueue_child(enqueuer, node, parent_ids)
             if saga:
                 _record_saga(backend.database, self.name, order, results)
         return results
@@ -247,12 +248,13 @@ def _record_saga(using: str, name: str, order: list[_Node], results: dict[str, T
     TaskRow.objects.using(using).filter(pk__in=ids).update(has_children=True)
 
 
-def _enqueue_child(backend: Any, node: _Node, parent_ids: list[str]) -> TaskResult:
+def _enqueue_child(enqueuer: Enqueuer, node: _Node, parent_ids: list[str]) -> TaskResult:
+    backend = enqueuer.backend
     backend.validate_task(node.task)
-    new = backend._new_task(node.task, node.args, node.kwargs)
+    new = enqueuer.new_task(node.task, node.args, node.kwargs)
     new.on_parent_failure = node.on_parent_failure
     if not parent_ids:
-        return backend._enqueue_one(node.task, new)
+        return enqueuer.enqueue(node.task, new)
     rows = TaskRow.objects.using(backend.database)
     # Lock the parents (and flag them) before reading their status: a parent
     # finishing now either waits for this transaction or is seen finished.
@@ -268,7 +270,7 @@ def _enqueue_child(backend: Any, node: _Node, parent_ids: list[str]) -> TaskResu
     failed = [str(pk) for pk, status in statuses.items() if status in FAILURE_POLICIES]
     new.waiting_on = sum(1 for s in statuses.values() if s != TaskStatus.SUCCESSFUL)
     new.status = TaskStatus.WAITING if new.waiting_on else TaskStatus.READY
-    result = backend._enqueue_one(node.task, new)
+    result = enqueuer.enqueue(node.task, new)
     TaskDependency.objects.using(backend.database).bulk_create(
         TaskDependency(parent_id=pk, child_id=new.id) for pk in set(parent_ids)
     )

@@ -19,19 +19,20 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from cronsim import CronSim, CronSimError
+from cronsim import CronSim
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 
-from .compat import TASK_BASE_CLASSES, InvalidTask, Task
+from .compat import TASK_BASE_CLASSES, Task
 from .db import dialect_for
 from .db.functions import DbNow
 from .exceptions import InvalidTaskPath
-from .loading import check_loadable, load_task
+from .job_validation import validate_cron, validate_timezone
+from .loading import load_task
 from .models import Job, JobRecord, MisfirePolicy
 from .states import TaskStatus
 from .suggest import did_you_mean
@@ -54,55 +55,7 @@ DEFAULT_RETIRE_AFTER = 600.0
 MIN_RETIRE_AFTER = 3 * DECLARE_EVERY
 
 
-# -- validation and cron arithmetic ----------------------------------------------------
-
-
-def validate_cron(expression: str) -> None:
-    try:
-        CronSim(expression, dt.datetime.now(dt.UTC))
-    except (CronSimError, ValueError, TypeError) as exc:
-        raise ValidationError(f"Invalid cron expression {expression!r}: {exc}") from exc
-
-
-def validate_timezone(name: str) -> None:
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValidationError(f"Unknown time zone {name!r}.") from exc
-
-
-def validate_task_path(path: str) -> None:
-    """Refuse a path no worker could load a task from, as ``enqueue()`` would."""
-    try:
-        check_loadable(path)
-    except InvalidTaskPath as exc:
-        raise ValidationError(str(exc)) from exc
-
-
-def validate_job_fields(
-    cron: str,
-    timezone: str,
-    task_path: str,
-    queue_name: str = "",
-    priority: int | None = None,
-) -> None:
-    errors: dict[str, list[str]] = {}
-    for name, check, value in (
-        ("cron", validate_cron, cron),
-        ("timezone", validate_timezone, timezone),
-        ("task_path", validate_task_path, task_path),
-    ):
-        try:
-            check(value)
-        except ValidationError as exc:
-            errors[name] = exc.messages
-    if "task_path" not in errors:
-        try:
-            validate_job_target(task_path, queue_name, priority)
-        except ValidationError as exc:
-            errors.update(exc.message_dict)
-    if errors:
-        raise ValidationError(errors)
+# -- cron arithmetic ----------------------------------------------------------------
 
 
 def next_tick(cron: str, timezone: str, after: dt.datetime) -> dt.datetime:
@@ -329,39 +282,6 @@ def declared_jobs() -> dict[str, JobSpec]:
             )
         )
     return jobs
-
-
-def validate_job_target(task_path: str, queue_name: str, priority: int | None) -> None:
-    """The queue and priority a job gives its task are ones the task's backend accepts.
-
-    A job with a queue its backend's QUEUES lacks fails every tick; refused
-    here by field (``queue_name``, ``priority``), for the admin's form and the
-    system check. A task path that loads no task is ``validate_task_path``'s.
-    """
-    from .backend import RDBTaskBackend
-
-    if not queue_name and priority is None:
-        return
-    try:
-        task = load_task(task_path)
-    except InvalidTaskPath:
-        return
-    backend = task.get_backend()
-    errors: dict[str, list[str]] = {}
-    if queue_name and isinstance(backend, RDBTaskBackend) and backend.queues:
-        if queue_name not in backend.queues:
-            errors["queue_name"] = [
-                f"Queue {queue_name!r} is not in TASKS[{backend.alias!r}]['QUEUES'] "
-                f"({', '.join(sorted(backend.queues))}), so every tick would fail to enqueue."
-                + did_you_mean(queue_name, backend.queues)
-            ]
-    if priority is not None:
-        try:
-            backend.validate_task(task.using(priority=priority))
-        except (InvalidTask, ValueError, TypeError) as exc:
-            errors["priority"] = [str(exc)]
-    if errors:
-        raise ValidationError(errors)
 
 
 def sync_declared_jobs(using: str = "default", jobs: Mapping[str, JobSpec] | None = None) -> None:

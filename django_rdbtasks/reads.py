@@ -15,11 +15,11 @@ A replica lags: what it shows may be a moment old (docs/scaling.md).
 
 from __future__ import annotations
 
-from typing import Any
-
+from django.conf import settings
 from django.core import checks
 from django.db import connections
 
+from .backend_interface import TaskBackendInterface
 from .compat import task_backends
 from .db import dialect_for
 
@@ -28,13 +28,9 @@ OPTION = "READ_DATABASE"
 
 def read_database(using: str) -> str:
     """The alias that the read-only views read the tasks of ``using`` from."""
-    from django.conf import settings
-
-    from .backend import RDBTaskBackend
-
     for alias in getattr(settings, "TASKS", {}):
         backend = task_backends[alias]
-        if isinstance(backend, RDBTaskBackend) and backend.database == using:
+        if isinstance(backend, TaskBackendInterface) and backend.database == using:
             read = backend.options.get(OPTION)
             if read:
                 return str(read)
@@ -48,7 +44,7 @@ def replica_lag(using: str) -> float | None:
         return dialect_for(connection).replica_lag(cursor)
 
 
-def read_database_checks(backend: Any) -> list[checks.CheckMessage]:
+def read_database_checks(backend: TaskBackendInterface) -> list[checks.CheckMessage]:
     """E050: ``READ_DATABASE`` names an alias that is not in DATABASES."""
     read = backend.options.get(OPTION)
     if read is None or read in connections:

@@ -28,8 +28,8 @@ Every move is made under the workflow row's lock (an UPDATE of it), taken
 before any other row of the settlement is touched (an operator's cancel takes
 it before the step's row too: ``lock_workflows``), in the same transaction as
 the outcome that causes it; that outcome is fenced by its claim. Its reads
-need READ COMMITTED (checks.py, W041). A compensation is enqueued under its
-limit, as ``enqueue()`` computes it. So a worker
+need READ COMMITTED (checks.py, W041). A compensation's row is made by the
+enqueue engine (``enqueueing.py``), under its limit. So a worker
 killed before its commit leaves nothing done (the task is reclaimed and the
 settlement made by whoever finishes it), and one killed after leaves it done
 once: a chain of compensations is enqueued exactly once.
@@ -41,24 +41,18 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from django.db import connections
 from django.db.models import F
 
-from .arguments import encode_arguments_and_values
-from .compat import InvalidTask, task_backends
-from .db import dialect_for
+from .backend_interface import TaskBackendInterface
+from .compat import task_backends
 from .db.functions import DbNow
 from .db.rows import NewTask
 from .dependencies import STEP_RESULT, end_dependants, release_dependants
-from .exceptions import InvalidTaskPath
-from .limits import LimitSpec, QueueLimit, limit_for, limit_spec
-from .loading import load_task
+from .enqueueing import Enqueuer, insert_compensations
 from .models import Task as TaskRow
-from .models import TaskDependency, TaskStatus, WorkflowStep, uuid7
+from .models import TaskDependency, TaskStatus, WorkflowStep
 from .models import Workflow as WorkflowRow
 from .states import StepRole, WorkflowState
 
@@ -226,9 +220,13 @@ def _enqueue_compensations(
         .values_list("pk", "args", "kwargs", "return_value", "queue_name", "backend_name")
     )
     chain: list[tuple[Any, str, NewTask]] = []
+    enqueuers: dict[str, Enqueuer] = {}
     for pk, args, kwargs, result, queue_name, backend_name in done:
         name, path = compensate_with[pk]
-        new = _compensation(path, args, {**kwargs, STEP_RESULT: result}, queue_name, backend_name)
+        if backend_name not in enqueuers:
+            enqueuers[backend_name] = _enqueuer(backend_name)
+        undo_kwargs = {**kwargs, STEP_RESULT: result}
+        new = enqueuers[backend_name].compensation(path, args, undo_kwargs, queue_name)
         chain.append((pk, name, new))
     # The tail's success, if it is not committed yet, is settled after this
     # transaction (under the same workflow lock), and then sees the new link.
@@ -236,15 +234,7 @@ def _enqueue_compensations(
     for position, (_, _, new) in enumerate(chain):
         if position or after is not None:
             new.status, new.waiting_on = TaskStatus.WAITING.value, 1
-    connection = connections[using]
-    rows = [new for _, _, new in chain]
-    limited = [new for new in rows if new.limit is not None]
-    with connection.cursor() as cursor:
-        dialect = dialect_for(connection)
-        dialect.insert_tasks(cursor, rows, True)
-        if limited:
-            # As an enqueue does, in the rows' transaction: no worker sees them unlimited.
-            dialect.limits.attach(cursor, limited)
+    insert_compensations(using, [new for _, _, new in chain])
     ids = [new.id for _, _, new in chain]
     TaskDependency.objects.using(using).bulk_create(
         TaskDependency(parent_id=before, child_id=child)
@@ -264,59 +254,9 @@ def _enqueue_compensations(
     TaskRow.objects.using(using).filter(pk__in=ids).update(has_children=True)
 
 
-def _compensation(
-    path: str, args: list[Any], kwargs: dict[str, Any], queue_name: str, backend_name: str
-) -> NewTask:
-    args_json, kwargs_json, _ = encode_arguments_and_values(args, kwargs)
-    backend: Any = task_backends[backend_name]
-    try:
-        task = load_task(path)
-    except InvalidTaskPath as exc:
-        # Checked loadable at enqueue; this worker's code lacks it (a rollout):
-        # enqueued anyway, for a worker that has it, on the step's queue.
-        logger.warning("Compensation %s cannot be loaded here (%s); enqueued anyway.", path, exc)
-        # Its own limit is unknown here: its queue's (QUEUE_LIMITS), if any, still applies.
-        unknown = SimpleNamespace(queue_name=queue_name, module_path=path)
-        return NewTask(
-            id=uuid7(),
-            task_path=path,
-            queue_name=queue_name,
-            backend_name=backend_name,
-            priority=0,
-            args_json=args_json,
-            kwargs_json=kwargs_json,
-            max_attempts=backend.max_attempts,
-            run_after=None,
-            limit=_limit(unknown, backend, args, kwargs),
-        )
-    return NewTask(
-        id=uuid7(),
-        task_path=path,
-        queue_name=task.queue_name,
-        backend_name=backend_name,
-        priority=task.priority,
-        args_json=args_json,
-        kwargs_json=kwargs_json,
-        max_attempts=backend.max_attempts_for(task),
-        run_after=None,
-        limit=_limit(task, backend, args, kwargs),
-    )
-
-
-def _limit(task: Any, backend: Any, args: list[Any], kwargs: dict[str, Any]) -> LimitSpec | None:
-    """The compensation's limit, computed as the backend's enqueue computes it.
-
-    A key that cannot be computed from these arguments cannot refuse the
-    enqueue (the step's outcome is being written): the limit's default key
-    is used instead, narrower, never none.
-    """
-    which = limit_for(task, backend.queue_limits)
-    if which is None:
-        return None
-    try:
-        return limit_spec(which, task, args, kwargs)
-    except InvalidTask as exc:
-        logger.error("Compensation %s: %s; its limit's default key is used.", task.module_path, exc)
-        if isinstance(which, QueueLimit):
-            return limit_spec(QueueLimit(replace(which.limit, key=None)), task, args, kwargs)
-        return limit_spec(replace(which, key=None), task, args, kwargs)
+def _enqueuer(backend_name: str) -> Enqueuer:
+    """The enqueue engine of the backend a step was enqueued by."""
+    backend = task_backends[backend_name]
+    if not isinstance(backend, TaskBackendInterface):
+        raise TypeError(f"Task backend {backend_name!r} is not an RDBTaskBackend.")
+    return Enqueuer(backend)

@@ -479,7 +479,7 @@ def test_one_row_insert_works_with_server_side_binding(vendor):
     later = timezone.now() + dt.timedelta(minutes=3)
     connection.ensure_connection()
     for notify, run_after in ((True, None), (False, later)):
-        new = backend._new_task(tasks.add.using(run_after=run_after), [1], {"b": 2})
+        new = backend.enqueuer.new_task(tasks.add.using(run_after=run_after), [1], {"b": 2})
         with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
             enqueued_at = dialect.insert_tasks(cursor, [new], notify)
         row = Task.objects.get(pk=new.id)

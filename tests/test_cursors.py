@@ -80,10 +80,10 @@ def test_the_enqueue_is_logged_like_any_query_and_is_one_statement_on_postgresql
 
 def test_errors_on_the_kept_cursor_are_djangos_and_the_connection_stays_usable():
     backend = task_backends["default"]
-    new = backend._new_task(tasks.add, [1], {})
-    backend._insert([new])
+    new = backend.enqueuer.new_task(tasks.add, [1], {})
+    backend.enqueuer.insert([new])
     with pytest.raises(IntegrityError), transaction.atomic():
-        backend._insert([new])  # the same id again
+        backend.enqueuer.insert([new])  # the same id again
     tasks.add.enqueue(2, 2)
     assert Task.objects.count() == 2
 
@@ -147,7 +147,7 @@ def test_a_bulk_enqueue_goes_through_the_execute_wrappers_and_is_logged(vendor):
 
 def test_a_bulk_enqueue_that_fails_raises_djangos_error_and_writes_nothing(monkeypatch):
     (twice,) = new_ids(1)
-    monkeypatch.setattr("django_rdbtasks.backend.new_ids", lambda count: [twice] * count)
+    monkeypatch.setattr("django_rdbtasks.enqueueing.new_ids", lambda count: [twice] * count)
     with pytest.raises(IntegrityError):
         bulk_enqueue(tasks.add, [((i, i), {}) for i in range(3)])
     assert Task.objects.count() == 0

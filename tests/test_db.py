@@ -316,15 +316,16 @@ def test_the_enqueue_function_writes_the_row_a_plain_insert_writes(enqueue_funct
         assert dialect.enqueue_function_exists(cursor)
     backend = task_backends["default"]
     later = timezone.now() + dt.timedelta(minutes=5)
-    waiting = backend._new_task(tasks.add, [1], {"b": [2, {"c": None}]})
+    waiting = backend.enqueuer.new_task(tasks.add, [1], {"b": [2, {"c": None}]})
     waiting.status, waiting.waiting_on, waiting.on_parent_failure = "WAITING", 2, "FAILED"
     variants = [
-        backend._new_task(tasks.add, [1, "é 🎉"], {}),
-        backend._new_task(tasks.send_email.using(run_after=later), ["a@example.com"], {}),
-        backend._new_task(tasks.add, [], {"a": 1}, job_name="nightly"),
-        dataclasses.replace(backend._new_task(tasks.add, [3], {}), dedup_key="invoice:3"),
+        backend.enqueuer.new_task(tasks.add, [1, "é 🎉"], {}),
+        backend.enqueuer.new_task(tasks.send_email.using(run_after=later), ["a@example.com"], {}),
+        backend.enqueuer.new_task(tasks.add, [], {"a": 1}, job_name="nightly"),
+        dataclasses.replace(backend.enqueuer.new_task(tasks.add, [3], {}), dedup_key="invoice:3"),
         dataclasses.replace(
-            backend._new_task(tasks.add, [4], {}), trace_context='{"traceparent": "00-ab-cd-01"}'
+            backend.enqueuer.new_task(tasks.add, [4], {}),
+            trace_context='{"traceparent": "00-ab-cd-01"}',
         ),
         waiting,
     ]

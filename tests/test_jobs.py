@@ -10,6 +10,7 @@ from django.core.management.base import SystemCheckError
 from django.utils import timezone
 
 from django_rdbtasks.db.functions import DbNow
+from django_rdbtasks.job_validation import validate_cron
 from django_rdbtasks.jobs import (
     MIN_RETIRE_AFTER,
     JobSpec,
@@ -23,7 +24,6 @@ from django_rdbtasks.jobs import (
     sync_declared_jobs,
     tick_key,
     upcoming_ticks,
-    validate_cron,
 )
 from django_rdbtasks.models import Job, JobRecord, Task
 from django_rdbtasks.worker import Worker

@@ -6,6 +6,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from ..db.functions import DbNow
+from ..job_validation import validate_job_fields
 from ..states import TaskStatus
 from .tasks import Task
 
@@ -73,8 +74,6 @@ class Job(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from ..jobs import validate_job_fields
-
         validate_job_fields(
             self.cron, self.timezone, self.task_path, self.queue_name, self.priority
         )
