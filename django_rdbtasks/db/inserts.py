@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .rows import INSERT_COLUMNS, NewBatch, NewTask, RowDecoding
+from .rows import INSERT_COLUMNS, NewBatch, NewTask
+from .spelling import Spelling
 
 #: Where a row's values vary within a batch (``insert_values``'s order): the
 #: id first, the arguments side by side.
@@ -22,15 +23,10 @@ _ARGS = INSERT_COLUMNS.index("args")
 assert INSERT_COLUMNS[0] == "id" and INSERT_COLUMNS[_ARGS + 1] == "kwargs"
 
 
-class TaskInserts(RowDecoding):
+class TaskInserts(Spelling):
     """The portable enqueue, a part of every ``Dialect``."""
 
     if TYPE_CHECKING:  # the Dialect's
-        table: str
-        insert_table: str
-        connection: Any
-
-        def encode_id(self, value: uuid.UUID) -> Any: ...
 
         def current_time(self, cursor: Any) -> Any: ...
 
