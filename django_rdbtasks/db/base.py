@@ -522,11 +522,6 @@ class Dialect(TaskInserts):
             [status, entry_json, *ids],
         )
 
-    def current_time(self, cursor: Any) -> Any:
-        """The database clock, as the driver returns it for a DateTimeField column."""
-        cursor.execute(f"SELECT {self.now_sql}", [])
-        return cursor.fetchone()[0]
-
     def accepts_writes(self, cursor: Any) -> bool:
         """Whether this connection's server takes writes (after a failover, the
         old primary may be back as a standby or a replica): True unless it
@@ -560,9 +555,6 @@ class Dialect(TaskInserts):
             [progress, message[:200], checkpoint_json, task_id, version, worker_id],
         )
         return cursor.rowcount == 1
-
-    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
-        """Wake idle workers of these queues once the transaction commits."""
 
 
 #: A history entry's fields besides its traceback: its limit is the error's plus these.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .rows import INSERT_COLUMNS, NewBatch, NewTask
 from .spelling import Spelling
@@ -26,14 +26,11 @@ assert INSERT_COLUMNS[0] == "id" and INSERT_COLUMNS[_ARGS + 1] == "kwargs"
 class TaskInserts(Spelling):
     """The portable enqueue, a part of every ``Dialect``."""
 
-    if TYPE_CHECKING:  # the Dialect's
-
-        def current_time(self, cursor: Any) -> Any: ...
-
-        def notify(self, cursor: Any, queue_names: Iterable[str]) -> None: ...
-
     #: Whether insert_tasks is a single statement, atomic without a transaction.
     insert_is_one_statement = False
+
+    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
+        """Wake idle workers of these queues once the transaction commits."""
 
     def insert_values(self, task: NewTask, now: Any) -> tuple:
         """The row's values in ``INSERT_COLUMNS`` order; ``now`` is the database clock."""

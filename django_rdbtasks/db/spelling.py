@@ -95,6 +95,11 @@ class Spelling(RowDecoding):
         except ConnectionDoesNotExist:  # a private alias this thread has not opened
             return first
 
+    def current_time(self, cursor: Any) -> Any:
+        """The database clock, as the driver returns it for a DateTimeField column."""
+        cursor.execute(f"SELECT {self.now_sql}", [])
+        return cursor.fetchone()[0]
+
     def encode_id(self, value: uuid.UUID) -> Any:
         return TASK_ID.get_db_prep_value(value, self.connection)
 
