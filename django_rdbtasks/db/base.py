@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ from .rows import (
     Outcome,
 )
 from .storable_outcomes import make_storable
+from .tables import Tables
 
 __all__ = [
     "CANDIDATE_COLUMNS",
@@ -80,66 +80,21 @@ def candidate_count(want: int) -> int:
 
 
 class Dialect(TaskInserts):
-    vendor = ""
-    #: The database clock, in the form the DateTimeField columns store.
-    now_sql = "CURRENT_TIMESTAMP"
-    #: A JSON text parameter where a JSON column value is expected.
-    json_param = "%s"
     #: Whether ``exchange`` (and ``renew``) is one statement, atomic without a transaction.
     exchange_is_one_statement = False
-    #: Whether sessions lock rows (SQLite locks the whole database instead).
-    has_row_locks = True
-    #: How ``lock_rows`` takes the rows a worker is about to write, skipping
-    #: any another session holds.
-    row_lock_sql = "FOR UPDATE SKIP LOCKED"
-    #: An INSERT of ``{values}`` that skips rows whose unique key exists.
-    insert_ignore_sql = "INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
-    #: Before the task table's name in the worker's reads and writes (pg_finished.py).
-    only_sql = ""
 
-    def __init__(self, connection: Any, *, pinned_now: dt.datetime | None = None) -> None:
-        from ..models import PausedQueue, Task
-
-        if pinned_now is not None:
-            # A test pinned this alias's clock (testing.clock): every statement
-            # built below reads that instant instead of the server's clock.
-            self.now_sql = self.time_literal(pinned_now)
-        #: Whether ``now_sql`` is a pinned instant rather than the server's clock.
-        self.clock_pinned = pinned_now is not None
-        #: The connection the dialect was made with (another thread's, maybe:
-        #: see ``connection``).
-        self.first_connection = connection
-        qn = connection.ops.quote_name
-        self.table = self.only_sql + qn(Task._meta.db_table)  # its reads, updates, deletes
-        self.insert_table = qn(Task._meta.db_table)  # an INSERT's, a COPY's
-        self.paused_table = qn(PausedQueue._meta.db_table)
-        self._pk_field = Task._meta.pk
-        self._claim_cols = ", ".join(CLAIM_COLUMNS)
-        self._cand_cols = ", ".join(CANDIDATE_COLUMNS)
+    def __init__(
+        self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None
+    ) -> None:
+        super().__init__(connection, tables, pinned_now=pinned_now)
         self.claimable_sql = self.claimable("")
         self.fence_sql = f"id = %s AND version = %s AND {self.holder('')} = %s"
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
         self.limits = LimitSQL(self)
-        self.ready = ReadyReads(self)
+        self.ready = ReadyReads(self, self.limits)
         #: Per set of queues: until when (``time.monotonic``) optimistic
         #: claims read with SKIP LOCKED, since one lost races (``read_mode``).
         self.locked_reads_until: dict[tuple[str, ...], float] = {}
-
-    # -- pieces each database spells its own way -------------------------------------
-
-    def time_literal(self, at: dt.datetime) -> str:
-        """An instant as SQL, of the type ``now_sql`` gives (a pinned clock's now)."""
-        raise NotImplementedError
-
-    def now_plus_sql(self, placeholder: str) -> str:
-        raise NotImplementedError
-
-    def seconds_param(self, seconds: float) -> Any:
-        return seconds
-
-    def json_append_sql(self, column: str, placeholder: str) -> str:
-        """SQL for ``column`` with the JSON object in ``placeholder`` appended."""
-        raise NotImplementedError
 
     def encode_outcome(self, outcome: Outcome, limits: StorageLimits) -> None:
         """Encode ``outcome`` for the round ahead, as every database stores it.
@@ -239,26 +194,6 @@ class Dialect(TaskInserts):
         """
         return connection.create_cursor()
 
-    @property
-    def connection(self) -> Any:
-        """This thread's connection under the dialect's alias.
-
-        A dialect is made once per alias and shared by every thread, with the
-        connection object of the thread that first asked for it; a Django
-        connection may be used only by the thread that made it, and MySQL's
-        asks the server what it is (``mysql_is_mariadb``) the first time, from
-        places as innocent-looking as a UUID's conversion. So every use goes
-        through the calling thread's own.
-        """
-        from django.db import connections
-        from django.utils.connection import ConnectionDoesNotExist
-
-        first = self.first_connection
-        try:
-            return connections[first.alias]
-        except ConnectionDoesNotExist:  # a private alias this thread has not opened
-            return first
-
     def worker_cursor(self, connection: Any, *, prepare: bool = True) -> Any:
         """A cursor for the worker's own statements on ``connection``, used in a ``with``.
 
@@ -270,83 +205,6 @@ class Dialect(TaskInserts):
     def public_id(self, raw_id: Any) -> str:
         """A row's id as read by this database's driver, as the task's public id."""
         return str(self.decode_id(raw_id))
-
-    def encode_id(self, value: uuid.UUID) -> Any:
-        return self._pk_field.get_db_prep_value(value, self.connection)
-
-    # -- SQL building blocks -----------------------------------------------------------
-
-    # Where a statement addresses rows by id, its conditions on the status are
-    # CASE expressions, which no index can serve and no partial index's
-    # predicate follows from: the planner's only cheap way to the rows is then
-    # the primary key, whatever its statistics say. Spelled plainly, they let
-    # it prefer a scan of every READY or RUNNING row whenever the last ANALYZE
-    # saw few of them, which is exactly when a backlog builds unseen.
-
-    def claimable(self, alias: str) -> str:
-        """Runnable now: READY and due, or RUNNING with its lease run out."""
-        p = f"{alias}." if alias else ""
-        now = self.now_sql
-        return (
-            f"(CASE {p}status WHEN '{READY}' THEN {p}run_after <= {now} "
-            f"WHEN '{RUNNING}' THEN {p}lease_expires_at <= {now} ELSE FALSE END)"
-        )
-
-    @staticmethod
-    def holder(alias: str) -> str:
-        """The worker that holds the row, NULL unless it is RUNNING: a fence's test."""
-        p = f"{alias}." if alias else ""
-        return f"(CASE WHEN {p}status = '{RUNNING}' THEN {p}worker_id END)"
-
-    def claim_assignments(self, alias: str, worker_id: str, lease: str) -> str:
-        """The SET list of a claim; ``worker_id`` and ``lease`` are SQL expressions."""
-        p = f"{alias}." if alias else ""
-        now = self.now_sql
-        return (
-            f"status = '{RUNNING}', version = {p}version + 1, worker_id = {worker_id}, "
-            f"lease_expires_at = {self.now_plus_sql(lease)}, attempts = {p}attempts + 1, "
-            f"started_at = COALESCE({p}started_at, {now}), last_attempted_at = {now}"
-        )
-
-    def outcome_assignments(
-        self, kind: OutcomeKind, alias: str, values: dict[str, str]
-    ) -> list[tuple[str, str]]:
-        """``(column, SQL)`` pairs of what ``kind`` writes, in template order.
-
-        ``values`` gives the SQL for ``return_value``, ``entry`` and ``delay``
-        (a placeholder, or a column of an ``unnest``), used in this order.
-        """
-        p = f"{alias}." if alias else ""
-        pieces = {
-            "now": self.now_sql,
-            "delayed": self.now_plus_sql(values.get("delay", "%s")),
-            "history": self.json_append_sql(f"{p}history", values.get("entry", "%s")),
-            "return_value": values.get("return_value", "%s"),
-            "attempt_back": f"{p}attempts - 1",
-        }
-        assignments: list[tuple[str, str]] = []
-        if kind.status is not None:
-            assignments.append(("status", f"'{kind.status.value}'"))
-            assignments += [
-                ("version", f"{p}version + 1"),
-                ("lease_expires_at", "NULL"),
-            ]
-        for column, template in OUTCOME_WRITES[kind].items():
-            assignments.append((column, template.format(**pieces)))
-        return assignments
-
-    @staticmethod
-    def outcome_param_names(kind: OutcomeKind) -> list[str]:
-        """The outcome values a rendered row statement takes, in placeholder order."""
-        names = []
-        for template in OUTCOME_WRITES[kind].values():
-            if "{delayed}" in template:
-                names.append("delay")
-            elif "{history}" in template:
-                names.append("entry")
-            elif "{return_value}" in template:
-                names.append("return_value")
-        return names
 
     def _outcome_row_sql(self, kind: OutcomeKind) -> str:
         sets = ", ".join(f"{c} = {v}" for c, v in self.outcome_assignments(kind, "", {}))
@@ -664,11 +522,6 @@ class Dialect(TaskInserts):
             [status, entry_json, *ids],
         )
 
-    def current_time(self, cursor: Any) -> Any:
-        """The database clock, as the driver returns it for a DateTimeField column."""
-        cursor.execute(f"SELECT {self.now_sql}", [])
-        return cursor.fetchone()[0]
-
     def accepts_writes(self, cursor: Any) -> bool:
         """Whether this connection's server takes writes (after a failover, the
         old primary may be back as a standby or a replica): True unless it
@@ -702,9 +555,6 @@ class Dialect(TaskInserts):
             [progress, message[:200], checkpoint_json, task_id, version, worker_id],
         )
         return cursor.rowcount == 1
-
-    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
-        """Wake idle workers of these queues once the transaction commits."""
 
 
 #: A history entry's fields besides its traceback: its limit is the error's plus these.

@@ -32,11 +32,9 @@ from django.db.utils import load_backend
 
 from ..models import Task
 from ..states import ClaimMode, OutcomeKind, TaskStatus
-from .mysql import MySQLDialect
+from .dialects import DIALECTS, model_tables
 from .pg_round import ClaimForm
-from .postgresql import PostgreSQLDialect
 from .rows import Candidate, ClaimedRow, NewTask, Outcome
-from .sqlite import SQLiteDialect
 
 ENGINES = {
     "postgresql": "django.db.backends.postgresql",
@@ -114,8 +112,7 @@ def dialect(vendor: str) -> Any:
         wrapper.__dict__["mysql_is_mariadb"] = True
         wrapper.__dict__["mysql_version"] = (10, 11, 0)
         wrapper.__dict__["mysql_server_info"] = "10.11.0-MariaDB"
-    cls = {"postgresql": PostgreSQLDialect, "mysql": MySQLDialect, "sqlite": SQLiteDialect}[vendor]
-    return cls(wrapper)
+    return DIALECTS[vendor](wrapper, model_tables())
 
 
 def _claimed() -> ClaimedRow:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from weakref import WeakKeyDictionary
 
-if TYPE_CHECKING:
-    from .base import Dialect
+from .base import Dialect
 
 #: Per Django connection (one per thread): the driver connection the cursor
 #: belongs to, whether it may prepare, and the cursor in Django's wrapper. Gone

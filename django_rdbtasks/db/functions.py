@@ -4,6 +4,8 @@ from typing import Any
 
 from django.db import models
 
+from .clock import now_on
+
 
 class DbNow(models.Func):
     """The database server's current time, in UTC where the column is naive.
@@ -17,6 +19,4 @@ class DbNow(models.Func):
     def as_sql(  # type: ignore[override]
         self, compiler: Any, connection: Any, **extra_context: Any
     ) -> tuple[str, tuple[Any, ...]]:
-        from . import dialect_for
-
-        return dialect_for(connection).now_sql, ()
+        return now_on(connection), ()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .rows import INSERT_COLUMNS, NewBatch, NewTask, RowDecoding
+from .rows import INSERT_COLUMNS, NewBatch, NewTask
+from .spelling import Spelling
 
 #: Where a row's values vary within a batch (``insert_values``'s order): the
 #: id first, the arguments side by side.
@@ -22,22 +23,14 @@ _ARGS = INSERT_COLUMNS.index("args")
 assert INSERT_COLUMNS[0] == "id" and INSERT_COLUMNS[_ARGS + 1] == "kwargs"
 
 
-class TaskInserts(RowDecoding):
+class TaskInserts(Spelling):
     """The portable enqueue, a part of every ``Dialect``."""
-
-    if TYPE_CHECKING:  # the Dialect's
-        table: str
-        insert_table: str
-        connection: Any
-
-        def encode_id(self, value: uuid.UUID) -> Any: ...
-
-        def current_time(self, cursor: Any) -> Any: ...
-
-        def notify(self, cursor: Any, queue_names: Iterable[str]) -> None: ...
 
     #: Whether insert_tasks is a single statement, atomic without a transaction.
     insert_is_one_statement = False
+
+    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
+        """Wake idle workers of these queues once the transaction commits."""
 
     def insert_values(self, task: NewTask, now: Any) -> tuple:
         """The row's values in ``INSERT_COLUMNS`` order; ``now`` is the database clock."""

@@ -33,22 +33,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..states import OutcomeKind
 from .rows import Candidate, ClaimedRow, Exchange, NewTask, Outcome
-
-if TYPE_CHECKING:
-    from .base import Dialect
+from .spelling import Spelling
 
 
 class LimitSQL:
-    def __init__(self, dialect: Dialect) -> None:
-        from ..models import LimitSlot
-
+    def __init__(self, dialect: Spelling) -> None:
         self.dialect = dialect
-        connection = dialect.connection
-        self.table = connection.ops.quote_name(LimitSlot._meta.db_table)
+        self.table = dialect.limit_slot_table
         self.free_sql = self.free("s")
 
     def free(self, alias: str) -> str:

@@ -14,7 +14,6 @@ race). So only the optimistic mode runs there; see ``docs/galera.md``.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,6 @@ _STATEMENT_BYTES = 256 * 1024
 
 class MySQLDialect(Dialect):
     vendor = "mysql"
-    now_sql = "UTC_TIMESTAMP(6)"
     insert_ignore_sql = "INSERT IGNORE INTO {table} ({columns}) VALUES {values}"
     #: Whether the server is a Galera node (``is_galera``); None: not asked yet.
     galera: bool | None = None
@@ -46,10 +44,6 @@ class MySQLDialect(Dialect):
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + INTERVAL {placeholder} MICROSECOND)"
-
-    def time_literal(self, at: dt.datetime) -> str:
-        utc = at.astimezone(dt.UTC).replace(tzinfo=None)
-        return f"CAST('{utc.isoformat(sep=' ', timespec='microseconds')}' AS DATETIME(6))"
 
     def accepts_writes(self, cursor: Any) -> bool:
         # A replica is set read_only (MySQL's super_read_only sets it too). A

@@ -31,12 +31,13 @@ import functools
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..states import TaskStatus
 from .cursors import copy_in, driver_cursor
 from .preparing import prepares, preparing_cursor_class
 from .rows import INSERT_COLUMNS, NewBatch, NewTask
+from .spelling import Spelling
 
 NOTIFY_CHANNEL = "rdbtasks"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -106,15 +107,8 @@ def _copy_blocks(batch: NewBatch, rest: str) -> Iterator[str]:
         )
 
 
-class PostgreSQLInserts:
+class PostgreSQLInserts(Spelling):
     """The enqueue's statements and cursor, a part of ``PostgreSQLDialect``."""
-
-    if TYPE_CHECKING:  # the Dialect's
-        table: str
-        insert_table: str
-        connection: Any
-        now_sql: str
-        clock_pinned: bool
 
     insert_is_one_statement = True
 

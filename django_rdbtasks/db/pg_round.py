@@ -46,17 +46,15 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .limits import LimitSQL
 from .outcomes import SETTLES_DEPENDANTS
 from .pg_finished import insert_moved, returning_written
 from .pg_limited import CLAIM_ORDER, QUEUES, LimitedClaim
 from .ready_arms import DEFERRED, FRESH
 from .rows import CLAIM_COLUMNS
-
-if TYPE_CHECKING:
-    from .base import Dialect
+from .spelling import Spelling
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 
@@ -150,15 +148,16 @@ def outcome_rows(placeholder: str) -> str:
 class RoundSQL:
     """Builds the statements of ``PostgreSQLDialect.exchange``."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Spelling, limits: LimitSQL) -> None:
         self.d = dialect
+        self.limits = limits
         self.t = dialect.table
         self.now = dialect.now_sql
         self.limited = LimitedClaim(
             dialect.table,
-            dialect.limits.table,
+            limits.table,
             dialect.now_sql,
-            dialect.limits.free,
+            limits.free,
             _COLS,
             FINISHING,
         )
@@ -323,7 +322,7 @@ class RoundSQL:
         not_finishing = f" AND id NOT IN ({FINISHING})" if skip_locked else ""
         # An expired lease of a limited task takes a slot: the lean form does
         # not claim it (it holds, below), the others only where a slot is free.
-        free = "" if lean else f" AND {self.d.limits.available('t')}"
+        free = "" if lean else f" AND {self.limits.available('t')}"
         expired = f"status = '{RUNNING}' AND queue_name = q.name AND lease_expires_at <= {now}"
         # Each read a range of its index in the index's order with a LIMIT:
         # its cost is the limit's, never a backlog's (another queue's expired

@@ -44,6 +44,7 @@ from .pg_round import (
 )
 from .pg_sessions import PostgreSQLSessionBounds
 from .storable_outcomes import make_storable
+from .tables import Tables
 
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
@@ -98,16 +99,17 @@ def _outcome_rows(outcomes: Sequence[Outcome]) -> str:
 
 class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     vendor = "postgresql"
-    now_sql = "STATEMENT_TIMESTAMP()"
     json_param = "%s::jsonb"
     exchange_is_one_statement = True
     row_lock_sql = "FOR NO KEY UPDATE SKIP LOCKED"  # see pg_round.MINE
     only_sql = "ONLY "  # not the finished rows' table (pg_finished.py)
 
-    def __init__(self, connection: Any, *, pinned_now: dt.datetime | None = None) -> None:
-        super().__init__(connection, pinned_now=pinned_now)
+    def __init__(
+        self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None
+    ) -> None:
+        super().__init__(connection, tables, pinned_now=pinned_now)
         t = self.table
-        self.round = RoundSQL(self)
+        self.round = RoundSQL(self, self.limits)
         # Rows another session holds locked are left for a later heartbeat
         # (``busy``: still ours, so still held), instead of making every other
         # renewal of the statement wait for that session.
@@ -154,9 +156,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     def moves(self, cursor: Any) -> bool:
         """Whether finished rows move to their own table (asked once, then known)."""
         if self.moves_finished is None:
-            from ..models import Task
-
-            self.moved_columns = moved_columns(cursor, Task._meta.db_table) or {}
+            self.moved_columns = moved_columns(cursor, self.tables.task) or {}
             self.moves_finished = bool(self.moved_columns)
         return self.moves_finished
 
@@ -197,9 +197,6 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
 
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
-
-    def time_literal(self, at: dt.datetime) -> str:
-        return f"'{at.astimezone(dt.UTC).isoformat()}'::timestamptz"
 
     def json_append_sql(self, column: str, placeholder: str) -> str:
         return f"{column} || jsonb_build_array({placeholder}::jsonb)"
@@ -423,7 +420,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
         cursor.execute(
-            f"{self.claim_update_sql(len(chosen))} RETURNING {self._claim_cols}",
+            f"{self.claim_update_sql(len(chosen))} RETURNING {', '.join(CLAIM_COLUMNS)}",
             self.claim_update_params(chosen, worker_id, lease),
         )
         return [self.decode_claimed(row) for row in cursor.fetchall()]

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..states import TaskStatus
 from . import ready_arms
+from .limits import LimitSQL
 from .rows import CANDIDATE_COLUMNS, Candidate, Exchange
-
-if TYPE_CHECKING:
-    from .base import Dialect
+from .spelling import Spelling
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: Parts of the first read: where the database has partial indexes, the READY
@@ -66,8 +65,9 @@ class Held:
 
 
 class ReadyReads:
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Spelling, limits: LimitSQL) -> None:
         self.d = dialect
+        self.limits = limits
         self.t = dialect.table
         #: READY rows with and without a limit are in indexes apart.
         self.split = dialect.connection.features.supports_partial_indexes
@@ -87,7 +87,7 @@ class ReadyReads:
         if kind == EXPIRED:
             return self._select(
                 f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-                f"AND {self.d.limits.available('t')}",
+                f"AND {self.limits.available('t')}",
                 "lease_expires_at",
                 0,
             )
@@ -211,7 +211,7 @@ class ReadyReads:
                 if c.limit_key is not None:
                     counts[c.limit_key] = max(counts.get(c.limit_key, 0), c.limit_count or 0)
                     periods[c.limit_key] = c.limit_period or 0.0
-        state = self.d.limits.slot_state(cursor, counts) if counts else {}
+        state = self.limits.slot_state(cursor, counts) if counts else {}
         self._report(state, counts, periods, held)
         left = {key: free for key, (_, free, _) in state.items()}
         offered: dict[int, list[_Row]] = {}
@@ -269,7 +269,7 @@ class ReadyReads:
             )
             row = cursor.fetchone()
         counts = {key: count for key, (count, _) in heads.items()}
-        state = self.d.limits.slot_state(cursor, counts) if counts else {}
+        state = self.limits.slot_state(cursor, counts) if counts else {}
         self._report(state, counts, {k: p for k, (_, p) in heads.items()}, held)
         for key, (_, free, wait) in state.items():
             if free == 0:

@@ -8,7 +8,6 @@ writer until SQLite's busy timeout: one more reason SQLite is for development.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +18,6 @@ from .base import CLAIM_COLUMNS, Candidate, ClaimedRow, Dialect, Exchange
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
     has_row_locks = False
-    # Django stores aware datetimes as UTC text in this shape.
-    now_sql = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 
     def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
         if mode == ClaimMode.SKIP_LOCKED:
@@ -34,12 +31,6 @@ class SQLiteDialect(Dialect):
         # A pinned clock's literal is a time value STRFTIME reads as it reads 'NOW'.
         moment = self.now_sql if self.clock_pinned else "'NOW'"
         return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {moment}, {placeholder})"
-
-    def time_literal(self, at: dt.datetime) -> str:
-        # The text Django stores an aware datetime as (UTC, microseconds), so
-        # that it compares with a stored one as the instants do.
-        utc = at.astimezone(dt.UTC).replace(tzinfo=None)
-        return f"'{utc.isoformat(sep=' ', timespec='microseconds')}'"
 
     def seconds_param(self, seconds: float) -> Any:
         return f"{seconds:+.6f} seconds"

@@ -1,7 +1,7 @@
 """A database clock a test controls: backoffs come due, leases lapse, cron ticks, without sleeping.
 
 Everything the queue decides by time, it decides by the database's clock
-(``Dialect.now_sql``): when a task is due, when a lease has lapsed, when a
+(``db/clock.py``): when a task is due, when a lease has lapsed, when a
 retry's backoff is over, when a cron job's tick has come, when a rate limit's
 window turns. ``TaskClock`` pins that clock, for one database alias, to an
 instant the test chooses, by making every statement built for the alias carry
