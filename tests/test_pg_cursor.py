@@ -287,12 +287,14 @@ def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
         analyze,
         claim_some,
         insert_rows,
+        statistics_forgotten,
         statistics_frozen,
     )
 
     request = ClaimRequest(["default"], WANT, "w", 60.0, mode)
 
     def rounds(store, wrapper):
+        statistics_forgotten()
         analyze()
         with statistics_frozen():
             for _ in range(3):  # counted, then prepared: the plan made now, on no rows
@@ -346,6 +348,7 @@ def test_the_limited_forms_plans_made_on_an_empty_table_read_a_full_keys_backlog
         analyze,
         insert_rows,
         plan_nodes,
+        statistics_forgotten,
         statistics_frozen,
         take_every_slot,
     )
@@ -355,6 +358,7 @@ def test_the_limited_forms_plans_made_on_an_empty_table_read_a_full_keys_backlog
 
     def rounds(store, wrapper):
         dialect = store.dialect
+        statistics_forgotten()
         analyze()
         with statistics_frozen():
             for form in (ClaimForm.WINDOW, ClaimForm.WALK):
