@@ -192,8 +192,9 @@ def test_failover_to_the_synchronous_standby_mid_drain(
     assert busy_before <= ran_after, (busy_before, ran_after)
 
     def listening() -> bool:
-        sql = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN rdbtasks'"
-        return _query(pair, sql)[0][0] == 2
+        # The listener's last statement: LISTEN rdbtasks, then LISTEN rdbtasks_slot.
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s"
+        return _query(pair, sql, ("LISTEN rdbtasks%",))[0][0] == 2
 
     wait_until(listening, timeout=30)
 
@@ -228,8 +229,8 @@ def test_an_idle_worker_comes_back_whole_after_a_failover(pair, producer, run_wo
     children = set(worker_children(workers.pid))  # the worker and the scheduler
 
     def listening() -> bool:
-        sql = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN rdbtasks'"
-        return _query(pair, sql)[0][0] == 1
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s"
+        return _query(pair, sql, ("LISTEN rdbtasks%",))[0][0] == 1
 
     wait_until(listening, timeout=60)
     pg_pair.kill_primary(pair.root)

@@ -138,8 +138,8 @@ class Database:
 
     def listening(self) -> int:
         rows = self.answers(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = %s",
-            (self.name, "LISTEN rdbtasks"),
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query LIKE %s",
+            (self.name, "LISTEN rdbtasks%"),  # the enqueue channel, then the slots one
         )
         return rows[0][0] if rows else 0
 

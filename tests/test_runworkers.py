@@ -236,7 +236,10 @@ def test_notify_wakes_an_idle_worker(run_workers, vendor):
 
     def listening():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN rdbtasks'")
+            # The listener's last statement: LISTEN rdbtasks, then LISTEN rdbtasks_slot.
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s", ["LISTEN rdbtasks%"]
+            )
             return cursor.fetchone()[0]
 
     wait_until(listening, timeout=60)
