@@ -241,6 +241,10 @@ def held_snapshot(application: str = "rdbtasks-test-holder") -> Iterator[Any]:
         )
         other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         other.execute("SELECT count(*) FROM django_rdbtasks_task").fetchone()
+        # The server's process, asked inside the transaction: through a
+        # transaction pooler the connection's own backend_pid is PgBouncer's
+        # cancel key, and the server session is the one the transaction holds.
+        server_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
     else:
         import MySQLdb
 
@@ -256,7 +260,7 @@ def held_snapshot(application: str = "rdbtasks-test-holder") -> Iterator[Any]:
         cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         cursor.execute("SELECT count(*) FROM django_rdbtasks_task")
         cursor.fetchall()
-    session = other.info.backend_pid if connection.vendor == "postgresql" else other.thread_id()
+    session = server_pid if connection.vendor == "postgresql" else other.thread_id()
     try:
         yield str(session)
     finally:
