@@ -25,11 +25,11 @@ the round anew took a fifth of the server's time per task (3.6 ms and 0.7
 ms of a 17 ms round of 390 no-op tasks, 2026-11-28). The statements the
 dialect names ``preparable`` (the lean form's, whose every read of the task
 table is by primary key, by location, or a range of an index with a LIMIT:
-pg_round.py) run prepared, by the enqueue's rules (preparing.py: from their
-second run, only where the session is the server's own, never behind a
-pooler), with one generic plan, made once and kept until the table's
-statistics change. Two things keep that plan from depending on the table's
-size when it was made (a plan made on a near-empty table would otherwise
+pg_round.py) run prepared, by the enqueue's rules (preparing.py: only where
+the session is the server's own, never behind a pooler) but from their first
+run, since a worker's session runs each round's shape again and again, with
+one generic plan, made once and kept until the table's statistics change.
+Two things keep that plan from depending on the table's size when it was made (a plan made on a near-empty table would otherwise
 read it whole, by a sequential scan and a sort, once a backlog arrives):
 
 - the session that prepares the round (the slot's round thread's) is told
@@ -38,8 +38,7 @@ read it whole, by a sequential scan and a sort, once a backlog arrives):
   tenth of the index), and never to choose a sequential or bitmap scan
   where an index can serve. PostgreSQL applies ``plan_cache_mode`` to every
   statement sent with parameters, prepared or not, so on that session the
-  statements not prepared (the other claim forms, ``finish``, renewals,
-  the row locks) go with their values quoted into their text, as Django's
+  statements not prepared (``finish``, renewals, the row locks) go with their values quoted into their text, as Django's
   own cursors send them: planned for their values at each run, as
   everywhere else (tests/test_db_plans.py holds those plans to their
   bounds). They still run without sequential or bitmap scans; each reads
@@ -107,6 +106,10 @@ def worker_cursor_class() -> type:
         binary_results = True
         #: Whether the session carries ``PLAN_ONCE_SESSION``'s settings.
         planning_once = False
+        #: A round is prepared at its first run: each session runs each of its
+        #: shapes again and again, and planning a window or walk round costs
+        #: more than running it (5 to 30 ms against under 1 ms, issue 42's scenario).
+        prepares_first_run = True
         #: What quotes values into a statement's text (a ``ClientCursor``), once needed.
         quoting: Any = None
 

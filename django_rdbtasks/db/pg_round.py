@@ -28,13 +28,12 @@ A form that cannot know it has the right rows claims nothing and says so
 filled), and ``PostgreSQLDialect.exchange`` runs the next form at once: the
 claims keep their order (expired leases first, then priority and
 ``run_after``, limited or not), and only a round that changes form costs a
-second statement. The lean form is prepared, with one plan for every run
-(pg_cursor.py): each of its reads of the table is one no plan can widen to
-the whole table (by primary key, by location, an index's range with a
-LIMIT), whatever the table held when the plan was made. The other forms are
-not prepared, so they are planned at every round for their values (on the
-session that runs the lean form prepared, they go with their values in
-their text: pg_cursor.py). The planning grows with the form: see
+second statement. Every form is prepared, from its first run, with one
+plan for every run (pg_cursor.py): each of its reads of the table is one no
+plan can widen to the whole table (by primary key, by location, an index's
+range with a LIMIT), whatever the table held when the plan was made
+(tests/test_pg_cursor.py makes the plans on an empty table and runs them on a
+backlog). The planning, once a shape a session, grows with the form: see
 docs/limits.md, "Cost".
 
 The statement is written with named placeholders and compiled once to

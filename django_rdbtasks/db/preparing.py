@@ -70,13 +70,18 @@ class SessionPreparing:
     direct: bool | None = None
     #: The statements it may prepare; it runs others too, never prepared.
     preparable: Collection[str] = frozenset()
+    #: Whether a statement is prepared at its first run rather than its second:
+    #: for statements every session runs again and again (the worker's rounds),
+    #: where the unprepared first run is one more plan of a statement whose
+    #: planning costs more than its execution.
+    prepares_first_run = False
 
     def execute_in_session(self, query: Any, params: Any, kwargs: dict[str, Any]) -> Any:
         """``query`` (one of ``preparable``), prepared once it has run once."""
         run = super().execute  # type: ignore[misc]
         connection = self.connection  # type: ignore[attr-defined]
         run_once: set[Any] = self.__dict__.setdefault("run_once", set())
-        if query not in run_once:
+        if not self.prepares_first_run and query not in run_once:
             # Not prepared, but counted: psycopg prepares (threshold 1) only
             # a statement it has counted a good run of.
             run_once.add(query)
@@ -89,7 +94,12 @@ class SessionPreparing:
             self.direct = self.is_direct()
         if not self.direct:
             return run(query, params, **kwargs)
-        connection.prepare_threshold = 1
+        # Threshold 0 prepares at first sight. If that first run fails,
+        # psycopg forgets the statement the server holds by then: one
+        # statement left in the session per failed first run of a shape
+        # (dropped with the others at psycopg's next DEALLOCATE ALL, after a
+        # ROLLBACK), where threshold 1 leaves none.
+        connection.prepare_threshold = 0 if self.prepares_first_run else 1
         try:
             return run(query, params, **kwargs)
         except InvalidSqlStatementName:
