@@ -29,21 +29,23 @@ pg_round.py) run prepared, by the enqueue's rules (preparing.py: only where
 the session is the server's own, never behind a pooler) but from their first
 run, since a worker's session runs each round's shape again and again, with
 one generic plan, made once and kept until the table's statistics change.
-Two things keep that plan from depending on the table's size when it was made (a plan made on a near-empty table would otherwise
-read it whole, by a sequential scan and a sort, once a backlog arrives):
+Two things keep that plan from depending on the table's size when it was
+made (a plan made on a near-empty table would otherwise read it whole, by a
+sequential scan and a sort, once a backlog arrives):
 
-- the session that prepares the round (the slot's round thread's) is told
-  to make generic plans (``plan_cache_mode``: by cost, PostgreSQL would
-  keep planning each run, a LIMIT given as a parameter being costed as a
-  tenth of the index), and never to choose a sequential or bitmap scan
-  where an index can serve. PostgreSQL applies ``plan_cache_mode`` to every
-  statement sent with parameters, prepared or not, so on that session the
-  statements not prepared (``finish``, renewals, the row locks) go with their values quoted into their text, as Django's
-  own cursors send them: planned for their values at each run, as
-  everywhere else (tests/test_db_plans.py holds those plans to their
-  bounds). They still run without sequential or bitmap scans; each reads
-  by primary key or a range of an index. A session that stops preparing
-  (its statement dropped behind psycopg's back) is reset to its defaults;
+- the session that prepares the round (the slot's round thread's) is told to
+  make generic plans (``plan_cache_mode``: by cost, PostgreSQL would keep
+  planning each run, a LIMIT given as a parameter being costed as a tenth of
+  the index), and never to choose a sequential or bitmap scan where an index
+  can serve. PostgreSQL applies ``plan_cache_mode`` to every statement sent
+  with parameters, prepared or not, so on that session the statements not
+  prepared (``finish``, renewals, the row locks) go with their values quoted
+  into their text, as Django's own cursors send them: planned for their
+  values at each run, as everywhere else (tests/test_db_plans.py holds those
+  plans to their bounds). They still run without sequential or bitmap scans;
+  each reads by primary key or a range of an index. A session that stops
+  preparing (its statement dropped behind psycopg's back) is reset to its
+  defaults;
 - every read of the task table in the lean round is one that no join can
   turn into a read of the whole table (a LATERAL with a LIMIT, an array of
   ids or locations).
