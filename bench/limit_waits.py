@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from core.counters import process_cpu_seconds
 from limits import connect, project_env
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -127,7 +128,6 @@ def workers(args: argparse.Namespace, *, burst: bool, log: Path) -> subprocess.P
 
 def server_counters(args: argparse.Namespace) -> tuple[float, int]:
     """The database's backends' CPU seconds so far (``/proc``), and its transactions."""
-    ticks = os.sysconf("SC_CLK_TCK")
     with connect(args, "postgres") as conn:
         pids = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s", [args.database]
@@ -136,13 +136,7 @@ def server_counters(args: argparse.Namespace) -> tuple[float, int]:
             "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
             [args.database],
         ).fetchone()[0]
-    cpu = 0.0
-    for (pid,) in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cpu += (int(fields[11]) + int(fields[12])) / ticks
+    cpu = sum(seconds for (pid,) in pids if (seconds := process_cpu_seconds(pid)) is not None)
     return cpu, xacts
 
 
@@ -182,17 +176,14 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
 
 
 def sample_backends(args: argparse.Namespace, seen: dict[int, float]) -> None:
-    ticks = os.sysconf("SC_CLK_TCK")
     with connect(args, "postgres") as conn:
         pids = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s", [args.database]
         ).fetchall()
     for (pid,) in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seen[pid] = (int(fields[11]) + int(fields[12])) / ticks
+        seconds = process_cpu_seconds(pid)
+        if seconds is not None:
+            seen[pid] = seconds
 
 
 def deciles(values: list[float]) -> list[float]:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import psycopg
+from core.counters import process_cpu_seconds
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -112,19 +113,17 @@ class ServerCPU(threading.Thread):
         self.readable = True
 
     def run(self) -> None:
-        ticks = os.sysconf("SC_CLK_TCK")
         with connect(self.args, "postgres") as conn:
             while not self.stop.wait(0.05):
                 pids = conn.execute(
                     "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self.args.database]
                 ).fetchall()
                 for (pid,) in pids:
-                    try:
-                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    except OSError:
+                    seconds = process_cpu_seconds(pid)
+                    if seconds is None:
                         self.readable = self.readable and pid in self.seen
                         continue
-                    self.seen[pid] = (int(fields[11]) + int(fields[12])) / ticks
+                    self.seen[pid] = seconds
 
     def seconds(self) -> float | None:
         return sum(self.seen.values()) if self.readable and self.seen else None

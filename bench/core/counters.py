@@ -83,6 +83,20 @@ def proc_stat(pid: int) -> ProcStat | None:
     )
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used so far, to the nanosecond where the
+    kernel keeps its scheduler statistics (``/proc/<pid>/schedstat``), else in
+    clock ticks: a window of a few seconds of an idle server is a handful of
+    10 ms ticks, too coarse for a ratio between two such windows."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    stat = proc_stat(pid)
+    return None if stat is None else stat.own_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def session_busy_seconds(backend_pid: int) -> float | None:
     """CPU seconds one server session (its backend process) has used so far."""
     backend = proc_stat(backend_pid)
