@@ -111,7 +111,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
         r"\(django_rdbtasks/worker/reporting\.py\)",
     ),
     (
-        "engine: the loop, slots, rounds, lease keeper",
+        "engine: the loop, lanes, rounds, lease keeper",
         r"\(django_rdbtasks/worker/|\(django_rdbtasks/backend\.py\)",
     ),
     ("threads: waits and hand-offs (threading, queue)", r"\(threading\.py\)|\(queue\.py\)"),

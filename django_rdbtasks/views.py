@@ -11,7 +11,7 @@ and scrape ``/rdbtasks/metrics/``. Who may read it:
   queue is shown, whatever the per-queue permissions).
 
 Anyone else gets 403. Each request reads the database afresh (the admin
-dashboard's queries, ``ops.snapshot``) into a registry of its own; nothing is
+dashboard's queries, ``snapshots.snapshot``) into a registry of its own; nothing is
 kept between requests.
 """
 

@@ -262,7 +262,7 @@ def audit(
             ) from exc
         if len(claims) > 1:
             duplicated[task_id] = len(claims) - 1
-    # Every run but the last was in flight at the failover: a slot whose claim
+    # Every run but the last was in flight at the failover: a lane whose claim
     # connection failed also connects its tasks' thread again, to a server that
     # takes writes, before its next task runs, so no task claimed on the new
     # primary spends an attempt finding the old one (through HAProxy, still
@@ -281,8 +281,8 @@ def check_history(
 ) -> list[str]:
     """One possible history: the last claim succeeded, every earlier one is a casualty.
 
-    Returns the slots whose attempt, claimed on the new primary, failed on a
-    database error: a task connection the slot opened to the dead primary.
+    Returns the lanes whose attempt, claimed on the new primary, failed on a
+    database error: a task connection the lane opened to the dead primary.
     """
     from datetime import datetime
 

@@ -10,9 +10,9 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_rdbtasks import ops
+from django_rdbtasks import snapshots
 from django_rdbtasks.models import Job, TaskStatus
-from django_rdbtasks.ops import Throughput
+from django_rdbtasks.snapshots import Throughput
 from tests.browser.support import (
     RETRY,
     VIEW,
@@ -102,7 +102,7 @@ def test_the_week_is_counted_in_one_query_of_a_few_rows() -> None:
     for hours in range(0, 160, 3):
         make_task(TaskStatus.SUCCESSFUL, at=moment - dt.timedelta(hours=hours))
     with CaptureQueriesContext(connection) as queries:
-        series = ops.snapshot(window=dt.timedelta(days=7)).throughput
+        series = snapshots.snapshot(window=dt.timedelta(days=7)).throughput
     finished = [q["sql"] for q in queries if "finished_at" in q["sql"] and "GROUP BY" in q["sql"]]
     assert len(finished) == 1
     assert series.bucket == dt.timedelta(hours=2) and len(series.starts) == 84

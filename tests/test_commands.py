@@ -177,12 +177,12 @@ def test_workers_listing_says_adaptive_where_no_batch_was_given() -> None:
 
 
 def test_status_exits_2_when_the_database_cannot_be_read(monkeypatch) -> None:
-    from django_rdbtasks import ops
+    from django_rdbtasks import snapshots
 
     def unreachable(*args, **kwargs):
         raise OperationalError("could not connect to server")
 
-    monkeypatch.setattr(ops, "snapshot", unreachable)
+    monkeypatch.setattr(snapshots, "snapshot", unreachable)
     with pytest.raises(CommandError, match="could not connect") as raised:
         call_command("rdbtasks", "status")
     assert raised.value.returncode == 2

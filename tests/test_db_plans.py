@@ -503,7 +503,7 @@ def test_tasks_due_later_do_not_slow_a_round(vendor, retried):
 
 
 def test_reads_of_ready_rows_count_them_without_reading_finished_ones(vendor):
-    """The autoscaler's sample, ``ops.snapshot`` (dashboard, ``rdbtasks status``,
+    """The autoscaler's sample, ``snapshots.snapshot`` (dashboard, ``rdbtasks status``,
     metrics) and ``Task.objects.ready()`` (the admin's filters) count the READY
     rows of every kind, and, on PostgreSQL, read them off their partial
     indexes: a read of ``status = 'READY'`` alone matches none of them and read
@@ -514,7 +514,7 @@ def test_reads_of_ready_rows_count_them_without_reading_finished_ones(vendor):
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from django_rdbtasks import ops
+    from django_rdbtasks import snapshots
     from django_rdbtasks.worker.autoscale import sample_load
 
     insert_rows(BACKLOG // 3, TaskStatus.SUCCESSFUL)
@@ -528,7 +528,7 @@ def test_reads_of_ready_rows_count_them_without_reading_finished_ones(vendor):
     analyze()
     with statistics_frozen(), CaptureQueriesContext(connection) as captured:
         load = sample_load("default", ["default"])
-        (stats,) = ops.snapshot("default", queues=["default"]).queues.values()
+        (stats,) = snapshots.snapshot("default", queues=["default"]).queues.values()
         # The admin's READY and Scheduled filters, and their counts.
         every, due = Task.objects.ready().count(), Task.objects.runnable().count()
     assert (every, due) == (14, 10)

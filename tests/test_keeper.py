@@ -6,8 +6,8 @@ import logging
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
 from django_rdbtasks.worker.keeper import LeaseKeeper
+from django_rdbtasks.worker.lanes import Lane
 from django_rdbtasks.worker.reporting import Counters
-from django_rdbtasks.worker.slots import Slot
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -24,9 +24,9 @@ class Registry:
         pass
 
 
-def keeper_for(slot: Slot, store) -> LeaseKeeper:
+def keeper_for(lane: Lane, store) -> LeaseKeeper:
     keeper = LeaseKeeper(
-        slots=[slot],
+        lanes=[lane],
         alias="unused",
         database="default",
         executor=None,  # type: ignore[arg-type]
@@ -42,38 +42,38 @@ def keeper_for(slot: Slot, store) -> LeaseKeeper:
 
 
 def test_an_outcome_written_while_the_renewal_ran_is_not_taken_for_a_lost_lease(caplog):
-    """The slot wrote the outcome (the row left RUNNING) between the keeper's look at
+    """The lane wrote the outcome (the row left RUNNING) between the keeper's look at
     what it holds and the renewal's answer: the claim ended, it was not lost."""
-    slot = Slot(0, "w:0")
-    slot.add([row("done-meanwhile"), row("still-running")])
-    finished = slot.take_next()
-    slot.finish(Outcome(finished.row.id, 1, OutcomeKind.SUCCESS, row=finished.row), finished)
-    running = slot.take_next()
+    lane = Lane(0, "w:0")
+    lane.add([row("done-meanwhile"), row("still-running")])
+    finished = lane.take_next()
+    lane.finish(Outcome(finished.row.id, 1, OutcomeKind.SUCCESS, row=finished.row), finished)
+    running = lane.take_next()
 
     class Store:
         def renew(self, claims, worker_id, lease, limited):
             assert {task_id for task_id, _ in claims} == {"done-meanwhile", "still-running"}
-            slot.take_finished()  # the slot's round writes it now
+            lane.take_finished()  # the lane's round writes it now
             return {"still-running"}, set()
 
     with caplog.at_level(logging.WARNING, logger="django_rdbtasks.worker"):
-        keeper_for(slot, Store()).renew()
+        keeper_for(lane, Store()).renew()
     assert not finished.lost and not running.lost
     assert "lease lost" not in caplog.text
 
 
 def test_a_claim_still_held_that_the_renewal_did_not_find_is_lost(caplog):
-    slot = Slot(0, "w:0")
-    slot.add([row("taken-over"), row("kept")])
-    first = slot.take_next()
-    waiting = slot.held()
+    lane = Lane(0, "w:0")
+    lane.add([row("taken-over"), row("kept")])
+    first = lane.take_next()
+    waiting = lane.held()
 
     class Store:
         def renew(self, claims, worker_id, lease, limited):
             return {"kept"}, set()
 
     with caplog.at_level(logging.WARNING, logger="django_rdbtasks.worker"):
-        keeper_for(slot, Store()).renew()
+        keeper_for(lane, Store()).renew()
     lost = {r.row.id for r in waiting if r.lost}
     assert lost == {"taken-over"} and first.lost and first.stop_requested
     assert "task taken-over: lease lost" in caplog.text

@@ -171,8 +171,8 @@ def test_a_dead_holders_task_runs_again_promptly_behind_a_20000_task_backlog(run
     row = Task.objects.get(pk=lost.id)
     # Every claim made once its lease had run out took it first: the only
     # backlog tasks claimed between the lease's end and its reclaim are those
-    # of rounds already under way (two processes, one slot each, at most 200
-    # claimed ahead per slot). Counted rather than timed: on a loaded machine
+    # of rounds already under way (two processes, one lane each, at most 200
+    # claimed ahead per lane). Counted rather than timed: on a loaded machine
     # a worker whose queue is full makes its next claim only once half of it
     # has run, which took 19 s under CI's load.
     passed_over = (
@@ -252,7 +252,7 @@ def test_a_burst_does_not_end_while_a_hand_back_is_still_being_written(caplog):
         SideEffect.objects.create(key="gate", pid=os.getpid())
         wait_until(lambda: Task.objects.get(pk=long.id).status == "SUCCESSFUL", timeout=30)
         assert Task.objects.get(pk=short.id).status == "RUNNING"  # not yet written back
-        # Time for a slot that took the empty claim for "drained" to end
+        # Time for a lane that took the empty claim for "drained" to end
         # before the row can go back to READY.
         thread.join(1.0)
     finally:

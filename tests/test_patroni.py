@@ -395,7 +395,7 @@ def test_half_open_connections_through_haproxy_are_noticed(cluster, run_workers,
     history = rows[0][0]
     assert first["outcome"] in (AttemptOutcome.LOST, AttemptOutcome.RETRY), history
 
-    # LISTEN works again: the worker polls once an hour, its slots are idle.
+    # LISTEN works again: the worker polls once an hour, its lanes are idle.
     time.sleep(1)
     probe = _enqueue(database, "failover_hold", [str(stop_path)])
     wait_until(lambda: _status(database, probe) == TaskStatus.SUCCESSFUL, timeout=30)

@@ -13,8 +13,8 @@ from django_rdbtasks.db.pg_finished import FINISHED_TABLE
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.dependencies import enqueue_after
 from django_rdbtasks.models import JobRecord, Task, TaskDependency
-from django_rdbtasks.ops import estimated_task_rows
 from django_rdbtasks.retention import prune
+from django_rdbtasks.snapshots import estimated_task_rows
 from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
 from django_rdbtasks.worker import Worker
 from tests.conftest import tables_holding

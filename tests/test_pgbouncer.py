@@ -309,7 +309,8 @@ THROUGH_THE_POOLER = [
     "tests/test_sagas.py",  # compensations enqueued in the worker's transaction
     "tests/test_connection.py",  # the worker's bounds, per transaction here
     "tests/test_db.py",
-    "tests/test_ops.py",
+    "tests/test_snapshots.py",
+    "tests/test_bulk_requeue.py",
     "tests/test_commands.py",
     "tests/test_admin_tasks.py",
     "tests/test_admin_jobs.py",

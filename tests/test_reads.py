@@ -20,7 +20,7 @@ from django.db import connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_rdbtasks import ops
+from django_rdbtasks import snapshots
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.models import Job, JobRecord, Task, TaskStatus, Workflow, WorkflowStep
 from django_rdbtasks.reads import read_database
@@ -208,7 +208,7 @@ def test_without_read_database_nothing_reads_the_replica(capsys: pytest.CaptureF
     make_task(TaskStatus.READY)
     with Queries() as queries:
         call_command("rdbtasks", "status")
-        ops.snapshot(replica=True)
+        snapshots.snapshot(replica=True)
     assert queries.on("replica") == [] and queries.on("default")
     assert "a replica" not in capsys.readouterr().out
 
@@ -274,7 +274,7 @@ def test_operator_apis_and_commands_that_write_stay_on_the_primary() -> None:
     failed = make_task(TaskStatus.FAILED)
     with Queries() as queries:
         call_command("requeue", "--all", stdout=io.StringIO())
-        ops.backend_for_database("default").cancel(str(failed.pk))
+        snapshots.backend_for_database("default").cancel(str(failed.pk))
         task_backends["default"].get_result(str(failed.pk))
     assert queries.on("replica") == []
     assert queries.on("default")

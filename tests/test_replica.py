@@ -156,7 +156,7 @@ def reconnect_to_each() -> None:
         connections[alias].ensure_connection()  # as a task would have
         deadline = time.monotonic() + 1.0
         found[alias] = reconnect_task_connections(
-            True,  # its slot's round thread lost its connection
+            True,  # its lane's round thread lost its connection
             alias,
             dialect_for(connections[alias]).accepts_writes,
             stop=threading.Event(),

@@ -1,4 +1,4 @@
-"""What the worker tells of each outcome: the signal, from a thread of the slot's own."""
+"""What the worker tells of each outcome: the signal, from a thread of the lane's own."""
 
 import threading
 

@@ -190,7 +190,7 @@ def test_a_nul_in_an_error_or_a_result_fails_its_task_and_the_round_goes_on(run_
         "--no-scheduler", "--threads", "1", "--batch", "5", "--poll-interval", "0.1"
     )
     wait_until(lambda: finished(*ids), timeout=30)
-    later = tasks.record.enqueue("after")  # the slot still claims
+    later = tasks.record.enqueue("after")  # the lane still claims
     wait_until(lambda: finished(later.id), timeout=30)
     assert stopped_promptly(worker), worker.log()
     log = worker.log()
@@ -219,7 +219,7 @@ def test_a_nul_in_an_error_or_a_result_fails_its_task_and_the_round_goes_on(run_
 def test_a_result_bigger_than_the_server_takes_fails_its_task_once(run_workers, vendor, checked_in):
     """Issue 37, MariaDB: a task returning 17,000,000 bytes got "packet bigger than
     max_allowed_packet", retried until its lease lapsed, ran three times and ended
-    WorkerLost, the cause never stored, a slot stuck. Now it fails once with the
+    WorkerLost, the cause never stored, a lane stuck. Now it fails once with the
     limit it hit: ``MAX_RESULT_BYTES`` (by default), or, with that set above the
     server's packet, the server's own refusal."""
     env = {}
@@ -330,7 +330,7 @@ def drain(batch):
     thread = threading.Thread(target=lambda: ended.append(worker.run(install_signals=False)))
     thread.start()
     thread.join(60)
-    assert not thread.is_alive(), "the worker stopped claiming (a slot stuck)"
+    assert not thread.is_alive(), "the worker stopped claiming (a lane stuck)"
     assert ended == [0]
 
 

@@ -15,7 +15,7 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .. import ops
+from .. import snapshots
 from ..cleanup import CleanupReport, shown_tables
 from ..models import Job, JobRecord, Task, TaskStatus, Worker
 from .display import breakable, concurrency_text, cron_in_words, duration_text, when_text
@@ -66,7 +66,7 @@ class Chart:
     @classmethod
     def build(
         cls,
-        series: ops.Throughput,
+        series: snapshots.Throughput,
         width: int = 760,
         height: int = 200,
         tick_every: dt.timedelta = dt.timedelta(minutes=10),
@@ -138,7 +138,7 @@ def tasks_url(queue: str | None = None, **query: str) -> str:
     return admin_url(Task, "changelist", query=query)
 
 
-def queue_rows(snap: ops.Snapshot, range_key: str) -> list[dict[str, Any]]:
+def queue_rows(snap: snapshots.Snapshot, range_key: str) -> list[dict[str, Any]]:
     """One row per queue and a total, each count with the link to its filtered list."""
     rows = []
     for name, stats in [*snap.queues.items(), (None, snap.total)]:
@@ -234,7 +234,7 @@ def worker_row(worker: Worker) -> dict[str, Any]:
     }
 
 
-def replica_lag_text(snap: ops.Snapshot) -> Any:
+def replica_lag_text(snap: snapshots.Snapshot) -> Any:
     """What the dashboard says of the replica it read, or nothing when it read the primary."""
     if not snap.off_primary:
         return ""
@@ -255,7 +255,7 @@ def cleanup_section(report: CleanupReport | None) -> dict[str, Any] | None:
     """What holds back the cleanup of the tables (cleanup.py), as the dashboard shows it."""
     if report is None or not report.supported:
         return None
-    limit = ops.health_limits().get("MAX_XMIN_AGE", DEFAULT_XMIN_ALERT)
+    limit = snapshots.health_limits().get("MAX_XMIN_AGE", DEFAULT_XMIN_ALERT)
     oldest = report.oldest_age
     return {
         "oldest_text": duration_text(oldest) if oldest is not None else _("none open"),
@@ -302,12 +302,12 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         range_key = DEFAULT_RANGE
     window, window_label, tick_every, tick_format = RANGES[range_key]
     access = access_for(request.user)
-    using = ops.default_database()
+    using = snapshots.default_database()
     queues = None if access.unrestricted else visible_queues(request)
     # Off the primary when the backend has a READ_DATABASE: the page only reads.
     # What holds back the cleanup shows other sessions' queries: to those who
     # see every queue only.
-    snap = ops.snapshot(
+    snap = snapshots.snapshot(
         using, window=window, queues=queues, replica=True, cleanup=access.unrestricted
     )
     crumbs = [("", _("Dashboard"))]

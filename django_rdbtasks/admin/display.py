@@ -131,7 +131,7 @@ def breakable(text: str) -> SafeString:
 
 
 def short_worker(worker_id: str) -> str:
-    """``host:pid`` of a worker id (``host:pid:slot:random``): the Worker row's name."""
+    """``host:pid`` of a worker id (``host:pid:lane:random``): the Worker row's name."""
     parts = worker_id.split(":")
     return ":".join(parts[:2]) if len(parts) > 2 else worker_id
 

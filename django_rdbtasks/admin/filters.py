@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .. import ops
+from .. import snapshots
 from ..db.functions import DbNow
 from ..models import Job, JobRecord, TaskQuerySet, TaskStatus, Worker, task_path_in
 from .permissions import access_for, filter_jobs
@@ -78,7 +78,7 @@ class StatusFilter(admin.SimpleListFilter):
 
 def visible_queues(request: HttpRequest) -> list[str]:
     """The queues of ``TASKS`` and of the jobs that this user may see."""
-    names = set(ops.configured_queues(ops.default_database()))
+    names = set(snapshots.configured_queues(snapshots.default_database()))
     jobs = Job.objects.using(admin_database(request, Job))
     names.update(jobs.exclude(queue_name="").values_list("queue_name", flat=True))
     return sorted(access_for(request.user).narrow(names))
@@ -137,8 +137,8 @@ class EnqueuedFilter(admin.SimpleListFilter):
             return queryset
         now = request_now(request, queryset.db)
         if value == OLDER:
-            return queryset.filter(pk__lt=ops.uuid7_floor(now - AGES["30d"]))
-        return queryset.filter(pk__gte=ops.uuid7_floor(now - AGES[value]))
+            return queryset.filter(pk__lt=snapshots.uuid7_floor(now - AGES["30d"]))
+        return queryset.filter(pk__gte=snapshots.uuid7_floor(now - AGES[value]))
 
 
 class FinishedFilter(admin.SimpleListFilter):
@@ -239,7 +239,7 @@ class WorkerStateFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        alive = Worker.objects.alive(ops.ALIVE_WITHIN)
+        alive = Worker.objects.alive(snapshots.ALIVE_WITHIN)
         if self.value() == WorkerState.ALIVE:
             return queryset.filter(pk__in=alive.values("pk"))
         if self.value() == WorkerState.STOPPED:

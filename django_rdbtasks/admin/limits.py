@@ -11,7 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.translation import gettext_lazy as _
 
-from .. import ops
+from .. import snapshots
 from ..limit_usage import key_usage
 from ..reads import read_database
 from .display import duration_text
@@ -52,7 +52,7 @@ class LimitSlotAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         # A page: read where the other pages read (the replica, if there is one).
-        using = read_database(ops.default_database())
+        using = read_database(snapshots.default_database())
         rows = [
             {"usage": usage, "window": duration_text(usage.period) if usage.period else ""}
             for usage in key_usage(using)

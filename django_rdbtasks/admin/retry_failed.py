@@ -15,7 +15,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import ops
+from .. import bulk_requeue, snapshots
 from ..models import Task, TaskStatus
 from .filters import AGE_LABELS, AGES, visible_queues
 from .utils import admin_url, page_context, request_now
@@ -52,7 +52,7 @@ def failing_most(failed: QuerySet, limit: int = 20) -> list[dict[str, Any]]:
     return [{"task_path": t, "queue": q, "count": n} for (t, q), n in ranked]
 
 
-def log_requeued(request: HttpRequest, batch: Sequence[ops.Requeued]) -> None:
+def log_requeued(request: HttpRequest, batch: Sequence[bulk_requeue.Requeued]) -> None:
     """One admin log entry per requeued task, written in bulk."""
     by_message: dict[str, list[Task]] = {}
     for item in batch:
@@ -75,7 +75,9 @@ def retry_failed_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     selected = form.is_valid()
     failed = failed_tasks(model_admin, request, form.cleaned_data if selected else {})
     if request.method == "POST" and selected and form.cleaned_data.get("confirm"):
-        requeued = ops.requeue_tasks(failed, on_batch=lambda batch: log_requeued(request, batch))
+        requeued = bulk_requeue.requeue_tasks(
+            failed, on_batch=lambda batch: log_requeued(request, batch)
+        )
         model_admin.message_user(
             request,
             ngettext("Requeued %d failed task.", "Requeued %d failed tasks.", requeued) % requeued,
@@ -90,7 +92,7 @@ def retry_failed_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     context = {
         **page_context(model_admin, request, _("Retry all failed tasks"), crumbs),
         "form": form,
-        "count": ops.capped_count(failed),
+        "count": snapshots.capped_count(failed),
         "by_task": failing_most(failed),
         "back_url": admin_url(Task, "changelist", query={"status": TaskStatus.FAILED}),
     }

@@ -18,7 +18,7 @@ from django.http import HttpRequest
 from django.urls import path
 from django.utils.translation import gettext_lazy as _
 
-from .. import ops
+from .. import bulk_requeue, snapshots
 from ..db.functions import DbNow
 from ..explain import explain
 from ..models import Task, TaskStatus, task_path_in
@@ -76,7 +76,9 @@ class TaskChangeList(NoCountChangeList):
 
 def _retry(model_admin: Any, request: HttpRequest, task: Task) -> str:
     was = task.status
-    if ops.backend_for_database(task._state.db or ops.default_database()).requeue(str(task.pk)):
+    if snapshots.backend_for_database(task._state.db or snapshots.default_database()).requeue(
+        str(task.pk)
+    ):
         model_admin.log_change(request, task, f"Requeued (was {was}).")
         return "requeued"
     return "skipped"
@@ -84,7 +86,9 @@ def _retry(model_admin: Any, request: HttpRequest, task: Task) -> str:
 
 def _cancel(model_admin: Any, request: HttpRequest, task: Task) -> str:
     was = task.status
-    now = ops.backend_for_database(task._state.db or ops.default_database()).cancel(str(task.pk))
+    now = snapshots.backend_for_database(task._state.db or snapshots.default_database()).cancel(
+        str(task.pk)
+    )
     if now == TaskStatus.CANCELLED and was != TaskStatus.CANCELLED:
         model_admin.log_change(request, task, f"Cancelled (was {was}).")
         return "cancelled"
@@ -95,7 +99,7 @@ def _cancel(model_admin: Any, request: HttpRequest, task: Task) -> str:
 
 
 def _discard(model_admin: Any, request: HttpRequest, task: Task) -> str:
-    using = task._state.db or ops.default_database()
+    using = task._state.db or snapshots.default_database()
     with transaction.atomic(using=using):
         # Conditional: a task requeued since the page was drawn is not deleted.
         _count, deleted = (
@@ -113,7 +117,7 @@ RETRY = Operation(
     description=_("Retry / requeue now"),
     permission="retry",
     perform=_retry,
-    applies=lambda task: task.status in ops.REQUEUEABLE,
+    applies=lambda task: task.status in bulk_requeue.REQUEUEABLE,
     fields=("pk", "task_path", "status", "queue_name"),
     reports={
         "requeued": Report(
@@ -240,7 +244,7 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
 
     @property
     def search_help_text(self) -> Any:  # type: ignore[override]
-        if connections[ops.default_database()].vendor == "postgresql":
+        if connections[snapshots.default_database()].vendor == "postgresql":
             return _(
                 "A task id, a worker (host:pid) running it, or part of a task path, "
                 "a job name or a dedup key."
@@ -329,7 +333,7 @@ class TaskAdmin(OperationsMixin, FastListMixin, TaskFields, WorkflowField, admin
     # -- views --
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> Any:
-        rows = ops.estimated_task_rows(admin_database(request, Task))
+        rows = snapshots.estimated_task_rows(admin_database(request, Task))
         extra = {
             "rows": rows,
             "rows_text": count_text(

@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import ops
+from .. import snapshots
 from ..db.functions import DbNow
 from ..jobs import database_now
 from ..models import Worker
@@ -82,10 +82,10 @@ class WorkerAdmin(AppPagesMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(db_now=DbNow())
 
     def _now(self, obj: Worker) -> dt.datetime:
-        return db_now(obj) or database_now(obj._state.db or ops.default_database())
+        return db_now(obj) or database_now(obj._state.db or snapshots.default_database())
 
     def _state(self, obj: Worker) -> WorkerState:
-        return WorkerState(ops.worker_state(obj, self._now(obj)))
+        return WorkerState(snapshots.worker_state(obj, self._now(obj)))
 
     @admin.display(description=_("state"))
     def state_display(self, obj: Worker) -> SafeString:

@@ -18,7 +18,7 @@ class LimitCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from .. import ops
+        from .. import snapshots
         from ..limit_usage import key_usage
         from ..reads import read_database
 
@@ -40,7 +40,7 @@ class LimitCollector:
             labels=labels,
         )
         # Read where the other gauges are read: the replica, if there is one.
-        for usage in key_usage(read_database(self.using or ops.default_database())):
+        for usage in key_usage(read_database(self.using or snapshots.default_database())):
             values = [usage.name, usage.kind]
             slots.add_metric(values, usage.slots)
             in_use.add_metric(values, usage.in_use)

@@ -8,7 +8,7 @@ Two sources, served two ways (docs/observability.md):
   mode: every process writes its values to files in one directory, the
   supervisor's HTTP server adds them up on each scrape).
 - ``DatabaseCollector``: queue depth, lag and live workers, read from the
-  database at scrape time with the admin's queries (``ops.snapshot``); served
+  database at scrape time with the admin's queries (``snapshots.snapshot``); served
   by the Django view in ``views.py``, so one scrape target covers every host.
 
 Nothing here imports prometheus_client until metrics are enabled, and a worker
@@ -414,7 +414,7 @@ def remove_stale_directories() -> list[str]:
 
 # -- the database's gauges -----------------------------------------------------------------
 
-#: The ``state`` label of ``rdbtasks_queue_tasks``: the fields of ``ops.QueueStats``.
+#: The ``state`` label of ``rdbtasks_queue_tasks``: the fields of ``snapshots.QueueStats``.
 QUEUE_STATES = ("ready", "scheduled", "waiting", "running", "stalled")
 
 
@@ -430,11 +430,13 @@ class DatabaseCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from .. import ops
+        from .. import snapshots
 
         # A short window: the finished counts are not exported, only computed.
         # Off the primary when the backend has a READ_DATABASE (reads.py).
-        snap = ops.snapshot(self.using, window=dt.timedelta(minutes=1), replica=True, cleanup=True)
+        snap = snapshots.snapshot(
+            self.using, window=dt.timedelta(minutes=1), replica=True, cleanup=True
+        )
         depth = GaugeMetricFamily(
             "rdbtasks_queue_tasks",
             "Tasks per queue and state: ready (due), scheduled (run_after ahead), "

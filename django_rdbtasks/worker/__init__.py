@@ -1,6 +1,6 @@
 """The worker: processes that claim and run tasks, under one supervisor.
 
-- ``loop.Worker``: one process; slot threads claim and run tasks (``slots``,
+- ``loop.Worker``: one process; lane threads claim and run tasks (``lanes``,
   ``execution``), the lease keeper (``keeper``) watches over them.
 - ``store.ClaimStore``: every statement the worker makes about tasks.
 - ``supervisor.Supervisor``: starts and restarts the processes (``processtree``);

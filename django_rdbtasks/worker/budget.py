@@ -6,7 +6,7 @@ import threading
 
 
 class TaskBudget:
-    """Shared by the process's slots, which take from it as they claim and give back
+    """Shared by the process's lanes, which take from it as they claim and give back
     what they did not get; the keeper gives back what it hands back unstarted, so the
     budget counts tasks that ran, not claims. ``None``: no limit."""
 

@@ -17,7 +17,7 @@ ever waits on the network:
   bounded by ``LEAVE_WITHIN``: on a thread of their own, waited for at most
   that long, then the process exits whatever they did.
 
-Only the writer takes from the slots while the process runs (the slots'
+Only the writer takes from the lanes while the process runs (the lanes'
 hand-back bookkeeping relies on it); on the way out the watch takes what is
 left, under the same lock, after telling the writer to take nothing more.
 """
@@ -37,16 +37,16 @@ from ..observability import tracing
 from ..retrying import Backoff, is_lost_race, race_logger
 from .execution import Executor, Running
 from .exits import EXIT_RECYCLE, EXIT_TIMED_OUT
+from .lanes import BUSY_RETRY, HandBack, Lane
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import BUSY_RETRY, HandBack, Slot
 from .store import ClaimStore
 
 logger = logging.getLogger("django_rdbtasks.worker")
 
 __all__ = ["EXIT_RECYCLE", "LEAVE_WITHIN", "LeaseKeeper"]
 
-#: How often the writer looks at the slots.
+#: How often the writer looks at the lanes.
 TICK = 0.01
 #: Longest the last writes of a process that leaves (release the claims,
 #: deregister) may take before it exits anyway: the leases free the rest.
@@ -62,7 +62,7 @@ class LeaseKeeper:
     def __init__(
         self,
         *,
-        slots: Sequence[Slot],
+        lanes: Sequence[Lane],
         alias: str,
         database: str,
         executor: Executor,
@@ -74,8 +74,8 @@ class LeaseKeeper:
         stopping: Callable[[], bool],
         unstarted: Callable[[int], None] = lambda count: None,
     ) -> None:
-        self.slots = slots
-        self._slots_by_id = {slot.worker_id: slot for slot in slots}
+        self.lanes = lanes
+        self._lanes_by_id = {lane.worker_id: lane for lane in lanes}
         #: The writer's connection, made in its thread (``run_writer``).
         self.alias = alias
         self.database = database
@@ -95,20 +95,20 @@ class LeaseKeeper:
         #: nothing against ``--max-tasks``, which counts what ran.
         self.unstarted = unstarted
         self.next_renewal = time.monotonic() + self.heartbeat_interval
-        #: Outcomes taken from slots that could not be written yet, per worker id.
+        #: Outcomes taken from lanes that could not be written yet, per worker id.
         self._unwritten: dict[str, list[tuple[Outcome, Running]]] = {}
         #: After a failed write the next try waits, growing and jittered (never
         #: longer than a sixth of the lease): a tick every 10 ms must not
         #: reconnect and log a hundred times a second through an outage.
         self._write_backoff = Backoff(cap=max(0.05, lease / 6))
         self._write_after = 0.0
-        #: Guards ``_unwritten`` and taking from the slots between the writer
+        #: Guards ``_unwritten`` and taking from the lanes between the writer
         #: and a leaving watch; never held across a database call.
         self._lock = threading.Lock()
         #: Set by the watch when the process leaves: the writer takes nothing more.
         self._leaving = threading.Event()
         #: Ticks the writer completed, so the watch can wait for one that
-        #: began after the slots ended.
+        #: began after the lanes ended.
         self.ticks = 0
         #: When the renewal in flight began (None: none is), and whether the
         #: watch already said it is late.
@@ -164,22 +164,22 @@ class LeaseKeeper:
         with self._lock:
             if self._leaving.is_set():
                 return
-            for slot in self.slots:
+            for lane in self.lanes:
                 if self.stopping():
                     # Claimed but not started: back to READY at once, for others.
                     taken.append(
-                        (slot.worker_id, HandBack(slot.take_unstarted(), slot.take_finished()))
+                        (lane.worker_id, HandBack(lane.take_unstarted(), lane.take_finished()))
                     )
                     continue
-                back = slot.hand_back_if_stuck(now)
+                back = lane.hand_back_if_stuck(now)
                 if back is not None:
                     self.unstarted(len(back.unstarted))
                     logger.debug(
-                        "slot %s: handing back %d tasks waiting behind a long one",
-                        slot.worker_id,
+                        "lane %s: handing back %d tasks waiting behind a long one",
+                        lane.worker_id,
                         len(back.unstarted),
                     )
-                    taken.append((slot.worker_id, back))
+                    taken.append((lane.worker_id, back))
         for worker_id, back in taken:
             # Outside the lock: releasing a takeover writes its lost attempt.
             released = [(self.executor.release(r), r) for r in back.unstarted]
@@ -197,8 +197,8 @@ class LeaseKeeper:
 
     def watch(self, now: float) -> None:
         if self.stopping():
-            for slot in self.slots:
-                current = slot.current()
+            for lane in self.lanes:
+                current = lane.current()
                 if current is not None:
                     current.stop_requested = True  # context.should_stop() says True from now on
         self._watch_timeouts(now)
@@ -216,7 +216,7 @@ class LeaseKeeper:
                 self.lease,
             )
 
-    # -- writing on a slot's behalf ------------------------------------------------------
+    # -- writing on a lane's behalf ------------------------------------------------------
 
     def _keep(self, worker_id: str, pairs: list[tuple[Outcome, Running]]) -> None:
         # Called with ``_lock`` held.
@@ -246,19 +246,19 @@ class LeaseKeeper:
             with self._lock:
                 if self._leaving.is_set():
                     return  # the watch took over what is left
-                # What was taken from the slots while this was written stays.
+                # What was taken from the lanes while this was written stays.
                 later = self._unwritten.get(worker_id, [])[len(pairs) :]
                 self._unwritten[worker_id] = busy + later
                 if not busy and not later:
-                    # Only this thread takes from the slots: all it took is written now.
-                    self._slots_by_id[worker_id].hand_back_written()
+                    # Only this thread takes from the lanes: all it took is written now.
+                    self._lanes_by_id[worker_id].hand_back_written()
             if busy:
                 self._write_after = time.monotonic() + BUSY_RETRY
             done = [(o, r) for o, r in pairs if o.id not in result.busy]
             self.reporter.report(done, result.written)
 
     def writing(self) -> bool:
-        """Outcomes taken from the slots are still to be written."""
+        """Outcomes taken from the lanes are still to be written."""
         with self._lock:
             return any(self._unwritten.values())
 
@@ -266,17 +266,17 @@ class LeaseKeeper:
 
     def renew(self) -> None:
         assert self.store is not None
-        for slot in self.slots:
+        for lane in self.lanes:
             with self._lock:
-                unwritten = [r for _, r in self._unwritten.get(slot.worker_id, [])]
-            held = slot.held() + unwritten
+                unwritten = [r for _, r in self._unwritten.get(lane.worker_id, [])]
+            held = lane.held() + unwritten
             claims = [(r.row.id, r.row.version) for r in held if not r.lost]
             if not claims:
                 continue
             self._renewing_since = time.monotonic()
             try:
                 limited = {r.row.id for r in held if r.row.limit_key is not None}
-                still, cancel = self.store.renew(claims, slot.worker_id, self.lease, limited)
+                still, cancel = self.store.renew(claims, lane.worker_id, self.lease, limited)
             except DatabaseError as exc:
                 delay = self._retry_delay("lease renewal", exc, self.renewal_backoff)
                 self.next_renewal = time.monotonic() + min(delay, self.heartbeat_interval)
@@ -286,11 +286,11 @@ class LeaseKeeper:
             if self._renewal_late_said:
                 self._renewal_late_said = False
                 logger.info("lease renewal answered again")
-            # Only what is still held now: an outcome the slot wrote while the
+            # Only what is still held now: an outcome the lane wrote while the
             # renewal ran left RUNNING (so was not renewed) but was not lost.
             with self._lock:
-                unwritten = [r for _, r in self._unwritten.get(slot.worker_id, [])]
-            still_held = {id(r) for r in slot.held() + unwritten}
+                unwritten = [r for _, r in self._unwritten.get(lane.worker_id, [])]
+            still_held = {id(r) for r in lane.held() + unwritten}
             for running in held:
                 if id(running) not in still_held:
                     continue
@@ -310,7 +310,7 @@ class LeaseKeeper:
         self.renewal_backoff.reset()
         with self.counters.lock:
             done, failed = self.counters.processed, self.counters.failed
-        running_count = sum(len(slot.held()) for slot in self.slots)
+        running_count = sum(len(lane.held()) for lane in self.lanes)
         self.registry.alive(running=running_count, done=done, failed=failed)
 
     def _retry_delay(self, what: str, exc: DatabaseError | UnicodeError, backoff: Backoff) -> float:
@@ -331,8 +331,8 @@ class LeaseKeeper:
 
     def _watch_timeouts(self, now: float) -> None:
         """Ask a task past its timeout to stop; if it ignores that, recycle the process."""
-        for slot in self.slots:
-            running = slot.current()
+        for lane in self.lanes:
+            running = lane.current()
             if running is None or running.timeout is None or running.started is None:
                 continue
             elapsed = now - running.started
@@ -372,7 +372,7 @@ class LeaseKeeper:
                 (worker_id, HandBack([], list(pairs)))
                 for worker_id, pairs in self._unwritten.items()
             ]
-            left += [(slot.worker_id, slot.take_everything()) for slot in self.slots]
+            left += [(lane.worker_id, lane.take_everything()) for lane in self.lanes]
         last = threading.Thread(
             target=self._write_before_leaving,
             args=(left, outcome_for),

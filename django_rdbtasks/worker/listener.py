@@ -13,7 +13,7 @@ from ..db import dialect_for
 from ..db.pg_limited import SLOT_CHANNEL
 from ..db.postgresql import NOTIFY_CHANNEL
 from ..retrying import Backoff
-from .slots import Wake
+from .lanes import Wake
 
 logger = logging.getLogger("django_rdbtasks.worker")
 

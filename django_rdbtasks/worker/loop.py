@@ -1,8 +1,9 @@
-"""One worker process: slot threads that claim and run tasks, and the lease keeper.
+"""One worker process: lanes that claim and run tasks, and the lease keeper.
 
-Each slot is a thread with a worker id of its own. It repeats one round: write
-the outcomes of the tasks it finished and claim the next ones, in one
-statement on PostgreSQL (one transaction elsewhere), then run what it claimed.
+Each lane (``lanes.py``) has a worker id of its own and two threads: its
+round thread repeats one round (write the outcomes of the tasks it finished
+and claim the next ones, in one statement on PostgreSQL, one transaction
+elsewhere) while its runner runs what it claimed.
 The lease keeper (``keeper.py``) writes from a thread of its own. The main
 thread never waits on the network: signal handlers only record the signal, and
 the main thread acts on it, on the supervisor's death and on the end of the
@@ -36,10 +37,10 @@ from .connection import bound_user_connections, close_in_thread, open_in_thread,
 from .execution import Executor
 from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
 from .keeper import LEAVE_WITHIN, LeaseKeeper
+from .lanes import BUSY_RETRY, ClaimAhead, Lane, Wake
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
-from .slots import BUSY_RETRY, ClaimAhead, Slot, Wake
 from .store import ClaimStore
 from .task_connections import reconnect_task_connections, task_connection_broke
 
@@ -50,7 +51,7 @@ __all__ = ["EXIT_RECYCLE", "Worker"]
 #: How often the main thread looks at signals, deadlines and the keeper.
 TICK = 0.01
 #: How often a round thread waiting for its busy runner looks again on its own
-#: (a wake-up pokes its slot: this is only the safety net).
+#: (a wake-up pokes its lane: this is only the safety net).
 BUSY_POLL = 0.01
 #: How long past the database's ``wait`` a round thread held back by full keys
 #: looks again: the slot comes free by the database's clock, a little later
@@ -207,11 +208,11 @@ class Worker:
                 logger.error("%s", refusal)
                 registry.deregister(done=0, failed=0)
                 return 2
-        slots = [Slot(i, f"{self.name}:{i}:{get_random_string(6)}") for i in range(self.threads)]
-        self.wake.watch(slots)
+        lanes = [Lane(i, f"{self.name}:{i}:{get_random_string(6)}") for i in range(self.threads)]
+        self.wake.watch(lanes)
         background = self._background_threads()
         keeper = LeaseKeeper(
-            slots=slots,
+            lanes=lanes,
             alias=alias,
             database=self.database,
             executor=self._executor(store),
@@ -225,14 +226,14 @@ class Worker:
         )
         threads = [
             threading.Thread(
-                target=self._slot_main, args=(slot, alias), name=f"rdbtasks-slot-{slot.index}"
+                target=self._lane_main, args=(lane, alias), name=f"rdbtasks-lane-{lane.index}"
             )
-            for slot in slots
+            for lane in lanes
         ]
         for thread in background + threads:
             thread.start()
         keeper.start(self.halt, goodbye=self._totals)
-        slots_ended_at_tick: int | None = None
+        lanes_ended_at_tick: int | None = None
         try:
             while True:
                 now = time.monotonic()
@@ -242,14 +243,14 @@ class Worker:
                 keeper.watch(now)
                 if keeper.crashed is not None:
                     raise RuntimeError("the lease keeper failed") from keeper.crashed
-                if slots_ended_at_tick is None:
+                if lanes_ended_at_tick is None:
                     if not any(thread.is_alive() for thread in threads):
-                        slots_ended_at_tick = keeper.ticks
-                # Done once a tick that began after the slots ended took what
+                        lanes_ended_at_tick = keeper.ticks
+                # Done once a tick that began after the lanes ended took what
                 # they left, and the keeper wrote it all: a row another session
                 # holds locked is waited for, within the grace once a stop is
                 # asked for.
-                elif keeper.ticks > slots_ended_at_tick + 1 and not keeper.writing():
+                elif keeper.ticks > lanes_ended_at_tick + 1 and not keeper.writing():
                     break
                 time.sleep(TICK)
         finally:
@@ -343,7 +344,7 @@ class Worker:
             logger.warning("supervisor is gone; stopping within %.0fs", ORPHAN_GRACE)
             self.stop(min(self.grace, ORPHAN_GRACE))
 
-    # -- a slot ------------------------------------------------------------------------
+    # -- a lane ------------------------------------------------------------------------
 
     def _executor(self, store: ClaimStore) -> Executor:
         return Executor(
@@ -355,32 +356,32 @@ class Worker:
             stopping=self.stopping,
         )
 
-    def _slot_main(self, slot: Slot, alias: str) -> None:
-        """The slot's round thread: writes outcomes and claims while its runner runs tasks."""
+    def _lane_main(self, lane: Lane, alias: str) -> None:
+        """The lane's round thread: writes outcomes and claims while its runner runs tasks."""
         store = ClaimStore(alias, self.database)
         executor = self._executor(store)
         reporter = Reporter(self.backend, self.counters, store.public_id)
-        reporter.tell_in_background(f"rdbtasks-report-{slot.index}")
+        reporter.tell_in_background(f"rdbtasks-report-{lane.index}")
         ahead = ClaimAhead(self.batch)
         runner = threading.Thread(
-            target=self._run_slot,
-            args=(slot, alias, executor, ahead),
-            name=f"rdbtasks-run-{slot.index}",
+            target=self._run_lane,
+            args=(lane, alias, executor, ahead),
+            name=f"rdbtasks-run-{lane.index}",
         )
         runner.start()
         try:
-            self._rounds(slot, store, reporter, ahead, runner)
+            self._rounds(lane, store, reporter, ahead, runner)
         finally:
-            slot.close()
+            lane.close()
             # Its running task ends first (or the grace period ends the process).
             runner.join()
-            self._finish_slot(slot, store, reporter, executor)
+            self._finish_lane(lane, store, reporter, executor)
             reporter.close()
             store.close()
             connections.close_all()
 
-    def _run_slot(self, slot: Slot, alias: str, executor: Executor, ahead: ClaimAhead) -> None:
-        """The runner: the slot's tasks, one at a time, until the slot closes or a stop.
+    def _run_lane(self, lane: Lane, alias: str, executor: Executor, ahead: ClaimAhead) -> None:
+        """The runner: the lane's tasks, one at a time, until the lane closes or a stop.
 
         Its own worker connection (made on first use) carries what a running task
         writes of itself: progress, checkpoints, a lost attempt's record."""
@@ -389,30 +390,30 @@ class Worker:
         limits = self.backend.storage_limits
         try:
             while True:
-                running = slot.next_task(self.stopping)
+                running = lane.next_task(self.stopping)
                 if running is None:
                     return
                 # The round thread reconnected (an outage, a failover), or a task's
                 # connection broke: connect again first, not at the cost of an attempt.
-                if slot.connections_lost or task_connection_broke():
-                    lost, slot.connections_lost = slot.connections_lost, False
+                if lane.connections_lost or task_connection_broke():
+                    lost, lane.connections_lost = lane.connections_lost, False
                     if not reconnect_task_connections(
                         lost, self.database, dialect.accepts_writes, own=own,
                         stop=self.halt, give_up=self.stopping.is_set,
                     ) or running.lost:  # fmt: skip
                         # Stopped first, or its lease lost meanwhile: given back unrun.
-                        slot.finish(executor.release(running), running)
+                        lane.finish(executor.release(running), running)
                         continue
                 if running.row.start_by is not None and time.monotonic() > running.row.start_by:
                     # Too late for its rate limit's window: given back unstarted,
                     # its attempt unspent, its start spent (docs/limits.md).
-                    slot.finish(executor.release(running), running)
+                    lane.finish(executor.release(running), running)
                     continue
                 outcome = executor.run(running)
                 ahead.observe(outcome.duration)
                 # Encoded here, not in the round thread; made storable first.
                 dialect.encode_outcome(outcome, limits)
-                slot.finish(outcome, running)
+                lane.finish(outcome, running)
         finally:
             # Its own worker connection too: close_all() knows only DATABASES' aliases.
             close_in_thread(alias)
@@ -420,51 +421,51 @@ class Worker:
 
     def _rounds(
         self,
-        slot: Slot,
+        lane: Lane,
         store: ClaimStore,
         reporter: Reporter,
         ahead: ClaimAhead,
         runner: threading.Thread,
     ) -> None:
         while not self.stopping.is_set() and runner.is_alive():
-            generation = slot.generation
-            want = self._refill(slot, ahead)
+            generation = lane.generation
+            want = self._refill(lane, ahead)
             if want:
                 want = self.budget.take(want)  # 0 once --max-tasks is spent
-                if want == 0 and slot.idle():
+                if want == 0 and lane.idle():
                     self.recycle = True
                     self.stop()
                     break
             if want == 0:
-                if slot.should_flush():
-                    self._round(slot, store, reporter, 0)
+                if lane.should_flush():
+                    self._round(lane, store, reporter, 0)
                 else:
                     # Claimed enough ahead, or behind a long task: until the runner needs more.
-                    slot.wait_changed(generation, min(slot.flush_in(), self.poll_interval))
+                    lane.wait_changed(generation, min(lane.flush_in(), self.poll_interval))
                 continue
             self.wake.clear()
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
-            handing_back = slot.handing_back()
-            exchange = self._round(slot, store, reporter, want)
+            handing_back = lane.handing_back()
+            exchange = self._round(lane, store, reporter, want)
             self.budget.give_back(want - len(exchange.claimed))
             if exchange.claimed:
-                slot.add(exchange.claimed)
+                lane.add(exchange.claimed)
                 if len(exchange.claimed) < want and not exchange.contended:
                     # The queue had no more for now: a round at once would find nothing
                     # and take the server from the task just claimed. Until needed, or woken.
-                    self._wait_busy(slot, slot.generation)
-            elif not slot.idle():
+                    self._wait_busy(lane, lane.generation)
+            elif not lane.idle():
                 # Nothing to claim while the runner still has work: wait for
                 # it to end (or for new tasks), not a round per finished task.
-                self._wait_busy(slot, slot.generation)
+                self._wait_busy(lane, lane.generation)
             elif exchange.written:
                 # What it just finished may have made more runnable (a
                 # dependant released after the claim): look again at once.
                 continue
-            elif exchange.busy or handing_back or slot.handing_back():
+            elif exchange.busy or handing_back or lane.handing_back():
                 # Outcomes wait for a row another session holds locked, or the keeper
                 # writes back (or wrote during the round) tasks it took from this
-                # slot: a burst must not end before it can claim them again.
+                # lane: a burst must not end before it can claim them again.
                 self.wake.wait(BUSY_RETRY)
             elif exchange.contended:
                 # Runnable rows were there but others won them, or hold
@@ -486,36 +487,36 @@ class Worker:
                 self.wake.wait(self.poll_interval)
 
     def _slot_wait(self, wait: float | None) -> float:
-        """How long a round thread held back by full keys waits, at most, for a slot."""
+        """How long a round thread held back by full keys waits, at most, for a limit's slot."""
         if wait is None:
             return self.poll_interval
         # A little past the database's time: its clock, not ours, frees the slot.
         return min(self.poll_interval, wait + SLOT_CLOCK_MARGIN)
 
-    def _refill(self, slot: Slot, ahead: ClaimAhead) -> int:
+    def _refill(self, lane: Lane, ahead: ClaimAhead) -> int:
         """How many to claim now (``ClaimAhead.to_claim``)."""
-        return ahead.to_claim(slot.in_flight(), slot.running_for(time.monotonic()))
+        return ahead.to_claim(lane.in_flight(), lane.running_for(time.monotonic()))
 
-    def _wait_busy(self, slot: Slot, generation: int) -> None:
+    def _wait_busy(self, lane: Lane, generation: int) -> None:
         """The runner is busy and the queue had nothing more: until it is idle, or a wake-up."""
         deadline = time.monotonic() + self.poll_interval
-        while not self.stopping.is_set() and not self.wake.is_set() and not slot.idle():
+        while not self.stopping.is_set() and not self.wake.is_set() and not lane.idle():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            slot.wait_changed(generation, min(left, slot.flush_in(), BUSY_POLL))
-            if slot.should_flush():
+            lane.wait_changed(generation, min(left, lane.flush_in(), BUSY_POLL))
+            if lane.should_flush():
                 return
-            generation = slot.generation
+            generation = lane.generation
 
-    def _round(self, slot: Slot, store: ClaimStore, reporter: Reporter, want: int) -> Exchange:
-        """Write what the slot finished and claim ``want`` more; retried through outages."""
-        finished = slot.take_finished()
+    def _round(self, lane: Lane, store: ClaimStore, reporter: Reporter, want: int) -> Exchange:
+        """Write what the lane finished and claim ``want`` more; retried through outages."""
+        finished = lane.take_finished()
         outcomes = [outcome for outcome, _ in finished]
-        allowance = slot.start_allowance
+        allowance = lane.start_allowance
         request = (
             ClaimRequest(
-                self.queues, want, slot.worker_id, self.lease, self.mode, allowance.seconds()
+                self.queues, want, lane.worker_id, self.lease, self.mode, allowance.seconds()
             )
             if want > 0 and not self.stopping.is_set()
             else None
@@ -523,14 +524,14 @@ class Worker:
 
         def reconnect() -> None:
             store.close()
-            slot.connections_lost = True  # the runner's too (_run_slot)
+            lane.connections_lost = True  # the runner's too (_run_lane)
 
         sent = 0.0
 
         def exchange_once() -> Exchange:
             nonlocal sent
             sent = time.monotonic()  # before the claim's database time
-            return store.exchange(outcomes, slot.worker_id, request)
+            return store.exchange(outcomes, lane.worker_id, request)
 
         exchange = retry_database(
             exchange_once,
@@ -545,8 +546,8 @@ class Worker:
         )
         if exchange is None:
             # Stopped before the database answered: what finished is written
-            # by the slot's last round (or released by the keeper's deadline).
-            slot.put_back_finished(finished)
+            # by the lane's last round (or released by the keeper's deadline).
+            lane.put_back_finished(finished)
             return Exchange()
         allowance.observe(time.monotonic() - sent)
         if request is not None:
@@ -566,19 +567,19 @@ class Worker:
         if exchange.busy:
             # Rows another session holds locked: written by a later round,
             # while the claims stay ours and the others went through.
-            slot.put_back_finished([pair for pair in finished if pair[0].id in exchange.busy])
+            lane.put_back_finished([pair for pair in finished if pair[0].id in exchange.busy])
             finished = [pair for pair in finished if pair[0].id not in exchange.busy]
         reporter.report(finished, exchange.written)
         return exchange
 
-    def _finish_slot(
-        self, slot: Slot, store: ClaimStore, reporter: Reporter, executor: Executor
+    def _finish_lane(
+        self, lane: Lane, store: ClaimStore, reporter: Reporter, executor: Executor
     ) -> None:
         """Write what is finished and give back what never started, attempts unspent."""
-        for running in slot.take_unstarted():
-            slot.finish(executor.release(running), running)
-        while slot.held():
-            exchange = self._round(slot, store, reporter, 0)
+        for running in lane.take_unstarted():
+            lane.finish(executor.release(running), running)
+        while lane.held():
+            exchange = self._round(lane, store, reporter, 0)
             # A row held locked by another session: wait for it, within the grace.
             if not exchange.busy or self.halt.wait(BUSY_RETRY):
                 break
@@ -630,7 +631,7 @@ class Worker:
         return threads
 
     def _processor_threads(self) -> list[threading.Thread]:
-        from ..checkout import registered_processors, run_processor
+        from ..record_processing import registered_processors, run_processor
 
         return [
             threading.Thread(

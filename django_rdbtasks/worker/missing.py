@@ -37,7 +37,7 @@ class Verdict:
 
 
 class MissingTasks:
-    """The paths this process cannot import, shared by its slots."""
+    """The paths this process cannot import, shared by its lanes."""
 
     def __init__(self, grace: float = DEFAULT_GRACE) -> None:
         self.grace = grace
@@ -98,7 +98,7 @@ _by_backend_lock = threading.Lock()
 
 
 def missing_tasks(backend: Any) -> MissingTasks:
-    """This process's record for ``backend`` (one per backend alias, shared by the slots)."""
+    """This process's record for ``backend`` (one per backend alias, shared by the lanes)."""
     with _by_backend_lock:
         found = _by_backend.get(backend.alias)
         if found is None:

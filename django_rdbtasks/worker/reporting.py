@@ -47,7 +47,7 @@ class Reporter:
     The counters and the metrics are updated by ``report`` itself. Each task's
     log line and ``task_finished`` signal are told by ``report`` too, or, once
     ``tell_in_background`` started a thread for them, by that thread, in the
-    order reported: a slot's round thread then goes back to the database at
+    order reported: a lane's round thread then goes back to the database at
     once. Its round is what a drain of short tasks waits on, and a signal with
     the framework's receivers and a result brought up to date cost about a
     tenth of it (docs/benchmarks.md, "Reads that skip what others hold").

@@ -115,8 +115,10 @@ class Supervisor:
         self.metrics = metrics
         self.stopping = False
         self._signals: list[int] = []
-        self.children: dict[int | str, Any] = {}  # multiprocessing's fork Process
-        #: Worker slots asked to stop by the autoscaler: not restarted when they exit.
+        #: The running children (multiprocessing's fork Process) by their key: a
+        #: worker's number, or SCHEDULER.
+        self.children: dict[int | str, Any] = {}
+        #: Workers asked to stop by the autoscaler: not restarted when they exit.
         self.retiring: set[int | str] = set()
         self.crashes: dict[int | str, list[float]] = {}
         self._context = multiprocessing.get_context("fork")
@@ -254,23 +256,25 @@ class Supervisor:
         nothing) before it is reaped: until then its pid is a zombie's, which
         no new process can take, so the mark cannot reach a live registration.
         """
-        ended = [(slot, process) for slot, process in self.children.items() if _ended(process)]
+        ended = [(child, process) for child, process in self.children.items() if _ended(process)]
         if not ended:
             return
-        self._mark_stopped({p.pid for slot, p in ended if slot != SCHEDULER and p.pid is not None})
-        for slot, process in ended:
+        self._mark_stopped(
+            {p.pid for child, p in ended if child != SCHEDULER and p.pid is not None}
+        )
+        for child, process in ended:
             process.join()
             code = process.exitcode
-            del self.children[slot]
+            del self.children[child]
             if self.metrics is not None:
                 self.metrics.process_gone(process.pid)
-            self._after_exit(slot, process.pid, code)
+            self._after_exit(child, process.pid, code)
 
-    def _after_exit(self, slot: int | str, pid: int | None, code: int | None) -> None:
-        kind = "scheduler" if slot == SCHEDULER else "worker"
+    def _after_exit(self, child: int | str, pid: int | None, code: int | None) -> None:
+        kind = "scheduler" if child == SCHEDULER else "worker"
         reason = exit_reason(code)
-        if slot in self.retiring:
-            self.retiring.discard(slot)
+        if child in self.retiring:
+            self.retiring.discard(child)
             logger.info("%s process %s %s (autoscale)", kind, pid, reason)
             return
         if self.stopping or (code == 0 and self.burst):
@@ -284,10 +288,10 @@ class Supervisor:
             return
         if code in RECYCLED:
             logger.info("%s process %s %s; starting a new one", kind, pid, reason)
-            self._start(slot)
+            self._start(child)
             return
         logger.error("%s process %s %s; restarting", kind, pid, reason)
-        self._restart_after_crash(slot)
+        self._restart_after_crash(child)
 
     def _mark_stopped(self, pids: set[int]) -> None:
         """Mark the registrations of ended worker processes stopped, now or later."""
@@ -326,36 +330,38 @@ class Supervisor:
             except AttributeError:
                 pass
 
-    def _start(self, slot: int | str) -> None:
+    def _start(self, child: int | str) -> None:
         # The child leaves every connection it inherits (leave_inherited_connections):
         # none is shared, and none this process did not open is closed.
-        kind = SCHEDULER if slot == SCHEDULER else "worker"
+        kind = SCHEDULER if child == SCHEDULER else "worker"
         process = self._context.Process(
             target=_child_main,
             args=(self.worker_options, kind, os.getpid(), self.metrics),
-            name=f"rdbtasks-{kind}-{slot}",
+            name=f"rdbtasks-{kind}-{child}",
         )
         process.start()
-        self.children[slot] = process
+        self.children[child] = process
 
-    def _restart_after_crash(self, slot: int | str) -> None:
+    def _restart_after_crash(self, child: int | str) -> None:
         now = time.monotonic()
-        recent = [t for t in self.crashes.get(slot, []) if now - t < 60] + [now]
-        self.crashes[slot] = recent
+        recent = [t for t in self.crashes.get(child, []) if now - t < 60] + [now]
+        self.crashes[child] = recent
         pause = min(30.0, 0.5 * 2 ** (len(recent) - 1)) if len(recent) > 1 else 0.0
         deadline = now + pause
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(0.05)
             self._pass_signals_on()
         if not self.stopping:
-            self._start(slot)
+            self._start(child)
 
     # -- autoscaling -------------------------------------------------------------------
 
-    def worker_slots(self) -> list[int]:
+    def worker_numbers(self) -> list[int]:
         """The worker processes counted as running: not the scheduler, not the retiring."""
         return sorted(
-            slot for slot in self.children if isinstance(slot, int) and slot not in self.retiring
+            child
+            for child in self.children
+            if isinstance(child, int) and child not in self.retiring
         )
 
     def _scale(self, policy: AutoscalePolicy, now: float) -> None:
@@ -371,8 +377,8 @@ class Supervisor:
             except DatabaseError:
                 pass
             return
-        slots = self.worker_slots()
-        current = len(slots)
+        numbers = self.worker_numbers()
+        current = len(numbers)
         wanted = policy.desired(load, current, now)
         if wanted == current:
             return
@@ -386,15 +392,15 @@ class Supervisor:
             lag,
         )
         if wanted > current:
-            taken = set(slots) | {s for s in self.children if isinstance(s, int)}
+            taken = set(numbers) | {s for s in self.children if isinstance(s, int)}
             free = (index for index in range(len(taken) + wanted) if index not in taken)
             for _ in range(wanted - current):
                 self._start(next(free))
         else:
             # The newest go first; each finishes its tasks (or hands them back).
-            for slot in slots[wanted - current :]:
-                self.retiring.add(slot)
-                process = self.children[slot]
+            for child in numbers[wanted - current :]:
+                self.retiring.add(child)
+                process = self.children[child]
                 if process.pid is not None:
                     try:
                         os.kill(process.pid, signal.SIGTERM)
@@ -411,7 +417,7 @@ class Supervisor:
     def _report_processes(self) -> None:
         if self.metrics is None:
             return
-        count = len(self.worker_slots())
+        count = len(self.worker_numbers())
         if count != self._reported_processes:
             self._reported_processes = count
             self.metrics.set_worker_processes(count)

@@ -89,7 +89,7 @@ def reconnect_task_connections(
     stop: threading.Event,
     give_up: Callable[[], bool],
 ) -> bool:
-    """Before the next task runs: when ``lost`` (the slot's round thread lost
+    """Before the next task runs: when ``lost`` (the lane's round thread lost
     its connection) or a task's connection broke, connect this thread again to
     ``writable``, the database of the worker's tasks, if its tasks used it.
     True when the task may run. Other databases' connections reconnect when a

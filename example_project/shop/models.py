@@ -1,6 +1,6 @@
 from django.db import models
 
-from django_rdbtasks.checkout import CheckoutManager, CheckoutMixin
+from django_rdbtasks.record_processing import CheckoutManager, CheckoutMixin
 
 
 class Invoice(models.Model):

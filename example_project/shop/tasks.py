@@ -4,10 +4,10 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from django_rdbtasks.checkout import record_processor
 from django_rdbtasks.compat import HAS_DJANGO_TASKS
 from django_rdbtasks.dependencies import Workflow
 from django_rdbtasks.jobs import periodic
+from django_rdbtasks.record_processing import record_processor
 
 from .models import Device, Invoice
 

@@ -1,4 +1,4 @@
-"""Rows and users for the operations tests (admin, ops, commands, retention, browser)."""
+"""Rows and users for the operations tests (admin, snapshots, commands, retention, browser)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.db import connection
 
 from django_rdbtasks.jobs import database_now
 from django_rdbtasks.models import Task, TaskStatus, Worker
-from django_rdbtasks.ops import uuid7_floor
+from django_rdbtasks.snapshots import uuid7_floor
 
 ADMIN_MISSING = (
     "The admin tests need django.contrib.admin, sessions, messages and staticfiles in "

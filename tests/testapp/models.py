@@ -2,7 +2,7 @@ from typing import ClassVar
 
 from django.db import models
 
-from django_rdbtasks.checkout import CheckoutManager, CheckoutMixin
+from django_rdbtasks.record_processing import CheckoutManager, CheckoutMixin
 
 
 class SideEffect(models.Model):

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 from django.db import connection
 
-from django_rdbtasks.checkout import record_processor
 from django_rdbtasks.jobs import database_now
+from django_rdbtasks.record_processing import record_processor
 
 from .models import Device, DeviceVisit
 

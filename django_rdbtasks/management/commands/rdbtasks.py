@@ -26,7 +26,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from ... import ops, queues
+from ... import queues, snapshots
 from ...cleanup import SHOWN_AFTER, CleanupReport, shown_tables
 from ...durations import parse_age
 from ...explain import explain
@@ -110,25 +110,25 @@ class Command(BaseCommand):
             "health limits", "Override RDBTASKS_HEALTH; a limit not set is not checked."
         )
         limits.add_argument(
-            "--max-lag", type=float, metavar="SECONDS", help=ops.HEALTH_LIMITS["MAX_LAG"]
+            "--max-lag", type=float, metavar="SECONDS", help=snapshots.HEALTH_LIMITS["MAX_LAG"]
         )
         limits.add_argument(
-            "--min-workers", type=int, metavar="N", help=ops.HEALTH_LIMITS["MIN_WORKERS"]
+            "--min-workers", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MIN_WORKERS"]
         )
         limits.add_argument(
-            "--max-ready", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_READY"]
+            "--max-ready", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MAX_READY"]
         )
         limits.add_argument(
-            "--max-stalled", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_STALLED"]
+            "--max-stalled", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MAX_STALLED"]
         )
         limits.add_argument(
-            "--max-failed", type=int, metavar="N", help=ops.HEALTH_LIMITS["MAX_FAILED"]
+            "--max-failed", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MAX_FAILED"]
         )
         limits.add_argument(
             "--max-xmin-age",
             type=float,
             metavar="SECONDS",
-            help=ops.HEALTH_LIMITS["MAX_XMIN_AGE"],
+            help=snapshots.HEALTH_LIMITS["MAX_XMIN_AGE"],
         )
 
         probe = subcommands.add_parser(
@@ -220,23 +220,23 @@ class Command(BaseCommand):
 
     def status(self, options: dict[str, Any]) -> None:
         window, limits = self._status_arguments(options)
-        using = options["database"] or ops.default_database()
+        using = options["database"] or snapshots.default_database()
         if options["queues"]:
             refuse(
-                ops.unknown_queue_problems(
+                snapshots.unknown_queue_problems(
                     options["queues"],
                     Task.objects.using(using),
-                    ops.configured_queues(using),
+                    snapshots.configured_queues(using),
                 )
             )
-        snap = ops.snapshot(
+        snap = snapshots.snapshot(
             options["database"],
             window=window,
             queues=options["queues"],
             replica=not options["primary"],
             cleanup=True,
         )
-        checks = ops.check_health(snap, limits)
+        checks = snapshots.check_health(snap, limits)
         healthy = all(check.ok for check in checks)
         if options["json"]:
             data = snap.as_dict()
@@ -264,7 +264,7 @@ class Command(BaseCommand):
             problems.append(f"--window: {exc}")
         limits: dict[str, float] = {}
         try:
-            limits = ops.health_limits(
+            limits = snapshots.health_limits(
                 max_lag=options["max_lag"],
                 min_workers=options["min_workers"],
                 max_ready=options["max_ready"],
@@ -281,7 +281,7 @@ class Command(BaseCommand):
         refuse(problems)
         return window, limits
 
-    def _status_text(self, snap: ops.Snapshot, checks: list[ops.HealthCheck]) -> str:
+    def _status_text(self, snap: snapshots.Snapshot, checks: list[snapshots.HealthCheck]) -> str:
         window = seconds_text(snap.window.total_seconds())
         rows = [
             self._queue_row(name, stats, snap)
@@ -318,7 +318,9 @@ class Command(BaseCommand):
             lines += [f"  {check.describe()}" for check in checks]
         return "\n".join(lines)
 
-    def _queue_row(self, name: str, stats: ops.QueueStats, snap: ops.Snapshot) -> list[Any]:
+    def _queue_row(
+        self, name: str, stats: snapshots.QueueStats, snap: snapshots.Snapshot
+    ) -> list[Any]:
         if stats.paused_since is not None:
             paused_for = seconds_text((snap.now - stats.paused_since).total_seconds())
             name = f"{name} (paused {paused_for})"
@@ -335,7 +337,7 @@ class Command(BaseCommand):
             stats.cancelled,
         ]
 
-    def _workers_line(self, snap: ops.Snapshot) -> str:
+    def _workers_line(self, snap: snapshots.Snapshot) -> str:
         running = sum(worker.running for worker in snap.workers)
         text = f"Workers: {len(snap.workers)} alive, running {counted(running, 'task')}"
         if snap.gone_workers:
@@ -385,7 +387,7 @@ class Command(BaseCommand):
                 if not 0 < options[name] < math.inf
             ]
         )
-        using = options["database"] or ops.default_database()
+        using = options["database"] or snapshots.default_database()
         if options["kind"] == "live":
             self._probe_live(using, options["within"], options["timeout"])
         else:
@@ -433,7 +435,7 @@ class Command(BaseCommand):
     # -- workers -----------------------------------------------------------------------
 
     def workers(self, options: dict[str, Any]) -> None:
-        using = options["database"] or ops.default_database()
+        using = options["database"] or snapshots.default_database()
         from ...jobs import database_now
         from ...models import Worker
         from ...reads import read_database
@@ -444,8 +446,8 @@ class Command(BaseCommand):
         now = database_now(using)
         rows = Worker.objects.using(using).order_by("-last_heartbeat_at")
         if not options["all"]:
-            rows = rows.alive(ops.ALIVE_WITHIN)
-        workers = [ops.worker_as_dict(worker, now) for worker in rows[:500]]
+            rows = rows.alive(snapshots.ALIVE_WITHIN)
+        workers = [snapshots.worker_as_dict(worker, now) for worker in rows[:500]]
         if options["json"]:
             self.stdout.write(json.dumps(workers, indent=2))
             return

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
-from ... import ops
+from ... import bulk_requeue, snapshots
 from ...compat import task_backends
 from ...durations import FORMS, parse_age
 from ...exceptions import InvalidTaskPath
@@ -83,7 +83,9 @@ class Command(BaseCommand):
         self._refuse_bad_arguments(options)
         user = self._user(options["user"]) if options["user"] else None
         selected = self.select(options)
-        visible: QuerySet[Task] = Task.objects.using(options["database"] or ops.default_database())
+        visible: QuerySet[Task] = Task.objects.using(
+            options["database"] or snapshots.default_database()
+        )
         if user is not None:
             from ...admin.permissions import access_for
 
@@ -91,7 +93,7 @@ class Command(BaseCommand):
             visible = access_for(user).filter(visible)
         self.refuse_unknown(options, visible)
         if options["dry_run"]:
-            count = ops.capped_count(selected)
+            count = snapshots.capped_count(selected)
             about = "more than " if count.estimate else ""
             self.stdout.write(f"Would requeue {about}{counted(count.value, 'task')}.")
             return
@@ -99,7 +101,7 @@ class Command(BaseCommand):
         if user is not None:
             from django.contrib.admin.models import CHANGE, LogEntry
 
-            def on_batch(batch: list[ops.Requeued]) -> None:
+            def on_batch(batch: list[bulk_requeue.Requeued]) -> None:
                 for item in batch:
                     LogEntry.objects.log_actions(
                         user.pk,
@@ -108,7 +110,7 @@ class Command(BaseCommand):
                         f"Requeued (was {item.was}) with manage.py requeue.",
                     )
 
-        requeued = ops.requeue_tasks(selected, limit=options["limit"], on_batch=on_batch)
+        requeued = bulk_requeue.requeue_tasks(selected, limit=options["limit"], on_batch=on_batch)
         self.stdout.write(f"Requeued {counted(requeued, 'task')}.")
 
     def _refuse_bad_arguments(self, options: dict[str, Any]) -> None:
@@ -146,7 +148,7 @@ class Command(BaseCommand):
         return user
 
     def select(self, options: dict[str, Any]) -> QuerySet[Task]:
-        using = options["database"] or ops.default_database()
+        using = options["database"] or snapshots.default_database()
         statuses = options["statuses"] or [TaskStatus.FAILED]
         tasks = Task.objects.using(using).filter(status__in=statuses)
         if options["ids"]:
@@ -187,7 +189,7 @@ class Command(BaseCommand):
                     f"No task has the path {path!r}, and it names no task."
                     + did_you_mean(path, _known_paths(visible))
                 )
-        problems += ops.unknown_queue_problems(
+        problems += snapshots.unknown_queue_problems(
             options["queues"] or [], visible, _configured_queues()
         )
         refuse(problems)

@@ -1,4 +1,4 @@
-"""Slots and claim-ahead: pure logic, no database."""
+"""Lanes and claim-ahead: pure logic, no database."""
 
 import datetime as dt
 import threading
@@ -6,12 +6,12 @@ import time
 
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
-from django_rdbtasks.worker.slots import (
+from django_rdbtasks.worker.lanes import (
     FLUSH_AFTER,
     HANDBACK_AFTER,
     TAKEOVER_HANDBACK_AFTER,
     ClaimAhead,
-    Slot,
+    Lane,
     Wake,
 )
 
@@ -60,7 +60,7 @@ def test_claims_ahead_are_bounded_by_the_budget_not_only_by_most():
     assert 45 <= slower.want() <= 50  # 50 ms of work
 
 
-def test_a_slot_tops_up_once_a_quarter_of_what_it_wants_has_run():
+def test_a_lane_tops_up_once_a_quarter_of_what_it_wants_has_run():
     """Early enough that a round ends before the runner runs dry (REFILL_AT)."""
     ahead = ClaimAhead(800)
     assert ahead.to_claim(0, 0.0) == 800
@@ -85,32 +85,32 @@ def test_a_fixed_batch_is_kept():
 
 
 def test_claimed_rows_run_in_priority_order():
-    slot = Slot(0, "w")
-    slot.add([row(1, 0), row(2, 10), row(3, 5)])
+    lane = Lane(0, "w")
+    lane.add([row(1, 0), row(2, 10), row(3, 5)])
     order = []
-    while (running := slot.take_next()) is not None:
+    while (running := lane.take_next()) is not None:
         order.append(running.row.id)
-        slot.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
+        lane.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
     assert order == [2, 3, 1]
-    assert [o.id for o, _ in slot.take_finished()] == [2, 3, 1]
+    assert [o.id for o, _ in lane.take_finished()] == [2, 3, 1]
 
 
 def test_tasks_behind_a_long_one_are_handed_back_and_not_started():
-    slot = Slot(0, "w")
-    slot.add([row(1), row(2), row(3)])
-    first = slot.take_next()
-    slot.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
-    long = slot.take_next()
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2), row(3)])
+    first = lane.take_next()
+    lane.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    long = lane.take_next()
     assert long.row.id == 2
     # Not yet: the running task is young.
-    assert slot.hand_back_if_stuck(now=0.0, after=3600) is None
+    assert lane.hand_back_if_stuck(now=0.0, after=3600) is None
     import time
 
-    taken = slot.hand_back_if_stuck(now=time.monotonic() + 1, after=0.5)
+    taken = lane.hand_back_if_stuck(now=time.monotonic() + 1, after=0.5)
     assert [r.row.id for r in taken.unstarted] == [3]
     assert [o.id for o, _ in taken.finished] == [1]  # written promptly, not after the long task
-    assert slot.take_next() is None  # the slot will not start what it handed back
-    assert [r.row.id for r in slot.held()] == [2]
+    assert lane.take_next() is None  # the lane will not start what it handed back
+    assert [r.row.id for r in lane.held()] == [2]
 
 
 def test_a_takeover_behind_a_long_task_is_handed_back_only_after_a_second():
@@ -119,39 +119,39 @@ def test_a_takeover_behind_a_long_task_is_handed_back_only_after_a_second():
     task ran 50 ms under load): it waits for the running task a while longer."""
     import time
 
-    slot = Slot(0, "w")
-    slot.add([row(1)])
-    slot.take_next()  # runs long
+    lane = Lane(0, "w")
+    lane.add([row(1)])
+    lane.take_next()  # runs long
     takeover, ordinary = row(2, priority=-50), row(3)
     takeover.lost_from = object()  # the dead holder's claim
-    slot.add([takeover, ordinary])
+    lane.add([takeover, ordinary])
     started = time.monotonic()
-    taken = slot.hand_back_if_stuck(now=started + HANDBACK_AFTER + 0.01)
+    taken = lane.hand_back_if_stuck(now=started + HANDBACK_AFTER + 0.01)
     assert [r.row.id for r in taken.unstarted] == [3]
-    slot.hand_back_written()
-    assert sorted(r.row.id for r in slot.held()) == [1, 2]  # the takeover runs next
-    assert slot.hand_back_if_stuck(now=started + TAKEOVER_HANDBACK_AFTER / 2) is None
-    taken = slot.hand_back_if_stuck(now=started + TAKEOVER_HANDBACK_AFTER + 0.01)
+    lane.hand_back_written()
+    assert sorted(r.row.id for r in lane.held()) == [1, 2]  # the takeover runs next
+    assert lane.hand_back_if_stuck(now=started + TAKEOVER_HANDBACK_AFTER / 2) is None
+    taken = lane.hand_back_if_stuck(now=started + TAKEOVER_HANDBACK_AFTER + 0.01)
     assert [r.row.id for r in taken.unstarted] == [2]
 
 
 def test_every_task_is_taken_by_exactly_one_side():
-    """The slot's thread and the keeper race for the same queue: no task twice, none lost."""
+    """The lane's thread and the keeper race for the same queue: no task twice, none lost."""
     for _ in range(50):
-        slot = Slot(0, "w")
-        slot.add([row(n) for n in range(200)])
+        lane = Lane(0, "w")
+        lane.add([row(n) for n in range(200)])
         started: list[int] = []
         handed: list[int] = []
 
-        def run_slot(slot=slot, started=started):
-            while (running := slot.take_next()) is not None:
+        def run_lane(lane=lane, started=started):
+            while (running := lane.take_next()) is not None:
                 started.append(running.row.id)
-                slot.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
+                lane.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
 
-        thread = threading.Thread(target=run_slot)
+        thread = threading.Thread(target=run_lane)
         thread.start()
         while thread.is_alive():
-            taken = slot.hand_back_if_stuck(now=float("inf"), after=0)
+            taken = lane.hand_back_if_stuck(now=float("inf"), after=0)
             if taken is not None:
                 handed += [r.row.id for r in taken.unstarted]
         thread.join()
@@ -159,51 +159,51 @@ def test_every_task_is_taken_by_exactly_one_side():
 
 
 def test_a_lost_claim_waiting_in_the_queue_is_not_started():
-    slot = Slot(0, "w")
-    slot.add([row(1), row(2)])
-    slot.held()[0].lost = True  # the keeper learnt it was reclaimed
-    assert slot.take_next().row.id == 2
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2)])
+    lane.held()[0].lost = True  # the keeper learnt it was reclaimed
+    assert lane.take_next().row.id == 2
 
 
 def test_outcomes_a_round_could_not_write_go_first_into_the_next():
-    slot = Slot(0, "w")
-    slot.add([row(1), row(2)])
-    first = slot.take_next()
-    slot.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
-    unwritten = slot.take_finished()
-    second = slot.take_next()
-    slot.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
-    slot.put_back_finished(unwritten)
-    assert [o.id for o, _ in slot.take_finished()] == [1, 2]
-    assert slot.held() == []
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2)])
+    first = lane.take_next()
+    lane.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    unwritten = lane.take_finished()
+    second = lane.take_next()
+    lane.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
+    lane.put_back_finished(unwritten)
+    assert [o.id for o, _ in lane.take_finished()] == [1, 2]
+    assert lane.held() == []
 
 
 def test_a_hand_back_counts_until_the_keeper_has_written_it():
-    slot = Slot(0, "w")
-    slot.add([row(1), row(2)])
-    slot.take_next()
-    assert not slot.handing_back()
-    taken = slot.hand_back_if_stuck(now=float("inf"), after=0)
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2)])
+    lane.take_next()
+    assert not lane.handing_back()
+    taken = lane.hand_back_if_stuck(now=float("inf"), after=0)
     assert [r.row.id for r in taken.unstarted] == [2]
-    # Row 2 is still RUNNING under this slot's claim: the slot must not read
+    # Row 2 is still RUNNING under this lane's claim: the lane must not read
     # an empty claim as an empty queue yet.
-    assert slot.handing_back()
-    slot.hand_back_written()
-    assert not slot.handing_back()
+    assert lane.handing_back()
+    lane.hand_back_written()
+    assert not lane.handing_back()
 
 
-def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_slot():
+def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_lane():
     """An enqueue notified while the runner is busy is claimed at once, not at the next poll."""
-    slot = Slot(0, "w")
+    lane = Lane(0, "w")
     wake = Wake()
-    wake.watch([slot])
-    slot.add([row(1)])
-    slot.take_next()  # the runner is busy: the round thread waits on the slot
-    generation = slot.generation
+    wake.watch([lane])
+    lane.add([row(1)])
+    lane.take_next()  # the runner is busy: the round thread waits on the lane
+    generation = lane.generation
     woke = threading.Event()
 
     def round_thread():
-        slot.wait_changed(generation, 60.0)
+        lane.wait_changed(generation, 60.0)
         woke.set()
 
     waiter = threading.Thread(target=round_thread)
@@ -214,7 +214,7 @@ def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_slot():
         assert woke.wait(30)
         assert wake.is_set()
     finally:
-        slot.close()
+        lane.close()
         waiter.join(60)
 
 
@@ -237,7 +237,7 @@ def waiters_on_a_freed_slot(wake, count):
 
 def test_a_freed_slot_wakes_one_waiting_round_thread_not_all():
     wake = Wake()
-    wake.watch([Slot(i, "w") for i in range(3)])
+    wake.watch([Lane(i, "w") for i in range(3)])
     woken, threads = waiters_on_a_freed_slot(wake, 3)
     try:
         time.sleep(0.1)  # all three are waiting
@@ -257,7 +257,7 @@ def test_a_freed_slot_wakes_one_waiting_round_thread_not_all():
 
 def test_an_enqueue_wakes_every_thread_waiting_for_a_slot():
     wake = Wake()
-    wake.watch([Slot(i, "w") for i in range(2)])
+    wake.watch([Lane(i, "w") for i in range(2)])
     woken, threads = waiters_on_a_freed_slot(wake, 2)
     try:
         time.sleep(0.1)
@@ -272,7 +272,7 @@ def test_a_slot_freed_before_anyone_waits_is_kept_for_the_next_to_wait():
     """A round thread that saw the keys full just before a slot came free does not
     sleep through it; a few are kept, at most one per round thread."""
     wake = Wake()
-    wake.watch([Slot(i, "w") for i in range(2)])
+    wake.watch([Lane(i, "w") for i in range(2)])
     wake.slot_freed(5)
     started = time.monotonic()
     wake.wait_for_slot(30.0)
@@ -282,26 +282,26 @@ def test_a_slot_freed_before_anyone_waits_is_kept_for_the_next_to_wait():
     assert time.monotonic() - started >= 0.2
 
 
-def test_rate_limited_claims_run_first_in_a_slot():
+def test_rate_limited_claims_run_first_in_a_lane():
     """Their bodies must start within their allowance (``ClaimedRow.start_by``)."""
-    slot = Slot(0, "w")
+    lane = Lane(0, "w")
     rated = row(3, 0)
     rated.start_by = 123.0
-    slot.add([row(1, 5), row(2, 0), rated])
-    assert [slot.take_next().row.id for _ in range(3)] == [3, 1, 2]
+    lane.add([row(1, 5), row(2, 0), rated])
+    assert [lane.take_next().row.id for _ in range(3)] == [3, 1, 2]
 
 
 def test_outcomes_wait_for_their_batch_only_while_the_runner_has_more():
-    slot = Slot(0, "w")
-    slot.add([row(1), row(2)])
-    first = slot.take_next()
-    slot.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2)])
+    first = lane.take_next()
+    lane.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
     # Task 2 is still to run: outcome 1 waits for it, up to FLUSH_AFTER.
-    assert 0 < slot.flush_in() <= FLUSH_AFTER
-    assert not slot.should_flush()
-    second = slot.take_next()
-    assert not slot.should_flush()
-    slot.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
+    assert 0 < lane.flush_in() <= FLUSH_AFTER
+    assert not lane.should_flush()
+    second = lane.take_next()
+    assert not lane.should_flush()
+    lane.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
     # Nothing left to run: no later outcome would join them, write them now
     # (the next enqueue's round is then a claim alone).
-    assert slot.should_flush()
+    assert lane.should_flush()

@@ -1,9 +1,10 @@
-"""Record check-out: process every row of your own table on a schedule, one holder at a time.
+"""Record processors: every row of your own table processed on a schedule.
 
-The classic case: a table of devices, each to be polled every 15 minutes by
-any of several app servers, never by two at once, and a crashed server's
-devices must come back. Add ``CheckoutMixin`` to the model, use
-``CheckoutManager``, and register a processor::
+Each record is checked out by one holder at a time. The classic case: a
+table of devices, each to be polled every 15 minutes by any of several app
+servers, never by two at once, and a crashed server's devices must come
+back. Add ``CheckoutMixin`` to the model, use ``CheckoutManager``, and
+register a processor::
 
     class Device(CheckoutMixin):
         name = models.CharField(max_length=100)
@@ -37,7 +38,7 @@ from django.utils.translation import gettext_lazy as _
 from .db.functions import DbNow
 from .retrying import LeaseRenewer, retry_database
 
-logger = logging.getLogger("django_rdbtasks.checkout")
+logger = logging.getLogger("django_rdbtasks.record_processing")
 
 M = TypeVar("M", bound="CheckoutMixin")
 

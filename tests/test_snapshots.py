@@ -1,4 +1,4 @@
-"""The operational queries behind the dashboard and ``rdbtasks status``."""
+"""The snapshot behind the dashboard, ``rdbtasks status`` and the metrics, and its helpers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from django_rdbtasks import ops
+from django_rdbtasks import snapshots
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.models import Task, TaskStatus, uuid7
 from tests.browser.support import make_task, make_worker, now
@@ -32,25 +32,25 @@ def test_snapshot_counts_each_queue_by_status() -> None:
     make_task(TaskStatus.CANCELLED)
     make_task(TaskStatus.SUCCESSFUL, at=moment - dt.timedelta(hours=3))  # outside the window
 
-    snap = ops.snapshot()
+    snap = snapshots.snapshot()
     default, emails, other = (snap.queues[q] for q in ("default", "emails", "other"))
     assert (default.ready, default.scheduled, default.waiting) == (2, 1, 1)
     assert (default.running, default.stalled) == (2, 1)
     assert (default.succeeded, default.failed, default.cancelled) == (1, 0, 1)
     assert (emails.ready, emails.failed) == (1, 1)
-    assert other == ops.QueueStats("other")  # configured, empty: listed all the same
+    assert other == snapshots.QueueStats("other")  # configured, empty: listed all the same
     assert snap.total.ready == 3 and snap.total.running == 2 and snap.total.failed == 1
     # The lag is that of the task waiting since 90 seconds ago.
     assert 89 <= snap.lag < 120
     assert 89 <= default.lag(snap.now) < 120
     assert emails.lag(snap.now) < 30
     assert other.lag(snap.now) is None
-    assert snap.rows == ops.RowCount(11, estimate=False) or snap.rows.estimate
+    assert snap.rows == snapshots.RowCount(11, estimate=False) or snap.rows.estimate
 
 
 def test_a_stalled_task_counts_into_the_lag_since_its_lease_lapsed() -> None:
     make_task(TaskStatus.RUNNING, lease_expires_at=now() - dt.timedelta(minutes=5))
-    snap = ops.snapshot()
+    snap = snapshots.snapshot()
     assert snap.total.ready == 0
     assert 299 <= snap.lag < 330
 
@@ -58,7 +58,7 @@ def test_a_stalled_task_counts_into_the_lag_since_its_lease_lapsed() -> None:
 def test_snapshot_of_some_queues_only() -> None:
     make_task()
     make_task(queue_name="emails")
-    snap = ops.snapshot(queues=["emails"])
+    snap = snapshots.snapshot(queues=["emails"])
     assert list(snap.queues) == ["emails"]
     assert snap.total.ready == 1
 
@@ -72,7 +72,7 @@ def test_throughput_per_minute_over_the_window() -> None:
         (59, TaskStatus.CANCELLED),
     ]:
         make_task(status, finished_at=moment - dt.timedelta(minutes=minutes_ago, seconds=1))
-    series = ops.snapshot().throughput
+    series = snapshots.snapshot().throughput
     assert len(series.starts) == 60 and series.bucket == dt.timedelta(minutes=1)
     assert series.starts[-1] == moment.replace(second=0, microsecond=0)
     assert series.starts == sorted(series.starts)
@@ -100,7 +100,7 @@ def test_throughput_buckets_fall_on_round_times(window, bucket, bars) -> None:
         moment = now()
     make_task(TaskStatus.SUCCESSFUL, finished_at=moment - window + dt.timedelta(seconds=30))
     make_task(TaskStatus.FAILED, finished_at=moment - dt.timedelta(seconds=1))
-    series = ops.snapshot(window=window).throughput
+    series = snapshots.snapshot(window=window).throughput
     assert series.bucket == bucket and len(series.starts) == bars
     assert all(start.timestamp() % bucket.total_seconds() == 0 for start in series.starts)
     assert series.starts[-1] <= moment < series.starts[-1] + bucket
@@ -110,7 +110,7 @@ def test_throughput_buckets_fall_on_round_times(window, bucket, bars) -> None:
 def test_snapshot_as_json_is_complete() -> None:
     make_task()
     make_worker("host-a:101")
-    data = ops.snapshot().as_dict()
+    data = snapshots.snapshot().as_dict()
     assert data["vendor"] == connection.vendor
     assert data["queues"]["default"]["ready"] == 1
     assert data["workers"]["alive"] == 1
@@ -122,9 +122,9 @@ def test_snapshot_as_json_is_complete() -> None:
 def test_estimated_rows_use_the_planner_where_there_is_one() -> None:
     for _ in range(5):
         make_task(TaskStatus.SUCCESSFUL)
-    rows = ops.estimated_task_rows()
+    rows = snapshots.estimated_task_rows()
     if connection.vendor == "sqlite":
-        assert rows == ops.RowCount(5, estimate=False)
+        assert rows == snapshots.RowCount(5, estimate=False)
     else:
         assert rows.estimate is True or rows.value == 5
         assert rows.value >= 0
@@ -133,32 +133,32 @@ def test_estimated_rows_use_the_planner_where_there_is_one() -> None:
 def test_capped_count() -> None:
     for _ in range(4):
         make_task()
-    assert ops.capped_count(Task.objects.all(), cap=10) == ops.RowCount(4, False)
-    assert ops.capped_count(Task.objects.all(), cap=3) == ops.RowCount(3, True)
+    assert snapshots.capped_count(Task.objects.all(), cap=10) == snapshots.RowCount(4, False)
+    assert snapshots.capped_count(Task.objects.all(), cap=3) == snapshots.RowCount(3, True)
 
 
 def test_uuid7_floor_orders_like_enqueue_time() -> None:
     before = uuid7()
     moment = dt.datetime.now(dt.UTC)
-    floor = ops.uuid7_floor(moment + dt.timedelta(milliseconds=2))
+    floor = snapshots.uuid7_floor(moment + dt.timedelta(milliseconds=2))
     after = uuid7()
     assert floor.version == 7
     assert before < floor or before.int >> 80 == floor.int >> 80
-    assert ops.uuid7_floor(moment - dt.timedelta(seconds=1)) < after
-    assert ops.uuid7_floor(moment + dt.timedelta(seconds=1)) > after
+    assert snapshots.uuid7_floor(moment - dt.timedelta(seconds=1)) < after
+    assert snapshots.uuid7_floor(moment + dt.timedelta(seconds=1)) > after
 
 
 def test_workers_alive_gone_and_stopped() -> None:
     alive = make_worker("host-a:101")
     gone = make_worker("host-b:202", age=600)
     stopped = make_worker("host-c:303", stopped_at=now())
-    snap = ops.snapshot()
+    snap = snapshots.snapshot()
     assert [w.name for w in snap.workers] == ["host-a:101"]
     assert snap.gone_workers == 1
-    assert list(ops.gone_workers()) == [gone]
-    assert ops.worker_state(alive, snap.now) == "alive"
-    assert ops.worker_state(gone, snap.now) == "gone"
-    assert ops.worker_state(stopped, snap.now) == "stopped"
+    assert list(snapshots.gone_workers()) == [gone]
+    assert snapshots.worker_state(alive, snap.now) == "alive"
+    assert snapshots.worker_state(gone, snap.now) == "gone"
+    assert snapshots.worker_state(stopped, snap.now) == "stopped"
 
 
 # -- health -------------------------------------------------------------------------------
@@ -166,21 +166,24 @@ def test_workers_alive_gone_and_stopped() -> None:
 
 def test_health_limits_from_the_setting_and_overrides(settings) -> None:
     settings.RDBTASKS_HEALTH = {"MAX_LAG": 60, "min_workers": 2}
-    assert ops.health_limits() == {"MAX_LAG": 60.0, "MIN_WORKERS": 2.0}
-    assert ops.health_limits(max_lag=5, max_failed=None) == {"MAX_LAG": 5.0, "MIN_WORKERS": 2.0}
+    assert snapshots.health_limits() == {"MAX_LAG": 60.0, "MIN_WORKERS": 2.0}
+    assert snapshots.health_limits(max_lag=5, max_failed=None) == {
+        "MAX_LAG": 5.0,
+        "MIN_WORKERS": 2.0,
+    }
     settings.RDBTASKS_HEALTH = {"MAX_LAGG": 1}
     with pytest.raises(ValueError, match="MAX_LAGG"):
-        ops.health_limits()
+        snapshots.health_limits()
 
 
 def test_health_checks() -> None:
     make_task(run_after=now() - dt.timedelta(seconds=120))
     make_task(TaskStatus.FAILED)
     make_worker()
-    snap = ops.snapshot()
+    snap = snapshots.snapshot()
     checks = {
         c.name: c
-        for c in ops.check_health(
+        for c in snapshots.check_health(
             snap,
             {"MAX_LAG": 60, "MIN_WORKERS": 1, "MAX_FAILED": 0, "MAX_READY": 10, "MAX_STALLED": 0},
         )
@@ -190,54 +193,12 @@ def test_health_checks() -> None:
     assert not checks["MAX_FAILED"].ok
     assert checks["MAX_READY"].ok and checks["MAX_STALLED"].ok
     assert "must be <= 60" in checks["MAX_LAG"].describe()
-    assert ops.check_health(snap, {"MIN_WORKERS": 2})[0].ok is False
-    assert ops.check_health(snap, {}) == []
-
-
-# -- requeue in bulk -------------------------------------------------------------------------
-
-
-def test_requeue_tasks_changes_rows_as_the_backend_does() -> None:
-    """ops.requeue_tasks mirrors RDBTaskBackend.requeue; this keeps them in step."""
-    ours, theirs = make_task(TaskStatus.FAILED), make_task(TaskStatus.FAILED)
-    assert ops.requeue_tasks(Task.objects.filter(pk=ours.pk)) == 1
-    assert task_backends["default"].requeue(str(theirs.pk))
-    columns = [f.attname for f in Task._meta.concrete_fields]
-    ignore = {"id", "run_after", "enqueued_at", "started_at", "last_attempted_at", "history"}
-    ours.refresh_from_db()
-    theirs.refresh_from_db()
-    assert {c: getattr(ours, c) for c in columns if c not in ignore} == {
-        c: getattr(theirs, c) for c in columns if c not in ignore
-    }
-    assert ours.status == TaskStatus.READY and ours.attempts == 0
-    assert abs((ours.run_after - theirs.run_after).total_seconds()) < 5
-    assert [e["outcome"] for e in ours.history] == ["RETRY", "FAILED"]  # kept, as theirs
-    assert [e["outcome"] for e in theirs.history] == ["RETRY", "FAILED"]
-
-
-def test_requeue_tasks_in_batches_skips_what_cannot_be_requeued() -> None:
-    failed = [make_task(TaskStatus.FAILED) for _ in range(7)]
-    running = make_task(TaskStatus.RUNNING)
-    done = make_task(TaskStatus.SUCCESSFUL)
-    batches: list[list[ops.Requeued]] = []
-    requeued = ops.requeue_tasks(Task.objects.all(), batch_size=3, on_batch=batches.append)
-    assert requeued == 7
-    assert [len(b) for b in batches] == [3, 3, 1]
-    assert {r.id for b in batches for r in b} == {t.pk for t in failed}
-    assert all(r.was == "FAILED" for b in batches for r in b)
-    assert Task.objects.get(pk=running.pk).status == TaskStatus.RUNNING
-    assert Task.objects.get(pk=done.pk).status == TaskStatus.SUCCESSFUL
-
-
-def test_requeue_tasks_limit() -> None:
-    for _ in range(5):
-        make_task(TaskStatus.FAILED)
-    assert ops.requeue_tasks(Task.objects.all(), batch_size=2, limit=3) == 3
-    assert Task.objects.filter(status=TaskStatus.FAILED).count() == 2
+    assert snapshots.check_health(snap, {"MIN_WORKERS": 2})[0].ok is False
+    assert snapshots.check_health(snap, {}) == []
 
 
 def test_backend_for_database() -> None:
-    assert ops.backend_for_database("default") is task_backends["default"]
+    assert snapshots.backend_for_database("default") is task_backends["default"]
     with pytest.raises(LookupError):
-        ops.backend_for_database("elsewhere")
+        snapshots.backend_for_database("elsewhere")
     assert uuid.UUID(str(uuid7())).version == 7

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.db import OperationalError
 
-from django_rdbtasks.checkout import CheckoutStatus, RecordProcessor, run_processor
+from django_rdbtasks.record_processing import CheckoutStatus, RecordProcessor, run_processor
 from tests.conftest import wait_until, worker_children
 from tests.testapp.models import Device, DeviceVisit
 

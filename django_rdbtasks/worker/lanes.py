@@ -1,15 +1,18 @@
-"""A slot: one runner's claimed tasks, from claim to written outcome.
+"""A lane: one runner's claimed tasks, from claim to written outcome.
 
-A slot claims a few tasks ahead of the one it runs, so that short tasks cost
-one round trip per batch instead of three per task. Two threads share it: the
-runner runs the tasks one at a time, and the slot's round thread writes their
-outcomes and claims the next ones while the runner works, so neither waits for
-the other while tasks are short. The claimed-ahead tasks must never wait
-behind a long one: the lease keeper hands them back (released, attempt
-unspent) once the task ahead of them has run for ``HANDBACK_AFTER``, and the
-round thread claims nothing more behind it. Everything here is guarded by the
-slot's lock, because the runner, the round thread and the lease keeper all
-take from it; each task is taken by exactly one.
+A worker process runs ``--threads`` lanes side by side, each under a worker
+id of its own (not to be confused with a limit's slots, which a claim takes
+in the database). A lane claims a few tasks ahead of the one it runs, so that
+short tasks cost one round trip per batch instead of three per task. Two
+threads share it: the runner runs the tasks one at a time, and the lane's
+round thread writes their outcomes and claims the next ones while the runner
+works, so neither waits for the other while tasks are short. The claimed-ahead
+tasks must never wait behind a long one: the lease keeper hands them back
+(released, attempt unspent) once the task ahead of them has run for
+``HANDBACK_AFTER``, and the round thread claims nothing more behind it.
+Everything here is guarded by the lane's lock, because the runner, the round
+thread and the lease keeper all take from it; each task is taken by exactly
+one.
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ from .execution import Running
 
 #: Longest the tasks claimed behind a running one wait before they are handed back.
 HANDBACK_AFTER = 0.05
-#: The same for a dead holder's task taken over (``Slot.hand_back_if_stuck``).
+#: The same for a dead holder's task taken over (``Lane.hand_back_if_stuck``).
 TAKEOVER_HANDBACK_AFTER = 1.0
 #: Longest a finished outcome waits for the rest of its batch before it is written.
 FLUSH_AFTER = 0.05
 #: How soon an outcome is tried again when another session held its row locked.
 BUSY_RETRY = 0.1
-#: A slot claims more once what it holds is down to this share of what it wants.
+#: A lane claims more once what it holds is down to this share of what it wants.
 #: A round of no-op tasks costs the server about as long as the runner takes
-#: to run twice as many (31 µs a task against 15), so a slot that waited for
+#: to run twice as many (31 µs a task against 15), so a lane that waited for
 #: half to be left ran dry during every round: with one process, topping up
 #: at three quarters drained 15 to 20 % more a second (docs/benchmarks.md,
 #: 2026-11-27 18:54). Long tasks are unaffected: one at a time either way.
@@ -43,11 +46,11 @@ class ClaimAhead:
     """How many tasks to claim at once: as many as fit in ``budget`` at the recent pace.
 
     A fixed ``--batch`` overrides it. Otherwise it starts at one, grows while
-    tasks are short and falls back to one as soon as one is long, so a slot
+    tasks are short and falls back to one as soon as one is long, so a lane
     running long tasks claims them one at a time. At most ``most``: the round
     thread tops the queue up once a quarter of it has run (``REFILL_AT``), so
     the rest keeps the runner busy while the round is at the database.
-    The budget, not ``most``, is what bounds a slot's claims ahead (50 ms of
+    The budget, not ``most``, is what bounds a lane's claims ahead (50 ms of
     work); ``most`` is high so that no-op tasks come in rounds of hundreds: a
     round's planning and its fixed reads cost the server the same whatever
     its size (docs/benchmarks.md, 2026-11-27).
@@ -68,7 +71,7 @@ class ClaimAhead:
     def to_claim(self, in_flight: int, running_for: float) -> int:
         """How many to claim now: topped up to ``want()`` once down to ``REFILL_AT`` of it.
 
-        ``in_flight``: the slot's tasks claimed and not finished; ``running_for``:
+        ``in_flight``: the lane's tasks claimed and not finished; ``running_for``:
         how long its running task has run (0 when none runs). Nothing while that
         task has run for ``HANDBACK_AFTER``: the keeper hands back what waits
         behind it, and a claim would only be handed back too. And with one
@@ -95,7 +98,7 @@ class StartAllowance:
 
     At least ``RATE_START_WITHIN``, and twice the slowest recent round: a
     body starts only once its claim has come back, so an allowance shorter
-    than a round would give back every rate-limited task the slot claims,
+    than a round would give back every rate-limited task the lane claims,
     for as long as the database is that slow. The slowest round decays by a
     tenth at each round.
     """
@@ -113,7 +116,7 @@ class StartAllowance:
 
 @dataclass(slots=True)
 class HandBack:
-    """What the keeper took from a slot to write on its behalf."""
+    """What the keeper took from a lane to write on its behalf."""
 
     unstarted: list[Running]
     finished: list[tuple[Outcome, Running]]
@@ -122,8 +125,8 @@ class HandBack:
 class Wake(threading.Event):
     """The process's wake-up (a task enqueued, a stop), which reaches busy round threads too.
 
-    A round thread whose runner is busy waits on its slot's condition, not on
-    this event: setting it also pokes every watched slot, so an enqueue
+    A round thread whose runner is busy waits on its lane's condition, not on
+    this event: setting it also pokes every watched lane, so an enqueue
     notified while outcomes wait for their batch is claimed at once, not at
     the next poll.
 
@@ -137,25 +140,25 @@ class Wake(threading.Event):
 
     def __init__(self) -> None:
         super().__init__()
-        self._slots: tuple[Slot, ...] = ()
+        self._lanes: tuple[Lane, ...] = ()
         self._slot_freed = threading.Condition()
         #: Slots freed and not yet taken up by a waiting round thread.
         self._freed = 0
 
-    def watch(self, slots: list[Slot]) -> None:
-        self._slots = tuple(slots)
+    def watch(self, lanes: list[Lane]) -> None:
+        self._lanes = tuple(lanes)
 
     def set(self) -> None:
         super().set()
         with self._slot_freed:
             self._slot_freed.notify_all()
-        for slot in self._slots:
-            slot.poke()
+        for lane in self._lanes:
+            lane.poke()
 
     def slot_freed(self, count: int = 1) -> None:
         """``count`` limit slots came free: wake as many round threads waiting for one."""
         with self._slot_freed:
-            self._freed = min(self._freed + count, max(1, len(self._slots)))
+            self._freed = min(self._freed + count, max(1, len(self._lanes)))
             self._slot_freed.notify(count)
 
     def wait_for_slot(self, timeout: float) -> None:
@@ -167,7 +170,7 @@ class Wake(threading.Event):
                 self._freed -= 1
 
 
-class Slot:
+class Lane:
     def __init__(self, index: int, worker_id: str) -> None:
         self.index = index
         self.worker_id = worker_id
@@ -189,8 +192,8 @@ class Slot:
         self._current_since = 0.0
         self._finished: list[tuple[Outcome, Running]] = []
         self._first_finished_at = 0.0
-        #: The keeper took claims from this slot and has not yet written them
-        #: back: until it does they are RUNNING under this slot's id, and a
+        #: The keeper took claims from this lane and has not yet written them
+        #: back: until it does they are RUNNING under this lane's id, and a
         #: claim cannot see them (burst mode must not take that for drained).
         self._handed_back_unwritten = False
         #: The round thread's: how long its rate-limited bodies may start after their claim.
@@ -211,7 +214,7 @@ class Slot:
             self._waiting -= 1
 
     def poke(self) -> None:
-        """Wake whoever waits on the slot, to look again at what it waits for."""
+        """Wake whoever waits on the lane, to look again at what it waits for."""
         with self.lock:
             self._touch()
 
@@ -363,13 +366,13 @@ class Slot:
             return taken
 
     def hand_back_written(self) -> None:
-        """The keeper has committed everything it took from this slot."""
+        """The keeper has committed everything it took from this lane."""
         with self.lock:
             self._handed_back_unwritten = False
             self._touch()
 
     def handing_back(self) -> bool:
-        """Claims taken from this slot are not yet back in the database."""
+        """Claims taken from this lane are not yet back in the database."""
         with self.lock:
             return self._handed_back_unwritten
 
@@ -390,7 +393,7 @@ class Slot:
             return self._current
 
     def held(self) -> list[Running]:
-        """Every claim this slot holds: waiting, running, finished but not yet written."""
+        """Every claim this lane holds: waiting, running, finished but not yet written."""
         with self.lock:
             held = list(self._queue) + [running for _, running in self._finished]
             if self._current is not None:

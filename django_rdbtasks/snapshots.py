@@ -1,4 +1,8 @@
-"""Operational queries shared by the admin and the ``rdbtasks`` command.
+"""The task queue at one instant: counts, lag, throughput, workers and health.
+
+Read by the admin's dashboard, ``rdbtasks status`` and the metrics
+(``snapshot``), with the helpers the admin and the commands share about the
+same rows (``uuid7_floor``, ``capped_count``, the workers' state).
 
 Everything here must stay cheap on a table of millions of rows, because the
 dashboard runs it on every load and monitors run ``rdbtasks status`` every few
@@ -21,13 +25,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, router, transaction
+from django.db import connections, router
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncHour, TruncMinute
 
 from .cleanup import CleanupReport, cleanup_report
 from .compat import task_backends
-from .db import dialect_for
 from .db.pg_finished import estimated_rows
 from .jobs import database_now
 from .models import PausedQueue, Task, TaskStatus, Worker
@@ -36,8 +39,6 @@ from .reads import read_database, replica_lag
 from .suggest import did_you_mean
 
 FINISHED = TaskStatus.finished()
-#: What ``requeue`` accepts, as ``RDBTaskBackend.requeue`` does.
-REQUEUEABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY)
 #: A worker without a heartbeat for this long is gone (``Worker.objects.alive``).
 ALIVE_WITHIN = 90.0
 #: Past this many rows an exact count is not worth its cost: shown as "N+".
@@ -370,8 +371,8 @@ def _count_finished(
         name = attribute[row["status"]]
         setattr(stats, name, getattr(stats, name) + row["n"])
         # The partial first bucket of the window is counted in the first bar.
-        slot = int((_as_utc(row["moment"]) - starts[0]).total_seconds() // width)
-        series[row["status"]][min(max(slot, 0), count - 1)] += row["n"]
+        bar = int((_as_utc(row["moment"]) - starts[0]).total_seconds() // width)
+        series[row["status"]][min(max(bar, 0), count - 1)] += row["n"]
     return Throughput(
         starts=starts,
         succeeded=series[TaskStatus.SUCCESSFUL],
@@ -531,85 +532,6 @@ def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:
             ok = value is None or value <= limit
         checks.append(HealthCheck(name, value, limit, ok))
     return checks
-
-
-# -- operator actions in bulk -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Requeued:
-    id: uuid.UUID
-    task_path: str
-    was: str
-
-
-def requeue_tasks(
-    queryset: QuerySet[Task],
-    *,
-    batch_size: int = 500,
-    limit: int | None = None,
-    on_batch: Callable[[list[Requeued]], None] | None = None,
-) -> int:
-    """Requeue the FAILED, CANCELLED or READY tasks of ``queryset``; return how many.
-
-    The same change as ``RDBTaskBackend.requeue`` (READY now, fresh attempts,
-    history kept), made a batch of ids per statement so that "retry all
-    failed" after an outage touches thousands of rows in seconds. Each batch
-    is its own short transaction: nothing holds locks on the table for long,
-    and a status that changed in between (a worker claimed it) is respected
-    by the ``status`` condition of the ``UPDATE``.
-    """
-    using = queryset.db
-    candidates = queryset.filter(status__in=REQUEUEABLE).order_by("pk")
-    done = 0
-    after: uuid.UUID | None = None
-    while limit is None or done < limit:
-        page = candidates if after is None else candidates.filter(pk__gt=after)
-        size = batch_size if limit is None else min(batch_size, limit - done)
-        rows = list(page.values_list("pk", "task_path", "status", "queue_name")[:size])
-        if not rows:
-            break
-        after = rows[-1][0]
-        with transaction.atomic(using=using):
-            requeued = _requeue_batch(using, rows)
-            done += len(requeued)
-            if requeued and on_batch is not None:
-                on_batch(requeued)
-    return done
-
-
-def _requeue_batch(using: str, rows: list[tuple]) -> list[Requeued]:
-    # Keep in step with RDBTaskBackend.requeue (tests/test_ops.py compares the two).
-    tasks = Task.objects.using(using)
-    ids = [row[0] for row in rows]
-    # Re-read under the same transaction: only rows still requeueable are changed,
-    # and only those are reported.
-    still = set(
-        tasks.select_for_update()
-        .filter(pk__in=ids, status__in=REQUEUEABLE)
-        .order_by("pk")  # lock in id order, as workers do: no deadlock between us
-        .values_list("pk", flat=True)
-    )
-    if not still:
-        return []
-    tasks.filter(pk__in=still).requeue()
-    _notify(using, {row[3] for row in rows if row[0] in still})
-    return [Requeued(row[0], row[1], row[2]) for row in rows if row[0] in still]
-
-
-def _notify(using: str, queue_names: Iterable[str]) -> None:
-    """Wake the workers of these queues (PostgreSQL NOTIFY, sent at commit)."""
-    from .backend import RDBTaskBackend
-
-    backends = (task_backends[alias] for alias in getattr(settings, "TASKS", {}))
-    wants = any(
-        isinstance(backend, RDBTaskBackend) and backend.database == using and backend.notify
-        for backend in backends
-    )
-    if wants:
-        connection = connections[using]
-        with connection.cursor() as cursor:
-            dialect_for(connection).notify(cursor, queue_names)
 
 
 def backend_for_database(using: str) -> Any:
