@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true")
     ap.add_argument("--every", type=int, default=10000)
     ap.add_argument("--lease", type=float, default=1.0)
+    ap.add_argument("--lanes", type=int, default=1, help="lanes taking turns, each with its own bounds")
     ap.add_argument("--frontier", action="store_true", help="the prototype: fresh and lease reads bounded below")
     args = ap.parse_args()
 
@@ -141,16 +142,25 @@ def main() -> None:
         pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         pin.execute("SELECT txid_current()")
         pin.execute("SELECT count(*) FROM django_rdbtasks_task")
-    worker = "repro:1:0:x"
-    base = {"fresh_from": "-infinity", "lease_from": "-infinity", "queues": QUEUES, "pool": 4 * args.batch, "want": args.batch, "finishing": [],
-            "claimer": worker, "worker": worker, "lease": args.lease}
-    held: list[tuple[str, int]] = []
+    lanes = [
+        {"worker": f"repro:1:{n}:x", "held": [], "fresh_from": "-infinity", "lease_from": "-infinity"}
+        for n in range(args.lanes)
+    ]
+    common = {"queues": QUEUES, "pool": 4 * args.batch, "want": args.batch, "finishing": [],
+              "lease": args.lease}
+
+    def params_of(lane: dict) -> dict:
+        return {**common, "claimer": lane["worker"], "worker": lane["worker"],
+                "fresh_from": lane["fresh_from"], "lease_from": lane["lease_from"]}
+
     report = []
     done = 0
+    step = 0
     round_ms: list[float] = []
 
     def checkpoint() -> None:
-        m = measure(cur, read, base)
+        # The read as the first lane would make it now.
+        m = measure(cur, read, params_of(lanes[0]))
         m.update(table_stats(cur))
         m["tasks"] = done
         last = sorted(round_ms[-50:]) or [0.0]
@@ -160,8 +170,11 @@ def main() -> None:
 
     checkpoint()
     while done < args.tasks:
+        lane = lanes[step % len(lanes)]
+        step += 1
         cur.execute(INSERT, [[uuid7() for _ in range(args.batch)]])
-        params = dict(base)
+        params = params_of(lane)
+        held = lane["held"]
         params["ids"] = [i for i, _ in held]
         params["versions"] = [v for _, v in held]
         params["rows0"] = json.dumps([{"id": i, "version": v, "rv": None, "entry": {"o": "s"}, "delay": None} for i, v in held])
@@ -172,16 +185,20 @@ def main() -> None:
         cur.execute(round_sql, params)
         round_ms.append((time.perf_counter() - t0) * 1000)
         rows = cur.fetchall()
+        before = done
         done += sum(1 for r in rows if r[0] == "d")
-        held = [(str(r[1]), r[2]) for r in rows if r[0] == "c"]
+        lane["held"] = [(str(r[1]), r[2]) for r in rows if r[0] == "c"]
         if args.frontier:
-            # One lane, one priority: it wins the first rows of its pool in
-            # order, so the rows it did not take start at its last claim's.
+            # One priority, lanes taking turns: a lane wins the first live
+            # rows of its pool in order (the rows below them are the other
+            # lanes' claims), so the rows it did not take start at its last
+            # claim's run_after. (The build returns the least run_after of the
+            # pool's rows not claimed, section 4.)
             claimed_at = [r[14] for r in rows if r[0] == "c"]
             if claimed_at:
-                base["fresh_from"] = max(claimed_at)
-            base["lease_from"] = read_at
-        if done and done % args.every < args.batch and len(round_ms) > 1:
+                lane["fresh_from"] = max(claimed_at)
+            lane["lease_from"] = read_at
+        if done // args.every > before // args.every:
             checkpoint()
     checkpoint()
     if pin is not None:
