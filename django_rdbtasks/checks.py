@@ -20,6 +20,8 @@ from django.core import checks
 from django.core.exceptions import ValidationError
 from django.db import connections
 
+from .conf import settings_checks
+
 #: Modules whose ``check_tasks`` checks every backend of TASKS: Django 6.1's and the backport's.
 FRAMEWORK_CHECK_MODULES = ("django.tasks.checks", "django_tasks.checks")
 
@@ -232,25 +234,14 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 
 @checks.register()
-def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``RDBTASKS_RETENTION``: finished statuses and ages with a unit, one error each.
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The ``RDBTASKS_*`` settings as conf.py reads them: each problem under its setting's id.
 
-    The schedulers prune by it on their own every minute, so a bare ``7``
-    (seconds? days?) must stop the start, not delete.
+    ``RDBTASKS_RETENTION`` (E020) above all: the schedulers prune by it on their
+    own every minute, so a bare ``7`` (seconds? days?) must stop the start, not
+    delete. The backends' ``OPTIONS`` are reported by each backend's ``check()``.
     """
-    from django.conf import settings
-
-    from .retention import read_retention
-
-    _, problems = read_retention(getattr(settings, "RDBTASKS_RETENTION", None))
-    return [
-        checks.Error(
-            problem,
-            hint='Ages carry a unit: {"SUCCESSFUL": "7d", "FAILED": "30d"}, or a timedelta.',
-            id="django_rdbtasks.E020",
-        )
-        for problem in problems
-    ]
+    return settings_checks()
 
 
 @checks.register(checks.Tags.models)

@@ -19,7 +19,7 @@ from django.db import connections
 def pooling_checks(backend: Any) -> list[checks.CheckMessage]:
     """The system checks of a backend's TRANSACTION_POOLING and LISTEN_DATABASE options."""
     messages: list[checks.CheckMessage] = []
-    listen = backend.options.get("LISTEN_DATABASE")
+    listen = backend.config.listen_database
     if listen is not None and listen not in connections:
         messages.append(
             checks.Error(
@@ -28,7 +28,7 @@ def pooling_checks(backend: Any) -> list[checks.CheckMessage]:
                 id="django_rdbtasks.E030",
             )
         )
-    if not backend.options.get("TRANSACTION_POOLING") or backend.database not in connections:
+    if not backend.config.transaction_pooling or backend.database not in connections:
         return messages
     settings = connections[backend.database].settings_dict
     options = settings.get("OPTIONS") or {}

@@ -23,17 +23,15 @@ from .backend_interface import TaskBackendInterface
 from .compat import task_backends
 from .db import dialect_for
 
-OPTION = "READ_DATABASE"
-
 
 def read_database(using: str) -> str:
     """The alias that the read-only views read the tasks of ``using`` from."""
     for alias in getattr(settings, "TASKS", {}):
         backend = task_backends[alias]
         if isinstance(backend, TaskBackendInterface) and backend.database == using:
-            read = backend.options.get(OPTION)
+            read = backend.config.read_database
             if read:
-                return str(read)
+                return read
     return using
 
 
@@ -46,7 +44,7 @@ def replica_lag(using: str) -> float | None:
 
 def read_database_checks(backend: TaskBackendInterface) -> list[checks.CheckMessage]:
     """E050: ``READ_DATABASE`` names an alias that is not in DATABASES."""
-    read = backend.options.get(OPTION)
+    read = backend.config.read_database
     if read is None or read in connections:
         return []
     return [
