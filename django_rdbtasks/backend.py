@@ -19,7 +19,7 @@ from .compat import (
     TaskResultDoesNotExist,
     framework_signals,
 )
-from .conf import OPTION_ERROR, read_backend_options
+from .conf import DATABASE_MISSING, OPTION_ERROR, read_backend_options
 from .db import dialect_for
 from .db.functions import DbNow
 from .enqueueing import Enqueuer
@@ -219,7 +219,7 @@ class RDBTaskBackend(TaskBackendInterface):
                 checks.Error(
                     f"Task backend {self.alias!r} uses database {self.database!r}, "
                     "which is not in DATABASES.",
-                    id="django_rdbtasks.E001",
+                    id=DATABASE_MISSING,
                 )
             )
         elif connections[self.database].vendor not in {"postgresql", "mysql", "sqlite"}:

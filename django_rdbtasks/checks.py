@@ -20,7 +20,13 @@ from django.core import checks
 from django.core.exceptions import ValidationError
 from django.db import connections
 
-from .conf import settings_checks
+from .conf import (
+    IMPORT_FAILED,
+    JOB_ERROR,
+    JOBS_ERROR,
+    PERIODIC_NOT_IMPORTED,
+    settings_checks,
+)
 
 #: Modules whose ``check_tasks`` checks every backend of TASKS: Django 6.1's and the backport's.
 FRAMEWORK_CHECK_MODULES = ("django.tasks.checks", "django_tasks.checks")
@@ -169,7 +175,7 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     errors: list[checks.CheckMessage] = [
         checks.Error(
             f"Job {name!r}: {' '.join(found)}" if name else " ".join(found),
-            id="django_rdbtasks.E011" if name else "django_rdbtasks.E010",
+            id=JOB_ERROR if name else JOBS_ERROR,
         )
         for name, found in problems.items()
     ]
@@ -185,9 +191,7 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             except ValidationError as exc:
                 messages += exc.messages
         if messages:
-            errors.append(
-                checks.Error(f"Job {name!r}: {'; '.join(messages)}", id="django_rdbtasks.E011")
-            )
+            errors.append(checks.Error(f"Job {name!r}: {'; '.join(messages)}", id=JOB_ERROR))
     return errors
 
 
@@ -209,7 +213,7 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             f"Importing {module} failed: {type(exc).__name__}: {exc}",
             hint="Workers import every installed app's tasks module and RDBTASKS_IMPORTS "
             "before they start; each must import without error.",
-            id="django_rdbtasks.E063",
+            id=IMPORT_FAILED,
         )
         for module, exc in task_module_failures().items()
     ]
@@ -227,7 +231,7 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
                 "no worker imports it: they would never be scheduled.",
                 hint=f"Move them into a tasks module, import {found.module} from one, or add "
                 f"{found.module!r} to RDBTASKS_IMPORTS.",
-                id="django_rdbtasks.W064",
+                id=PERIODIC_NOT_IMPORTED,
             )
         )
     return messages

@@ -65,6 +65,12 @@ QUEUE_PERMISSIONS = "RDBTASKS_QUEUE_PERMISSIONS"
 
 #: The system check ids of the settings (README, "Settings reference").
 OPTION_ERROR = "django_rdbtasks.E003"
+DATABASE_MISSING = "django_rdbtasks.E001"
+LISTEN_DATABASE_MISSING = "django_rdbtasks.E030"
+READ_DATABASE_MISSING = "django_rdbtasks.E050"
+JOB_ERROR = "django_rdbtasks.E011"
+IMPORT_FAILED = "django_rdbtasks.E063"
+PERIODIC_NOT_IMPORTED = "django_rdbtasks.W064"
 UNKNOWN_OPTION = "django_rdbtasks.W001"
 JOBS_ERROR = "django_rdbtasks.E010"
 RETENTION_ERROR = "django_rdbtasks.E020"
@@ -124,26 +130,41 @@ class Problem:
         return kind(prefix + self.message, hint=self.hint or None, id=self.check_id)
 
 
-def setting(name: str, default: Any = None, *, shown: str | None = None, **kwargs: Any) -> Any:
-    """A field read from the setting ``name``; ``shown``: its default as the README writes it."""
-    metadata = {"setting": name, "shown": shown}
-    if isinstance(default, Mapping | list):
-        frozen = MappingProxyType(dict(default)) if isinstance(default, Mapping) else default
-        return field(default_factory=lambda: frozen, metadata=metadata, **kwargs)
-    return field(default=default, metadata=metadata, **kwargs)
+def setting(name: str, default: Any, checks: tuple[str, ...], *, shown: str | None = None) -> Any:
+    """A field read from the setting ``name``: the ids of the system checks that report a bad
+    value of it, and ``shown``, its default as the README writes it (else ``str(default)``)."""
+    metadata = {"setting": name, "checks": checks, "shown": shown}
+    if isinstance(default, Mapping):
+        frozen = MappingProxyType(dict(default))
+        return field(default_factory=lambda: frozen, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-def setting_fields(cls: type) -> list[tuple[str, str, Any, str | None]]:
-    """(field, setting name, default, default as shown) of each field read from a setting."""
+@dataclass(frozen=True, slots=True)
+class SettingField:
+    """One field read from a setting, as the README's "Settings reference" lists it."""
+
+    field: str
+    setting: str
+    default: Any
+    shown: str
+    checks: tuple[str, ...]
+
+
+def setting_fields(cls: type) -> list[SettingField]:
+    """The fields of ``cls`` read from a setting, in order."""
     found = []
     for each in fields(cls):
         if "setting" not in each.metadata:
             continue
-        if callable(each.default_factory):
-            default = each.default_factory()
-        else:
-            default = each.default
-        found.append((each.name, each.metadata["setting"], default, each.metadata["shown"]))
+        factory: Any = each.default_factory
+        default = factory() if callable(factory) else each.default
+        shown = each.metadata["shown"] or str(default)
+        found.append(
+            SettingField(
+                each.name, each.metadata["setting"], default, shown, each.metadata["checks"]
+            )
+        )
     return found
 
 
@@ -237,27 +258,43 @@ class Reader:
 class BackendOptions:
     """The ``OPTIONS`` of one ``TASKS`` entry (this app's backend), typed, with their defaults."""
 
-    database: str = setting("DATABASE", "default", shown='`"default"`')
-    max_attempts: int = setting("MAX_ATTEMPTS", 3)
-    backoff: float = setting("BACKOFF", 1.0)
-    max_backoff: float = setting("MAX_BACKOFF", 3600.0, shown="3600")
-    notify: bool = setting("NOTIFY", True, shown="`True`")
-    progress_interval: float = setting("PROGRESS_INTERVAL", 1.0)
-    timeout_grace: float = setting("TIMEOUT_GRACE", 5.0)
+    database: str = setting(
+        "DATABASE", "default", (OPTION_ERROR, DATABASE_MISSING), shown='`"default"`'
+    )
+    max_attempts: int = setting("MAX_ATTEMPTS", 3, (OPTION_ERROR,))
+    backoff: float = setting("BACKOFF", 1.0, (OPTION_ERROR,))
+    max_backoff: float = setting("MAX_BACKOFF", 3600.0, (OPTION_ERROR,), shown="3600")
+    notify: bool = setting("NOTIFY", True, (OPTION_ERROR,), shown="`True`")
+    progress_interval: float = setting("PROGRESS_INTERVAL", 1.0, (OPTION_ERROR,))
+    timeout_grace: float = setting("TIMEOUT_GRACE", 5.0, (OPTION_ERROR,))
     #: Seconds (the setting may be a ``timedelta``).
-    missing_task_grace: float = setting("MISSING_TASK_GRACE", 600.0, shown="600")
-    transaction_pooling: bool = setting("TRANSACTION_POOLING", False, shown="`False`")
-    queue_limits: Mapping[str, Limit] = setting("QUEUE_LIMITS", {}, shown="`{}`")
+    missing_task_grace: float = setting("MISSING_TASK_GRACE", 600.0, (OPTION_ERROR,), shown="600")
+    transaction_pooling: bool = setting(
+        "TRANSACTION_POOLING", False, (OPTION_ERROR,), shown="`False`"
+    )
+    queue_limits: Mapping[str, Limit] = setting("QUEUE_LIMITS", {}, (OPTION_ERROR,), shown="`{}`")
     #: None: the task database itself, or none at all behind a transaction pooler.
     listen_database: str | None = setting(
-        "LISTEN_DATABASE", None, shown="the task database, or none when pooled"
+        "LISTEN_DATABASE",
+        None,
+        (OPTION_ERROR, LISTEN_DATABASE_MISSING),
+        shown="the task database, or none when pooled",
     )
-    max_arguments_bytes: int = setting("MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES)
-    max_result_bytes: int = setting("MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES)
-    max_error_bytes: int = setting("MAX_ERROR_BYTES", DEFAULT_MAX_ERROR_BYTES)
-    max_checkpoint_bytes: int = setting("MAX_CHECKPOINT_BYTES", DEFAULT_MAX_CHECKPOINT_BYTES)
+    max_arguments_bytes: int = setting(
+        "MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, (OPTION_ERROR,)
+    )
+    max_result_bytes: int = setting("MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, (OPTION_ERROR,))
+    max_error_bytes: int = setting("MAX_ERROR_BYTES", DEFAULT_MAX_ERROR_BYTES, (OPTION_ERROR,))
+    max_checkpoint_bytes: int = setting(
+        "MAX_CHECKPOINT_BYTES", DEFAULT_MAX_CHECKPOINT_BYTES, (OPTION_ERROR,)
+    )
     #: None: the task database (reads.py).
-    read_database: str | None = setting("READ_DATABASE", None, shown="none (the task database)")
+    read_database: str | None = setting(
+        "READ_DATABASE",
+        None,
+        (OPTION_ERROR, READ_DATABASE_MISSING),
+        shown="none (the task database)",
+    )
     #: What is wrong with the ``OPTIONS`` (each bad value above is its default).
     problems: tuple[Problem, ...] = field(default=(), compare=False)
 
@@ -277,7 +314,7 @@ class BackendOptions:
 
 
 #: The ``OPTIONS`` keys this app's backend reads.
-KNOWN_OPTIONS = frozenset(name for _, name, _, _ in setting_fields(BackendOptions))
+KNOWN_OPTIONS = frozenset(each.setting for each in setting_fields(BackendOptions))
 
 
 def read_backend_options(raw: object) -> BackendOptions:
@@ -317,10 +354,10 @@ def read_backend_options(raw: object) -> BackendOptions:
         "listen_database": read.alias("LISTEN_DATABASE", None, OPTION_ERROR),
         "read_database": read.alias("READ_DATABASE", None, OPTION_ERROR),
     }
-    for name, option, default, _ in setting_fields(BackendOptions):
-        if option.endswith("_BYTES"):
-            options[name] = read.number(
-                option, default, OPTION_ERROR, minimum=MIN_STORAGE_LIMIT, whole=True
+    for each in setting_fields(BackendOptions):
+        if each.setting.endswith("_BYTES"):
+            options[each.field] = read.number(
+                each.setting, each.default, OPTION_ERROR, minimum=MIN_STORAGE_LIMIT, whole=True
             )
     limits, errors = queue_limits_option(raw.get("QUEUE_LIMITS"))
     options["queue_limits"] = MappingProxyType(limits)
@@ -345,20 +382,30 @@ def read_backend_options(raw: object) -> BackendOptions:
 class ProjectSettings:
     """The ``RDBTASKS_*`` settings, typed, with their defaults."""
 
-    task_modules: tuple[str, ...] = setting(TASK_MODULES, (), shown="`[]`")
-    imports: tuple[str, ...] = setting(IMPORTS, (), shown="`[]`")
+    task_modules: tuple[str, ...] = setting(TASK_MODULES, (), (TASK_MODULES_ERROR,), shown="`[]`")
+    imports: tuple[str, ...] = setting(
+        IMPORTS, (), (IMPORTS_ERROR, IMPORT_FAILED, PERIODIC_NOT_IMPORTED), shown="`[]`"
+    )
     #: Job name to its entry; each entry is read and checked by jobs.py (E011).
-    jobs: Mapping[str, Any] = setting(JOBS, {}, shown="`{}`")
-    misfire_grace: float = setting(MISFIRE_GRACE, DEFAULT_MISFIRE_GRACE, shown="60")
-    http_allowed_hosts: tuple[str, ...] = setting(HTTP_ALLOWED_HOSTS, (), shown="`[]`")
-    retention: Mapping[str, dt.timedelta] = setting(RETENTION, {}, shown="`{}`")
+    jobs: Mapping[str, Any] = setting(JOBS, {}, (JOBS_ERROR, JOB_ERROR), shown="`{}`")
+    misfire_grace: float = setting(
+        MISFIRE_GRACE, DEFAULT_MISFIRE_GRACE, (MISFIRE_GRACE_ERROR,), shown="60"
+    )
+    http_allowed_hosts: tuple[str, ...] = setting(
+        HTTP_ALLOWED_HOSTS, (), (HTTP_ALLOWED_HOSTS_ERROR,), shown="`[]`"
+    )
+    retention: Mapping[str, dt.timedelta] = setting(RETENTION, {}, (RETENTION_ERROR,), shown="`{}`")
     #: Upper-case limit name to its value.
-    health: Mapping[str, float] = setting(HEALTH, {}, shown="`{}`")
+    health: Mapping[str, float] = setting(HEALTH, {}, (HEALTH_ERROR,), shown="`{}`")
     #: Never below ``MIN_RETIRE_AFTER`` (a warning says when it was raised).
-    retire_after: float = setting(RETIRE_AFTER, DEFAULT_RETIRE_AFTER, shown="600")
-    metrics_token: str = setting(METRICS_TOKEN, "", shown="unset")
+    retire_after: float = setting(
+        RETIRE_AFTER, DEFAULT_RETIRE_AFTER, (RETIRE_AFTER_ERROR, RETIRE_AFTER_RAISED), shown="600"
+    )
+    metrics_token: str = setting(METRICS_TOKEN, "", (METRICS_TOKEN_ERROR,), shown="unset")
     #: Queue name (``*``: every other queue) to the groups that may see it.
-    queue_permissions: Mapping[str, frozenset[str]] = setting(QUEUE_PERMISSIONS, {}, shown="`{}`")
+    queue_permissions: Mapping[str, frozenset[str]] = setting(
+        QUEUE_PERMISSIONS, {}, (QUEUE_PERMISSIONS_ERROR,), shown="`{}`"
+    )
     problems: tuple[Problem, ...] = field(default=(), compare=False)
 
     def problems_of(self, setting_name: str, *, warnings: bool = False) -> list[Problem]:
@@ -376,7 +423,7 @@ class ProjectSettings:
 
 
 #: The settings ``ProjectSettings`` reads.
-PROJECT_SETTINGS = tuple(name for _, name, _, _ in setting_fields(ProjectSettings))
+PROJECT_SETTINGS = tuple(each.setting for each in setting_fields(ProjectSettings))
 
 
 def read_project_settings(raw: Mapping[str, Any]) -> ProjectSettings:

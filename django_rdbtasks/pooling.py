@@ -15,6 +15,8 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
+from .conf import LISTEN_DATABASE_MISSING
+
 
 def pooling_checks(backend: Any) -> list[checks.CheckMessage]:
     """The system checks of a backend's TRANSACTION_POOLING and LISTEN_DATABASE options."""
@@ -25,7 +27,7 @@ def pooling_checks(backend: Any) -> list[checks.CheckMessage]:
             checks.Error(
                 f"Task backend {backend.alias!r}: LISTEN_DATABASE {listen!r} is not in DATABASES.",
                 hint="Name an alias that connects straight to the PostgreSQL server.",
-                id="django_rdbtasks.E030",
+                id=LISTEN_DATABASE_MISSING,
             )
         )
     if not backend.config.transaction_pooling or backend.database not in connections:

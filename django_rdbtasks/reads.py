@@ -21,6 +21,7 @@ from django.db import connections
 
 from .backend_interface import TaskBackendInterface
 from .compat import task_backends
+from .conf import READ_DATABASE_MISSING
 from .db import dialect_for
 
 
@@ -55,6 +56,6 @@ def read_database_checks(backend: TaskBackendInterface) -> list[checks.CheckMess
                 f"[{backend.database!r}] (it must hold the same task tables), "
                 "or remove the option to read from the primary."
             ),
-            id="django_rdbtasks.E050",
+            id=READ_DATABASE_MISSING,
         )
     ]
