@@ -239,16 +239,12 @@ class Reader:
         raw = self.raw.get(name)
         if raw is None:
             return ()
-        if (
-            isinstance(raw, str | bytes | Mapping)
-            or not isinstance(raw, Iterable)
-            or not all(isinstance(each, str) and each for each in raw)
-        ):
-            self.problem(
-                name, f"{self.label(name)} must be a list of {what}, not {raw!r}.", check_id
-            )
-            return ()
-        return tuple(raw)
+        if isinstance(raw, Iterable) and not isinstance(raw, str | bytes | Mapping):
+            values = tuple(raw)  # once: an iterator would be spent by the check
+            if all(isinstance(each, str) and each for each in values):
+                return values
+        self.problem(name, f"{self.label(name)} must be a list of {what}, not {raw!r}.", check_id)
+        return ()
 
 
 # -- a task backend's OPTIONS --------------------------------------------------------------

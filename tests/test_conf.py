@@ -405,3 +405,8 @@ def test_the_walk_finds_each_kind_of_raw_read() -> None:
         "settings.RDBTASKS_JOBS\ngetattr(settings, 'RDBTASKS_HEALTH', {})\nbackend.options.get('X')"
     )
     assert len(raw_setting_reads(tree)) == 3
+
+
+def test_a_list_setting_may_be_any_iterable_of_names() -> None:
+    found = read_project_settings({"RDBTASKS_IMPORTS": (name for name in ["a.tasks", "b.jobs"])})
+    assert found.imports == ("a.tasks", "b.jobs") and found.problems == ()
