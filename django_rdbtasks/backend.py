@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from typing import Any
 
 from django.core import checks
@@ -20,11 +19,12 @@ from .compat import (
     TaskResultDoesNotExist,
     framework_signals,
 )
+from .conf import DATABASE_MISSING, OPTION_ERROR, read_backend_options
 from .db import dialect_for
 from .db.functions import DbNow
 from .enqueueing import Enqueuer
 from .exceptions import InvalidTaskPath
-from .limits import queue_limits_option, validate_limit
+from .limits import validate_limit
 from .loading import check_loadable, load_task, note_declared
 from .models import Task as TaskRow
 from .models import TaskStatus
@@ -33,22 +33,11 @@ from .rdbtask import RDBTask
 from .reads import read_database_checks
 from .results import RDBTaskResult
 from .sagas import lock_workflows, settle_finished
-from .storable import (
-    DEFAULT_MAX_ARGUMENTS_BYTES,
-    DEFAULT_MAX_CHECKPOINT_BYTES,
-    DEFAULT_MAX_ERROR_BYTES,
-    DEFAULT_MAX_RESULT_BYTES,
-    StorageLimits,
-)
 from .stored import replace_unvalidated, result_from_row, unloadable_task
 from .suggest import did_you_mean
 
 # What this module has always offered, wherever it is defined now.
 __all__ = ["RDBTask", "RDBTaskBackend", "RDBTaskResult", "bulk_enqueue"]
-
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_BACKOFF = 1.0
-DEFAULT_MAX_BACKOFF = 3600.0
 
 #: The keys of a ``TASKS`` entry the framework reads; any other is a typo (an error).
 KNOWN_KEYS = ("BACKEND", "QUEUES", "OPTIONS")
@@ -59,34 +48,6 @@ KNOWN_KEYS = ("BACKEND", "QUEUES", "OPTIONS")
 DECLARED_OUTSIDE_QUEUES: dict[tuple[str, str, str], Task] = {}
 DECLARED_OUTSIDE_QUEUES_MAX = 1000
 
-#: The backend's ``OPTIONS``; any other key is probably a typo (a warning).
-KNOWN_OPTIONS = frozenset(
-    {
-        "DATABASE",
-        "MAX_ATTEMPTS",
-        "BACKOFF",
-        "MAX_BACKOFF",
-        "NOTIFY",
-        "PROGRESS_INTERVAL",
-        "TIMEOUT_GRACE",
-        # How long a task no live worker can import waits for one that can.
-        "MISSING_TASK_GRACE",
-        # Behind a transaction pooler (PgBouncer pool_mode=transaction).
-        "TRANSACTION_POOLING",
-        "LISTEN_DATABASE",
-        # A replica the read-only views read from (reads.py).
-        "READ_DATABASE",
-        # Queue name to a ConcurrencyLimit or RateLimit (limits.py).
-        "QUEUE_LIMITS",
-        # The most bytes of a task's data as stored (storable.py).
-        "MAX_ARGUMENTS_BYTES",
-        "MAX_RESULT_BYTES",
-        "MAX_ERROR_BYTES",
-        "MAX_CHECKPOINT_BYTES",
-    }
-)
-#: Under this, an error's or a checkpoint's limit would leave too little to read.
-MIN_STORAGE_LIMIT = 1024
 #: The ``max_attempts`` column's largest value everywhere (an ``integer`` on PostgreSQL).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
 
@@ -105,41 +66,29 @@ class RDBTaskBackend(TaskBackendInterface):
         super().__init__(alias, params)
         if queues is not None and not isinstance(queues, Iterable):
             params = {**params, "QUEUES": queues}
-        options = self.options
-        #: Bad OPTIONS, reported by check() and refused by enqueue(): raising
-        #: here instead would make ``manage.py check`` crash rather than say so.
-        self.option_errors: list[str] = []
+        #: The OPTIONS, typed and checked once (conf.py). A bad value is its
+        #: default there, and a problem reported by check() and refused by
+        #: enqueue(): raising here instead would make ``manage.py check`` crash
+        #: rather than say so.
+        self.config = read_backend_options(self.options)
+        #: What is wrong with QUEUES (refused by enqueue() too).
+        self.queue_errors: list[str] = []
         #: What is wrong with the entry itself (its keys), for check() only.
         self.settings_errors: list[str] = self._settings_errors(params)
-        self.database: str = options.get("DATABASE", "default")
-        self.max_attempts = self._number_option("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS, 1, int)
-        self.backoff = self._number_option("BACKOFF", DEFAULT_BACKOFF, 0, float)
-        self.max_backoff = self._number_option("MAX_BACKOFF", DEFAULT_MAX_BACKOFF, 0, float)
-        if not isinstance(options.get("MISSING_TASK_GRACE"), timedelta):
-            # Seconds, or a timedelta (worker/missing.py reads it).
-            self._number_option("MISSING_TASK_GRACE", 600.0, 0, float)
-        self.notify = bool(options.get("NOTIFY", True))
+        #: What enqueue() refuses to go on with.
+        self.option_errors: list[str] = self.queue_errors + self.config.errors
+        self.database: str = self.config.database
+        self.max_attempts = self.config.max_attempts
+        self.backoff = self.config.backoff
+        self.max_backoff = self.config.max_backoff
+        self.notify = self.config.notify
         #: What of a task's data may be stored (storable.py): checked at enqueue
         #: (arguments) and by the worker (results, errors, checkpoints).
-        self.storage_limits = StorageLimits(
-            arguments=self._number_option(
-                "MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, MIN_STORAGE_LIMIT, int
-            ),
-            result=self._number_option(
-                "MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, MIN_STORAGE_LIMIT, int
-            ),
-            error=self._number_option(
-                "MAX_ERROR_BYTES", DEFAULT_MAX_ERROR_BYTES, MIN_STORAGE_LIMIT, int
-            ),
-            checkpoint=self._number_option(
-                "MAX_CHECKPOINT_BYTES", DEFAULT_MAX_CHECKPOINT_BYTES, MIN_STORAGE_LIMIT, int
-            ),
-        )
-        self.queue_limits, errors = queue_limits_option(options.get("QUEUE_LIMITS"))
-        self.option_errors += errors
+        self.storage_limits = self.config.storage_limits
+        self.queue_limits = dict(self.config.queue_limits)
         #: Whether the enqueue may keep its statement prepared in the session:
         #: not behind a transaction pooler, whose sessions change hands.
-        self.prepare = not options.get("TRANSACTION_POOLING", False)
+        self.prepare = not self.config.transaction_pooling
         #: Tasks validate_task() accepted, by id: a Task is immutable and so is
         #: this backend's configuration (the framework makes a new backend when
         #: TASKS changes), so the same task object needs checking once.
@@ -163,7 +112,7 @@ class RDBTaskBackend(TaskBackendInterface):
         queues = params.get("QUEUES")
         if isinstance(queues, str):
             self.queues = {queues}
-            self.option_errors.append(
+            self.queue_errors.append(
                 f"TASKS[{self.alias!r}]['QUEUES'] must be a list of queue names, not the "
                 f"string {queues!r}: write [{queues!r}]."
             )
@@ -171,26 +120,10 @@ class RDBTaskBackend(TaskBackendInterface):
             not isinstance(queues, list | tuple | set | frozenset)
             or not all(isinstance(name, str) and name for name in queues)
         ):
-            self.option_errors.append(
+            self.queue_errors.append(
                 f"TASKS[{self.alias!r}]['QUEUES'] must be a list of queue names, not {queues!r}."
             )
         return errors
-
-    def _number_option(self, name: str, default: Any, minimum: float, kind: type) -> Any:
-        raw = self.options.get(name, default)
-        try:
-            # Text is accepted: settings often come from environment variables.
-            value = kind(raw)
-            valid = not isinstance(raw, bool) and value >= minimum and float(raw) == value
-        except (TypeError, ValueError):
-            valid = False
-        if not valid:
-            what = "a whole number" if kind is int else "a number"
-            self.option_errors.append(
-                f"OPTIONS[{name!r}] must be {what} of at least {minimum}, not {raw!r}."
-            )
-            return default
-        return value
 
     # -- validation --------------------------------------------------------------------
 
@@ -273,30 +206,20 @@ class RDBTaskBackend(TaskBackendInterface):
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         errors = list(super().check(**kwargs))
-        errors += [
-            checks.Error(f"Task backend {self.alias!r}: {message}", id="django_rdbtasks.E003")
-            for message in self.option_errors
-        ]
+        prefix = f"Task backend {self.alias!r}: "
+        errors += [checks.Error(prefix + message, id=OPTION_ERROR) for message in self.queue_errors]
+        errors += [problem.as_check(prefix) for problem in self.config.problems]
         errors += [
             checks.Error(message, id="django_rdbtasks.E060") for message in self.settings_errors
         ]
         errors += pooling_checks(self)
         errors += read_database_checks(self)
-        unknown = sorted(set(self.options) - KNOWN_OPTIONS)
-        if unknown:
-            errors.append(
-                checks.Warning(
-                    f"Task backend {self.alias!r} has unknown OPTIONS {', '.join(unknown)}.",
-                    hint=f"Known: {', '.join(sorted(KNOWN_OPTIONS))}.",
-                    id="django_rdbtasks.W001",
-                )
-            )
         if self.database not in connections:
             errors.append(
                 checks.Error(
                     f"Task backend {self.alias!r} uses database {self.database!r}, "
                     "which is not in DATABASES.",
-                    id="django_rdbtasks.E001",
+                    id=DATABASE_MISSING,
                 )
             )
         elif connections[self.database].vendor not in {"postgresql", "mysql", "sqlite"}:

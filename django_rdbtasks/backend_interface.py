@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from .compat import BaseTaskBackend, Task, TaskResult
+from .conf import BackendOptions
 from .limits import Limit
 from .storable import StorageLimits
 
@@ -21,6 +22,8 @@ from .storable import StorageLimits
 class TaskBackendInterface(BaseTaskBackend):
     """What the modules below the backend read of it: its settings, set by its ``__init__``."""
 
+    #: Its ``OPTIONS``, typed and checked (conf.py): what the modules below read.
+    config: BackendOptions
     #: The Django database alias the task rows are written to.
     database: str
     #: Whether an enqueue wakes the workers (NOTIFY, where the database has it).

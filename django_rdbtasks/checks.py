@@ -20,6 +20,14 @@ from django.core import checks
 from django.core.exceptions import ValidationError
 from django.db import connections
 
+from .conf import (
+    IMPORT_FAILED,
+    JOB_ERROR,
+    JOBS_ERROR,
+    PERIODIC_NOT_IMPORTED,
+    settings_checks,
+)
+
 #: Modules whose ``check_tasks`` checks every backend of TASKS: Django 6.1's and the backport's.
 FRAMEWORK_CHECK_MODULES = ("django.tasks.checks", "django_tasks.checks")
 
@@ -167,7 +175,7 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     errors: list[checks.CheckMessage] = [
         checks.Error(
             f"Job {name!r}: {' '.join(found)}" if name else " ".join(found),
-            id="django_rdbtasks.E011" if name else "django_rdbtasks.E010",
+            id=JOB_ERROR if name else JOBS_ERROR,
         )
         for name, found in problems.items()
     ]
@@ -183,9 +191,7 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             except ValidationError as exc:
                 messages += exc.messages
         if messages:
-            errors.append(
-                checks.Error(f"Job {name!r}: {'; '.join(messages)}", id="django_rdbtasks.E011")
-            )
+            errors.append(checks.Error(f"Job {name!r}: {'; '.join(messages)}", id=JOB_ERROR))
     return errors
 
 
@@ -207,7 +213,7 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             f"Importing {module} failed: {type(exc).__name__}: {exc}",
             hint="Workers import every installed app's tasks module and RDBTASKS_IMPORTS "
             "before they start; each must import without error.",
-            id="django_rdbtasks.E063",
+            id=IMPORT_FAILED,
         )
         for module, exc in task_module_failures().items()
     ]
@@ -225,32 +231,21 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
                 "no worker imports it: they would never be scheduled.",
                 hint=f"Move them into a tasks module, import {found.module} from one, or add "
                 f"{found.module!r} to RDBTASKS_IMPORTS.",
-                id="django_rdbtasks.W064",
+                id=PERIODIC_NOT_IMPORTED,
             )
         )
     return messages
 
 
 @checks.register()
-def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``RDBTASKS_RETENTION``: finished statuses and ages with a unit, one error each.
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The ``RDBTASKS_*`` settings as conf.py reads them: each problem under its setting's id.
 
-    The schedulers prune by it on their own every minute, so a bare ``7``
-    (seconds? days?) must stop the start, not delete.
+    ``RDBTASKS_RETENTION`` (E020) above all: the schedulers prune by it on their
+    own every minute, so a bare ``7`` (seconds? days?) must stop the start, not
+    delete. The backends' ``OPTIONS`` are reported by each backend's ``check()``.
     """
-    from django.conf import settings
-
-    from .retention import read_retention
-
-    _, problems = read_retention(getattr(settings, "RDBTASKS_RETENTION", None))
-    return [
-        checks.Error(
-            problem,
-            hint='Ages carry a unit: {"SUCCESSFUL": "7d", "FAILED": "30d"}, or a timedelta.',
-            id="django_rdbtasks.E020",
-        )
-        for problem in problems
-    ]
+    return settings_checks()
 
 
 @checks.register(checks.Tags.models)

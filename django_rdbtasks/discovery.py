@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django.apps import apps
-from django.conf import settings
 from django.utils.module_loading import module_has_submodule
+
+from .conf import project_settings
 
 #: The submodule of every installed app a worker imports.
 TASKS_MODULE = "tasks"
@@ -41,7 +42,7 @@ def task_module_names() -> list[str]:
         for config in apps.get_app_configs()
         if config.module is not None and module_has_submodule(config.module, TASKS_MODULE)
     ]
-    names += [str(name) for name in getattr(settings, "RDBTASKS_IMPORTS", None) or []]
+    names += project_settings().imports
     return list(dict.fromkeys(names))
 
 

@@ -16,9 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from django.conf import settings
-
 from .compat import HAS_DJANGO_TASKS
+from .conf import project_settings
 
 if HAS_DJANGO_TASKS:
     from django.tasks import task
@@ -48,7 +47,7 @@ class RetryableStatus(HttpTaskError):
 
 
 def allowed_hosts() -> list[str]:
-    return list(getattr(settings, "RDBTASKS_HTTP_ALLOWED_HOSTS", []))
+    return list(project_settings().http_allowed_hosts)
 
 
 def check_allowed(url: str) -> None:

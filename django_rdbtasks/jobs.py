@@ -22,12 +22,12 @@ from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 
 from .compat import TASK_BASE_CLASSES, Task
+from .conf import JOBS, RETIRE_AFTER, project_settings
 from .db import dialect_for
 from .db.functions import DbNow
 from .exceptions import InvalidTaskPath
@@ -38,22 +38,6 @@ from .states import TaskStatus
 from .suggest import did_you_mean
 
 logger = logging.getLogger("django_rdbtasks.scheduler")
-
-#: How late a tick may fire under the "skip" policy before it counts as missed.
-DEFAULT_MISFIRE_GRACE = 60.0
-
-#: How often every scheduler re-declares the jobs in its code, in seconds.
-DECLARE_EVERY = 60.0
-
-#: Default of ``RDBTASKS_RETIRE_AFTER``: a code job no live scheduler declared
-#: for this long is retired. Several re-declare intervals, so a scheduler that
-#: is slow, restarting or briefly cut off from the database retires nothing.
-DEFAULT_RETIRE_AFTER = 600.0
-
-#: The least retirement window accepted: below it a merely late re-declaration
-#: would retire a job that is still declared.
-MIN_RETIRE_AFTER = 3 * DECLARE_EVERY
-
 
 # -- cron arithmetic ----------------------------------------------------------------
 
@@ -231,10 +215,8 @@ def read_declared_jobs() -> tuple[dict[str, JobSpec], dict[str, list[str]]]:
     """
     jobs = dict(_decorated)
     problems: dict[str, list[str]] = {}
-    setting = getattr(settings, "RDBTASKS_JOBS", None) or {}
-    if not isinstance(setting, Mapping):
-        return jobs, {"": [f"RDBTASKS_JOBS must be a dict of job name to job, not {setting!r}."]}
-    for name, options in setting.items():
+    # The setting as a whole (not a dict) is conf.py's to report (E010).
+    for name, options in project_settings().jobs.items():
         if not isinstance(options, Mapping):
             problems[str(name)] = [
                 f"must be a dict like {{'task': 'app.tasks.function', 'cron': '0 3 * * *'}}, "
@@ -272,6 +254,7 @@ def declared_jobs() -> dict[str, JobSpec]:
     ``ImproperlyConfigured`` names every problem of the setting at once
     (``manage.py check`` reports them before a scheduler ever gets here).
     """
+    project_settings().require(JOBS)
     jobs, problems = read_declared_jobs()
     if problems:
         raise ImproperlyConfigured(
@@ -371,29 +354,18 @@ def redeclare_jobs(using: str = "default", jobs: Mapping[str, JobSpec] | None = 
         sync_declared_jobs(using, specs)
 
 
-_warned_retire_after: set[float] = set()
+_warned_retire_after: set[str] = set()
 
 
 def retire_after() -> float:
     """``RDBTASKS_RETIRE_AFTER`` in seconds (default 600), never below ``MIN_RETIRE_AFTER``."""
-    value = getattr(settings, "RDBTASKS_RETIRE_AFTER", DEFAULT_RETIRE_AFTER)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(
-            f"RDBTASKS_RETIRE_AFTER must be a number of seconds, not {value!r}."
-        ) from exc
-    if seconds < MIN_RETIRE_AFTER:
-        if seconds not in _warned_retire_after:  # once, not every minute
-            _warned_retire_after.add(seconds)
-            logger.warning(
-                "RDBTASKS_RETIRE_AFTER=%s is below %ss (three re-declare intervals); using %ss",
-                value,
-                int(MIN_RETIRE_AFTER),
-                int(MIN_RETIRE_AFTER),
-            )
-        seconds = MIN_RETIRE_AFTER
-    return seconds
+    configured = project_settings()
+    configured.require(RETIRE_AFTER)
+    for problem in configured.problems_of(RETIRE_AFTER, warnings=True):
+        if problem.message not in _warned_retire_after:  # once, not every minute
+            _warned_retire_after.add(problem.message)
+            logger.warning("%s", problem.message)
+    return configured.retire_after
 
 
 def retire_undeclared_jobs(using: str = "default", *, after: float | None = None) -> list[str]:
@@ -441,7 +413,7 @@ def fire(job: Job, *, using: str) -> bool:
     All in one transaction: a crash anywhere leaves the tick as it was, for
     another scheduler to fire.
     """
-    grace = float(getattr(settings, "RDBTASKS_MISFIRE_GRACE", DEFAULT_MISFIRE_GRACE))
+    grace = project_settings().misfire_grace
     with transaction.atomic(using=using):
         now = database_now(using)
         tick = job.next_run_at

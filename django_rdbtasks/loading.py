@@ -47,20 +47,20 @@ from functools import cache
 from typing import Any, cast
 
 from django.apps import apps
-from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .compat import TASK_BASE_CLASSES, Task
+from .conf import IMPORTS, TASK_MODULES, project_settings
 from .distributions import packages_required_by, within
 from .exceptions import InvalidTaskPath
 
 _loaded: dict[str, Task | InvalidTaskPath] = {}
 
 #: What a path's module would be refused with, by the setting to name.
-SETTING = "RDBTASKS_TASK_MODULES"
+SETTING = TASK_MODULES
 #: Modules every worker imports at start (discovery.py): trusted as they are.
-IMPORTS_SETTING = "RDBTASKS_IMPORTS"
+IMPORTS_SETTING = IMPORTS
 
 
 class TaskNotHere(InvalidTaskPath):
@@ -75,8 +75,9 @@ class TaskNotHere(InvalidTaskPath):
 def _configured_packages() -> tuple[str, ...]:
     """Rules 1 and 3: what the settings name, known without reading any metadata."""
     names = [config.name for config in apps.get_app_configs()]
-    names += list(getattr(settings, SETTING, []))
-    names += list(getattr(settings, IMPORTS_SETTING, None) or [])
+    configured = project_settings()
+    names += configured.task_modules
+    names += configured.imports
     return tuple(names)
 
 

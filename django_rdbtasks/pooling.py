@@ -15,20 +15,22 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
+from .conf import LISTEN_DATABASE_MISSING
+
 
 def pooling_checks(backend: Any) -> list[checks.CheckMessage]:
     """The system checks of a backend's TRANSACTION_POOLING and LISTEN_DATABASE options."""
     messages: list[checks.CheckMessage] = []
-    listen = backend.options.get("LISTEN_DATABASE")
+    listen = backend.config.listen_database
     if listen is not None and listen not in connections:
         messages.append(
             checks.Error(
                 f"Task backend {backend.alias!r}: LISTEN_DATABASE {listen!r} is not in DATABASES.",
                 hint="Name an alias that connects straight to the PostgreSQL server.",
-                id="django_rdbtasks.E030",
+                id=LISTEN_DATABASE_MISSING,
             )
         )
-    if not backend.options.get("TRANSACTION_POOLING") or backend.database not in connections:
+    if not backend.config.transaction_pooling or backend.database not in connections:
         return messages
     settings = connections[backend.database].settings_dict
     options = settings.get("OPTIONS") or {}

@@ -21,9 +21,8 @@ from django.db import connections
 
 from .backend_interface import TaskBackendInterface
 from .compat import task_backends
+from .conf import READ_DATABASE_MISSING
 from .db import dialect_for
-
-OPTION = "READ_DATABASE"
 
 
 def read_database(using: str) -> str:
@@ -31,9 +30,9 @@ def read_database(using: str) -> str:
     for alias in getattr(settings, "TASKS", {}):
         backend = task_backends[alias]
         if isinstance(backend, TaskBackendInterface) and backend.database == using:
-            read = backend.options.get(OPTION)
+            read = backend.config.read_database
             if read:
-                return str(read)
+                return read
     return using
 
 
@@ -46,7 +45,7 @@ def replica_lag(using: str) -> float | None:
 
 def read_database_checks(backend: TaskBackendInterface) -> list[checks.CheckMessage]:
     """E050: ``READ_DATABASE`` names an alias that is not in DATABASES."""
-    read = backend.options.get(OPTION)
+    read = backend.config.read_database
     if read is None or read in connections:
         return []
     return [
@@ -57,6 +56,6 @@ def read_database_checks(backend: TaskBackendInterface) -> list[checks.CheckMess
                 f"[{backend.database!r}] (it must hold the same task tables), "
                 "or remove the option to read from the primary."
             ),
-            id="django_rdbtasks.E050",
+            id=READ_DATABASE_MISSING,
         )
     ]

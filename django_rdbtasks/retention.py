@@ -18,18 +18,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 from django.db.models import CASCADE, DO_NOTHING, SET_NULL, Count, Q
 from django.db.models.deletion import get_candidate_relations_to_delete
 from django.db.models.signals import post_delete, pre_delete
 
-from .durations import parse_age
+from .conf import RETENTION, project_settings
 from .jobs import database_now
 from .locks import LeasedLock
 from .models import Task, TaskStatus, Worker
@@ -359,35 +357,9 @@ def retention_setting() -> dict[str, dt.timedelta]:
     A status left out is kept forever. A bad value raises ImproperlyConfigured
     (the system check ``django_rdbtasks.E020`` reports it first).
     """
-    ages, problems = read_retention(getattr(settings, "RDBTASKS_RETENTION", None))
-    if problems:
-        raise ImproperlyConfigured(" ".join(problems))
-    return ages
-
-
-def read_retention(raw: object) -> tuple[dict[str, dt.timedelta], list[str]]:
-    """The ages of a ``RDBTASKS_RETENTION`` value and what is wrong with it, one line each."""
-    if not raw:
-        return {}, []
-    if not isinstance(raw, Mapping):
-        return {}, [
-            f"RDBTASKS_RETENTION must be a dict of status to age, like "
-            f'{{"SUCCESSFUL": "7d", "FAILED": "30d"}}, not {raw!r}.'
-        ]
-    ages: dict[str, dt.timedelta] = {}
-    problems: list[str] = []
-    for status, age in raw.items():
-        if status not in FINISHED:
-            problems.append(
-                f"RDBTASKS_RETENTION: {status!r} is not a finished status "
-                f"({', '.join(FINISHED)}); only finished tasks can be pruned."
-            )
-            continue
-        try:
-            ages[status] = parse_age(age)
-        except ValueError as exc:
-            problems.append(f"RDBTASKS_RETENTION[{status!r}]: {exc}")
-    return ages, problems
+    configured = project_settings()
+    configured.require(RETENTION)
+    return dict(configured.retention)
 
 
 def prune_by_setting(

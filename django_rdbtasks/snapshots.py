@@ -31,6 +31,7 @@ from django.db.models.functions import TruncHour, TruncMinute
 
 from .cleanup import CleanupReport, cleanup_report
 from .compat import task_backends
+from .conf import HEALTH, project_settings
 from .db.pg_finished import estimated_rows
 from .jobs import database_now
 from .models import PausedQueue, Task, TaskStatus, Worker
@@ -460,17 +461,6 @@ def worker_as_dict(worker: Worker, now: dt.datetime) -> dict[str, Any]:
 
 # -- health ------------------------------------------------------------------------------
 
-#: Setting names of ``RDBTASKS_HEALTH`` and what each limits.
-HEALTH_LIMITS = {
-    "MAX_LAG": "seconds the oldest runnable task may wait",
-    "MIN_WORKERS": "live workers there must be",
-    "MAX_READY": "runnable tasks there may be (queue depth)",
-    "MAX_STALLED": "running tasks whose worker stopped renewing their lease",
-    "MAX_FAILED": "tasks that may fail for good in the window (an hour)",
-    "MAX_XMIN_AGE": "seconds the oldest open transaction or snapshot of the task database "
-    "may hold back the cleanup of dead rows (see docs/admin.md)",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class HealthCheck:
@@ -492,25 +482,15 @@ def health_limits(**overrides: float | None) -> dict[str, float]:
     ``ValueError`` names every problem at once: unknown keys (with the nearest
     known one) and values that are not numbers.
     """
-    limits = {str(k).upper(): v for k, v in getattr(settings, "RDBTASKS_HEALTH", {}).items()}
-    problems = [
-        f"RDBTASKS_HEALTH: unknown key {name!r}." + did_you_mean(name, HEALTH_LIMITS)
-        for name in sorted(set(limits) - set(HEALTH_LIMITS))
-    ]
+    configured = project_settings()
+    problems = configured.problems_of(HEALTH)
+    if problems:
+        raise ValueError(" ".join(problem.message for problem in problems))
+    limits = dict(configured.health)
     for name, value in overrides.items():
         if value is not None:
-            limits[name.upper()] = value
-    numbers: dict[str, float] = {}
-    for name, value in limits.items():
-        if value is None or name not in HEALTH_LIMITS:
-            continue
-        try:
-            numbers[name] = float(value)
-        except (TypeError, ValueError):
-            problems.append(f"RDBTASKS_HEALTH[{name!r}] must be a number, not {value!r}.")
-    if problems:
-        raise ValueError(" ".join(problems))
-    return numbers
+            limits[name.upper()] = float(value)
+    return limits
 
 
 def check_health(snap: Snapshot, limits: dict[str, float]) -> list[HealthCheck]:

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from .conf import project_settings
+
 
 def allowed(request: HttpRequest) -> bool:
-    token = getattr(settings, "RDBTASKS_METRICS_TOKEN", "")
+    token = project_settings().metrics_token
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         # A constant-time comparison: the token is a password.
-        return hmac.compare_digest(header.removeprefix("Bearer ").encode(), str(token).encode())
+        return hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
     user = getattr(request, "user", None)
     return bool(
         user is not None

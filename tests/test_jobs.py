@@ -9,10 +9,10 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.utils import timezone
 
+from django_rdbtasks.conf import MIN_RETIRE_AFTER
 from django_rdbtasks.db.functions import DbNow
 from django_rdbtasks.job_validation import validate_cron
 from django_rdbtasks.jobs import (
-    MIN_RETIRE_AFTER,
     JobSpec,
     database_now,
     fire,

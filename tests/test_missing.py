@@ -11,7 +11,7 @@ from django_rdbtasks.exceptions import InvalidTaskPath
 from django_rdbtasks.loading import TaskNotHere, load_task
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import OutcomeKind, TaskStatus
-from django_rdbtasks.worker.missing import FIRST_DELAY, MissingTasks, grace_option
+from django_rdbtasks.worker.missing import FIRST_DELAY, MissingTasks
 from tests.conftest import wait_until, worker_children
 from tests.test_execution import NOW, claimed, execute
 from tests.testapp import release_tasks
@@ -90,11 +90,14 @@ def test_the_grace_counts_from_the_last_attempt_of_a_task_that_ran_before():
     assert outcome.kind == OutcomeKind.POSTPONE
 
 
-def test_the_grace_option_takes_seconds_or_a_timedelta():
-    assert grace_option({}) == 600
-    assert grace_option({"MISSING_TASK_GRACE": 30}) == 30
-    assert grace_option({"MISSING_TASK_GRACE": "45"}) == 45
-    assert grace_option({"MISSING_TASK_GRACE": dt.timedelta(minutes=2)}) == 120
+def test_the_record_takes_the_backends_grace():
+    from django_rdbtasks.backend import RDBTaskBackend
+    from django_rdbtasks.worker.missing import missing_tasks
+
+    backend = RDBTaskBackend(
+        "grace-2min", {"OPTIONS": {"MISSING_TASK_GRACE": dt.timedelta(minutes=2)}}
+    )
+    assert missing_tasks(backend).grace == 120
     assert MissingTasks(5).grace == 5
 
 

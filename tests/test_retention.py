@@ -24,7 +24,7 @@ from django_rdbtasks.models import (
     Workflow,
     WorkflowStep,
 )
-from django_rdbtasks.retention import prune, prune_by_setting, prune_workers, read_retention
+from django_rdbtasks.retention import prune, prune_by_setting, prune_workers
 from django_rdbtasks.states import StepRole
 from tests.browser.support import make_task, make_worker, now
 
@@ -304,14 +304,6 @@ def test_runworkers_with_a_retention_without_a_unit_refuses_to_start(run_workers
     assert code not in (None, 0), log
     assert "django_rdbtasks.E020" in log and "7 has no unit" in log
     assert Task.objects.filter(pk=old.pk).exists()
-
-
-def test_read_retention_reports_every_bad_entry() -> None:
-    ages, problems = read_retention({"SUCCESSFUL": 7, "FAILED": "30d", "READY": "1d"})
-    assert ages == {"FAILED": 30 * DAY}
-    assert len(problems) == 2
-    assert "RDBTASKS_RETENTION['SUCCESSFUL']: 7 has no unit" in problems[0]
-    assert "'READY' is not a finished status" in problems[1]
 
 
 def test_retention_takes_a_timedelta(settings) -> None:

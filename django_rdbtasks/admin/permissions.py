@@ -21,31 +21,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q, QuerySet
 
+from ..conf import QUEUE_PERMISSIONS, project_settings
 from ..exceptions import InvalidTaskPath
 from ..loading import load_task
 
 _QS = TypeVar("_QS", bound=QuerySet[Any])
 
-SETTING = "RDBTASKS_QUEUE_PERMISSIONS"
+SETTING = QUEUE_PERMISSIONS
 OTHER_QUEUES = "*"
 #: A job whose task cannot be loaded any more counts as of this queue.
 FALLBACK_QUEUE = "default"
 
 
 def queue_permissions() -> dict[str, frozenset[str]]:
-    raw = getattr(settings, SETTING, None) or {}
-    if not isinstance(raw, dict):
-        raise ImproperlyConfigured(f"{SETTING} must be a dict of queue name to group names.")
-    groups: dict[str, frozenset[str]] = {}
-    for queue, names in raw.items():
-        if isinstance(names, str) or not isinstance(names, Iterable):
-            raise ImproperlyConfigured(f"{SETTING}[{queue!r}] must be a list of group names.")
-        groups[str(queue)] = frozenset(str(name) for name in names)
-    return groups
+    configured = project_settings()
+    configured.require(SETTING)
+    return dict(configured.queue_permissions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,7 +149,7 @@ class InProcessRunner:
             store,
             lease=self.lease,
             poll_interval=1.0,
-            progress_interval=float(self.backend.options.get("PROGRESS_INTERVAL", 1.0)),
+            progress_interval=self.backend.config.progress_interval,
             stopping=threading.Event(),
             after_task=lambda: _check_atomic_depth(connection, depth),
         )

@@ -113,17 +113,17 @@ class Worker:
         self.threads = max(1, threads)
         self.batch = batch  # None: claim ahead adaptively
         self.lease = lease
-        self.progress_interval = float(instance.options.get("PROGRESS_INTERVAL", 1.0))
-        self.timeout_grace = float(instance.options.get("TIMEOUT_GRACE", 5.0))
+        self.progress_interval = instance.config.progress_interval
+        self.timeout_grace = instance.config.timeout_grace
         self.poll_interval = poll_interval
         self.burst = burst
         self.max_tasks = max_tasks
         self.grace = grace
         #: Behind a transaction pooler (PgBouncer pool_mode=transaction).
-        self.pooled = bool(instance.options.get("TRANSACTION_POOLING", False))
+        self.pooled = instance.config.transaction_pooling
         #: The alias LISTEN connects through: straight to the server, since a
         #: transaction pooler cannot keep a LISTEN between transactions.
-        self.listen_database: str | None = instance.options.get("LISTEN_DATABASE") or (
+        self.listen_database: str | None = instance.config.listen_database or (
             None if self.pooled else self.database
         )
         self.listen = listen and vendor == "postgresql" and instance.notify

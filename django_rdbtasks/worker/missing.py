@@ -17,12 +17,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..conf import BackendOptions
 from ..db.rows import ClaimedRow
 from ..exceptions import InvalidTaskPath
 from ..loading import TaskNotHere
 
 #: How long a task this process cannot run may wait for one that can (seconds).
-DEFAULT_GRACE = 600.0
+DEFAULT_GRACE = BackendOptions.missing_task_grace
 #: The first hand-back's delay, doubled per hand-back of the same path, up to the cap.
 FIRST_DELAY = 1.0
 MAX_DELAY = 10.0
@@ -72,18 +73,6 @@ def waiting_since(row: ClaimedRow) -> dt.datetime:
     return since
 
 
-def grace_option(options: dict[str, Any]) -> float:
-    """``OPTIONS["MISSING_TASK_GRACE"]``: seconds (a number, numeric text) or a timedelta."""
-    raw = options.get("MISSING_TASK_GRACE", DEFAULT_GRACE)
-    if isinstance(raw, dt.timedelta):
-        return raw.total_seconds()
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        return DEFAULT_GRACE
-    return value if value >= 0 else DEFAULT_GRACE
-
-
 def _parse(value: Any) -> dt.datetime | None:
     if not isinstance(value, str):
         return None
@@ -102,5 +91,5 @@ def missing_tasks(backend: Any) -> MissingTasks:
     with _by_backend_lock:
         found = _by_backend.get(backend.alias)
         if found is None:
-            found = _by_backend[backend.alias] = MissingTasks(grace_option(backend.options))
+            found = _by_backend[backend.alias] = MissingTasks(backend.config.missing_task_grace)
         return found

@@ -19,8 +19,8 @@ from typing import Any
 
 from django.db import connections
 
+from ..conf import DECLARE_EVERY, RETENTION, project_settings
 from ..jobs import (
-    DECLARE_EVERY,
     JobSpec,
     fire_due_jobs,
     redeclare_jobs,
@@ -136,12 +136,12 @@ class Scheduler:
         place to the finished rows' table (PostgreSQL: finished_rows.py, a
         bounded number each time, whatever is left); whether retention stopped
         with rows left."""
-        from django.conf import settings
-
         from ..finished_rows import move_by_schedule
 
         incomplete = False
-        if getattr(settings, "RDBTASKS_RETENTION", None):
+        configured = project_settings()
+        # A bad value too: pruning by it raises, as the check (E020) said at start.
+        if configured.retention or configured.problems_of(RETENTION):
             from ..retention import prune_by_setting
 
             result = prune_by_setting(using=self.database, time_budget=self.retention_budget)

@@ -301,7 +301,7 @@ class Supervisor:
         alias = worker_alias(
             _database(self.worker_options),
             float(self.worker_options.get("lease", 30.0)),
-            pooled=bool(_backend(self.worker_options).options.get("TRANSACTION_POOLING")),
+            pooled=_backend(self.worker_options).config.transaction_pooling,
         )
         try:
             open_in_thread(alias)

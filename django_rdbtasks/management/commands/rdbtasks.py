@@ -28,6 +28,7 @@ from django.db import DatabaseError, connections
 
 from ... import queues, snapshots
 from ...cleanup import SHOWN_AFTER, CleanupReport, shown_tables
+from ...conf import HEALTH_LIMITS
 from ...durations import parse_age
 from ...explain import explain
 from ...models import Task
@@ -110,25 +111,21 @@ class Command(BaseCommand):
             "health limits", "Override RDBTASKS_HEALTH; a limit not set is not checked."
         )
         limits.add_argument(
-            "--max-lag", type=float, metavar="SECONDS", help=snapshots.HEALTH_LIMITS["MAX_LAG"]
+            "--max-lag", type=float, metavar="SECONDS", help=HEALTH_LIMITS["MAX_LAG"]
         )
         limits.add_argument(
-            "--min-workers", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MIN_WORKERS"]
+            "--min-workers", type=int, metavar="N", help=HEALTH_LIMITS["MIN_WORKERS"]
         )
+        limits.add_argument("--max-ready", type=int, metavar="N", help=HEALTH_LIMITS["MAX_READY"])
         limits.add_argument(
-            "--max-ready", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MAX_READY"]
+            "--max-stalled", type=int, metavar="N", help=HEALTH_LIMITS["MAX_STALLED"]
         )
-        limits.add_argument(
-            "--max-stalled", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MAX_STALLED"]
-        )
-        limits.add_argument(
-            "--max-failed", type=int, metavar="N", help=snapshots.HEALTH_LIMITS["MAX_FAILED"]
-        )
+        limits.add_argument("--max-failed", type=int, metavar="N", help=HEALTH_LIMITS["MAX_FAILED"])
         limits.add_argument(
             "--max-xmin-age",
             type=float,
             metavar="SECONDS",
-            help=snapshots.HEALTH_LIMITS["MAX_XMIN_AGE"],
+            help=HEALTH_LIMITS["MAX_XMIN_AGE"],
         )
 
         probe = subcommands.add_parser(
