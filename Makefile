@@ -7,7 +7,8 @@ PY_DJ52 ?= python3
 PY_DJ61 ?= $(shell ls -d $(HOME)/.pyenv/versions/3.13*/bin/python 2>/dev/null | tail -n1 || command -v python3.13 || command -v python3.12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
-PYTEST_ARGS ?=
+# The slowest tests of each run are listed, so a CI log shows where its time went.
+PYTEST_ARGS ?= --durations=12
 
 .PHONY: venvs sql test test-line test-libraries test-clusters test-quick test-stress lint worker bench clean
 
