@@ -25,6 +25,7 @@ from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from ..storable import StorageLimits, may_hold_unstorable
+from .claim_order import claim_order
 from .inserts import TaskInserts
 from .limits import LimitSQL
 from .outcomes import OUTCOME_WRITES
@@ -341,11 +342,12 @@ class Dialect(TaskInserts):
         skipped, and the next candidate taken in its place).
         """
         marks = ", ".join(["%s"] * len(candidates))
+        # Expired leases first: here they are the rows still RUNNING.
+        order = claim_order(f"CASE WHEN status = '{RUNNING}' THEN 0 ELSE 1 END")
         cursor.execute(
             f"SELECT id, version FROM {self.table} WHERE id IN ({marks}) "
             f"AND {self.claimable_sql} "
-            f"ORDER BY CASE WHEN status = '{RUNNING}' THEN 0 ELSE 1 END, "
-            "priority DESC, run_after LIMIT %s FOR UPDATE SKIP LOCKED",
+            f"ORDER BY {order} LIMIT %s FOR UPDATE SKIP LOCKED",
             [*(c.id for c in candidates), want],
         )
         versions = dict(cursor.fetchall())

@@ -48,10 +48,11 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .claim_order import CLAIM_ORDER, ready_order
 from .limits import LimitSQL
 from .outcomes import SETTLES_DEPENDANTS
 from .pg_finished import insert_moved, returning_written
-from .pg_limited import CLAIM_ORDER, QUEUES, LimitedClaim
+from .pg_limited import QUEUES, LimitedClaim
 from .ready_arms import DEFERRED, FRESH
 from .rows import CLAIM_COLUMNS
 from .spelling import Spelling
@@ -431,7 +432,7 @@ class RoundSQL:
             f"SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {self.t} "
             f"WHERE status = '{READY}' AND queue_name = q.name AND {FRESH} "
             f"AND run_after <= {self.now}{gate} "
-            f"ORDER BY priority DESC, run_after LIMIT {part}{lock}"
+            f"ORDER BY {ready_order()} LIMIT {part}{lock}"
         )
 
     def deferred_by_priority(self, part: str, lock: str, gate: str) -> str:
@@ -454,5 +455,5 @@ class RoundSQL:
             f"SELECT d.* FROM pr CROSS JOIN LATERAL (SELECT {_ROW_COLS}, 1 AS reclaim, priority, "
             f"run_after FROM {t} WHERE {ready} AND priority = pr.p AND run_after <= {now}{gate} "
             f"ORDER BY run_after LIMIT {part}{lock}) AS d "
-            f"ORDER BY d.priority DESC, d.run_after LIMIT {part}"
+            f"ORDER BY {ready_order('d')} LIMIT {part}"
         )

@@ -113,25 +113,32 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         # Rows another session holds locked are left for a later heartbeat
         # (``busy``: still ours, so still held), instead of making every other
         # renewal of the statement wait for that session.
-        renew = (
-            f"WITH {MINE.format(table=t, lock=LOCK)}, renewed AS (UPDATE {t} AS t "
-            f"SET lease_expires_at = {self.now_plus_sql('%(lease)s')} "
-            "FROM unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version) "
+        claims = "unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version)"
+        renewed = (
+            f"renewed AS (UPDATE {t} AS t "
+            f"SET lease_expires_at = {self.now_plus_sql('%(lease)s')} FROM {claims} "
             f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
-            f"AND {self.holder('t')} = %(worker)s RETURNING t.id, t.cancel_requested), "
-            # The slots of the claims renewed, to the same time (db/limits.py).
+            f"AND {self.holder('t')} = %(worker)s RETURNING t.id, t.cancel_requested)"
+        )
+        # The slots of the claims renewed, to the same time (db/limits.py).
+        slots_renewed = (
             f"slots_renewed AS (UPDATE {self.limits.table} AS s "
             f"SET free_at = {self.now_plus_sql('%(lease)s')} FROM renewed AS r "
-            "JOIN unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version) "
-            "ON c.id = r.id WHERE s.holder_id = c.id AND s.holder_version = c.version), "
-            f"{self.round.busy_cte()} "
+            f"JOIN {claims} ON c.id = r.id "
+            "WHERE s.holder_id = c.id AND s.holder_version = c.version)"
+        )
+        answer = (
             "SELECT id, cancel_requested FROM renewed UNION ALL "
             f"SELECT t.id, t.cancel_requested FROM {t} AS t JOIN busy ON t.id = busy.id"
         )
-        self.renew_sql = compile_named(renew)
+        mine, busy = MINE.format(table=t, lock=LOCK), self.round.busy_cte()
+        self.renew_sql = compile_named(
+            f"WITH {', '.join([mine, renewed, slots_renewed, busy])} {answer}"
+        )
         # The same without the slots, for claims none of which is limited.
-        start, end = renew.index("slots_renewed AS"), renew.index("busy AS")
-        self.renew_unlimited_sql = compile_named(renew[:start] + renew[end:])
+        self.renew_unlimited_sql = compile_named(
+            f"WITH {', '.join([mine, renewed, busy])} {answer}"
+        )
         #: The round's statements, compiled, by their shape.
         self._exchange_sql: dict[tuple, tuple[str, tuple[str, ...]]] = {}
         #: The rounds the worker's cursor keeps prepared (pg_cursor.py): the

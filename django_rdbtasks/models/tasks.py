@@ -14,6 +14,7 @@ from django.db import connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
+from ..db.claim_order import index_fields
 from ..db.functions import DbNow
 from ..db.pg_finished import move_back_sql, moved_columns
 from ..states import TaskStatus
@@ -433,17 +434,17 @@ class Task(models.Model):
             # the index's right edge, and those due at a later time, which
             # would otherwise lie to the right of every new row.
             PartialIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=READY_FRESH,
                 name="rdbtasks_task_ready_fresh",
             ),
             PartialIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=READY_DEFERRED,
                 name="rdbtasks_task_ready_deferred",
             ),
             PartialIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=READY_LIMITED,
                 name="rdbtasks_task_ready_limited",
             ),
@@ -451,14 +452,14 @@ class Task(models.Model):
             # unlimited rows are the range of ``limit_key IS NULL`` (a ref
             # access), each key's rows the range of its value.
             StatusIndex(
-                fields=["queue_name", "limit_key", "-priority", "run_after"],
+                fields=index_fields("queue_name", "limit_key"),
                 condition=Q(status=TaskStatus.READY, limit_key__isnull=False),
                 name="rdbtasks_task_ready_key",
             ),
             # MySQL and MariaDB: every READY row in the claim's order (the
             # two partial indexes above are not made there).
             WherePartialMissingIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=Q(status=TaskStatus.READY),
                 name="rdbtasks_task_ready",
             ),
