@@ -42,6 +42,7 @@ from .rows import (
     NewTask,
     Outcome,
 )
+from .spelling import Spelling
 from .storable_outcomes import make_storable
 from .tables import Tables
 
@@ -80,7 +81,9 @@ def candidate_count(want: int) -> int:
     return want + max(3, want // 2)
 
 
-class Dialect(TaskInserts):
+class Dialect(Spelling):
+    #: The enqueue's statements this database's dialect holds (``inserts``).
+    inserts_class: type[TaskInserts] = TaskInserts
     #: Whether ``exchange`` (and ``renew``) is one statement, atomic without a transaction.
     exchange_is_one_statement = False
 
@@ -88,6 +91,8 @@ class Dialect(TaskInserts):
         self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None
     ) -> None:
         super().__init__(connection, tables, pinned_now=pinned_now)
+        #: The enqueue: new rows, their INSERTs and their cursor.
+        self.inserts = self.inserts_class(self)
         self.claimable_sql = self.claimable("")
         self.fence_sql = f"id = %s AND version = %s AND {self.holder('')} = %s"
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
@@ -187,13 +192,9 @@ class Dialect(TaskInserts):
         """Driver options for a worker's own connections (keepalives, timeouts)."""
         return {}
 
-    def new_cursor(self, connection: Any, *, prepare: bool = False) -> Any:
-        """A driver cursor for the enqueue's statements, kept for the connection's life.
-
-        ``prepare``: it may keep its statements prepared in the session, where
-        the database and its driver can.
-        """
-        return connection.create_cursor()
+    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
+        """Wake idle workers of these queues once the transaction commits."""
+        self.inserts.notify(cursor, queue_names)
 
     def worker_cursor(self, connection: Any, *, prepare: bool = True) -> Any:
         """A cursor for the worker's own statements on ``connection``, used in a ``with``.
@@ -388,7 +389,7 @@ class Dialect(TaskInserts):
         excluded = set(exclude)
         # Paused queues are not read (queues.py): one look-up of a table of a
         # few rows, in the claim's transaction (PostgreSQL's round does it in
-        # its statement: pg_limited.QUEUES).
+        # its statement: postgresql.limited.QUEUES).
         unpaused = self.unpaused(cursor, request.queues)
         if not unpaused:
             result.claimed = []

@@ -3,7 +3,7 @@
 Expired leases first (``reclaim``: 0 for a lapsed lease, 1 for a READY row),
 then the higher priority, then the earlier ``run_after``, limited or not.
 Every statement that orders rows for the claim spells it from here (the
-PostgreSQL round, ``pg_round.py`` and ``pg_limited.py``; the portable reads,
+PostgreSQL round, ``postgresql/round.py`` and ``postgresql/limited.py``; the portable reads,
 ``ready_reads.py``; the compare-and-set, ``base.py``), the portable claim
 merges its reads in Python by ``sort_key``, and the indexes the claim reads
 (``models.tasks``) end in the same columns (``index_fields``), so that each

@@ -1,6 +1,6 @@
 """The portable claim's reads of runnable rows, limits and all (MySQL/MariaDB, SQLite).
 
-What PostgreSQL does in one statement (``pg_round.py``), in a few:
+What PostgreSQL does in one statement (``postgresql/round.py``), in a few:
 
 1. One read per queue and kind, each a range of its index in the index's
    order with a LIMIT: the expired leases (those of a limited task only where

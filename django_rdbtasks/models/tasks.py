@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..db.claim_order import index_fields
 from ..db.functions import DbNow
-from ..db.pg_finished import move_back_sql, moved_columns
+from ..db.postgresql.finished import move_back_sql, moved_columns
 from ..states import TaskStatus
 from .ready import READY_DEFERRED, READY_FRESH, READY_LIMITED, ready_conditions, unfinished_rows
 
@@ -238,7 +238,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
         The history of earlier attempts is kept. Returns how many changed.
         On PostgreSQL a finished row is first moved back from the table of
-        finished rows (db/pg_finished.py), in the same transaction.
+        finished rows (db/postgresql/finished.py), in the same transaction.
         """
         rows = self.filter(status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY])
         connection = connections[self.db]
@@ -576,7 +576,7 @@ class TaskDependency(models.Model):
 
     # No constraint in the database: on PostgreSQL a finished task's row moves
     # to a table of its own, which a foreign key would not follow
-    # (db/pg_finished.py). Django still cascades a deletion; retention
+    # (db/postgresql/finished.py). Django still cascades a deletion; retention
     # deletes these rows with their tasks.
     parent = models.ForeignKey(
         Task, on_delete=models.CASCADE, related_name="+", db_constraint=False

@@ -1,6 +1,6 @@
 """PostgreSQL's round: the claim of rows with a limit (the window and walk forms).
 
-``RoundSQL`` (pg_round.py) builds the round; this module adds, for the forms
+``RoundSQL`` (round.py) builds the round; this module adds, for the forms
 that claim limited rows, the CTEs that read them and take their slots:
 
 - **the reads** (``reads``): per queue a *window* of its first READY rows
@@ -36,13 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..states import TaskStatus
-from .claim_order import CLAIM_ORDER, ready_order
+from ...states import TaskStatus
+from ..claim_order import CLAIM_ORDER, ready_order
+from .channels import SLOT_CHANNEL
 
 READY = TaskStatus.READY.value
-#: The channel a freed slot is told on, its payload the queue of the task that
-#: held it (worker/listener.py); the enqueue's channel is ``pg_inserts.NOTIFY_CHANNEL``.
-SLOT_CHANNEL = "rdbtasks_slot"
 #: Paused queues (``models.PausedQueue``, ``queues.py``): one row per queue an operator paused.
 PAUSED_TABLE = "django_rdbtasks_pausedqueue"
 #: The claim's queues, one row each, for the reads made per queue (LATERAL):
@@ -80,9 +78,9 @@ class LimitedClaim:
         self.t, self.s, self.now = table, slot_table, now
         #: A slot (its alias) free now, by its own columns (``LimitSQL.free``).
         self.free = free
-        #: The ids of the claims the round is finishing, as a subquery (pg_round.py).
+        #: The ids of the claims the round is finishing, as a subquery (round.py).
         self.finishing = finishing
-        #: What a claim reads of a row (pg_round.py), with where the row is (``at``):
+        #: What a claim reads of a row (round.py), with where the row is (``at``):
         #: off the table, and off a CTE of rows so read.
         self.columns = f"{columns}, ctid AS at"
         self.kept_columns = f"{columns}, at"

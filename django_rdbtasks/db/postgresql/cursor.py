@@ -25,7 +25,7 @@ the round anew took a fifth of the server's time per task (3.6 ms and 0.7
 ms of a 17 ms round of 390 no-op tasks, 2026-11-28). The statements the
 dialect names ``preparable`` (the lean form's, whose every read of the task
 table is by primary key, by location, or a range of an index with a LIMIT:
-pg_round.py) run prepared, by the enqueue's rules (preparing.py: from their
+round.py) run prepared, by the enqueue's rules (preparing.py: from their
 second run, only where the session is the server's own, never behind a
 pooler), with one generic plan, made once and kept until the table's
 statistics change. Two things keep that plan from depending on the table's

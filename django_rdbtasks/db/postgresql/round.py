@@ -29,12 +29,12 @@ filled), and ``PostgreSQLDialect.exchange`` runs the next form at once: the
 claims keep their order (expired leases first, then priority and
 ``run_after``, limited or not), and only a round that changes form costs a
 second statement. The lean form is prepared, with one plan for every run
-(pg_cursor.py): each of its reads of the table is one no plan can widen to
+(cursor.py): each of its reads of the table is one no plan can widen to
 the whole table (by primary key, by location, an index's range with a
 LIMIT), whatever the table held when the plan was made. The other forms are
 not prepared, so they are planned at every round for their values (on the
 session that runs the lean form prepared, they go with their values in
-their text: pg_cursor.py). The planning grows with the form: see
+their text: cursor.py). The planning grows with the form: see
 docs/limits.md, "Cost".
 
 The statement is written with named placeholders and compiled once to
@@ -47,15 +47,15 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 
-from ..states import ClaimMode, OutcomeKind, TaskStatus
-from .claim_order import CLAIM_ORDER, ready_order
-from .limits import LimitSQL
-from .outcomes import SETTLES_DEPENDANTS
-from .pg_finished import insert_moved, returning_written
-from .pg_limited import QUEUES, LimitedClaim
-from .ready_arms import DEFERRED, FRESH
-from .rows import CLAIM_COLUMNS
-from .spelling import Spelling
+from ...states import ClaimMode, OutcomeKind, TaskStatus
+from ..claim_order import CLAIM_ORDER, ready_order
+from ..limits import LimitSQL
+from ..outcomes import SETTLES_DEPENDANTS
+from ..ready_arms import DEFERRED, FRESH
+from ..rows import CLAIM_COLUMNS
+from ..spelling import Spelling
+from .finished import insert_moved, returning_written
+from .limited import QUEUES, LimitedClaim
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 
@@ -79,7 +79,7 @@ MINE = (
 )
 LOCK = "NO KEY UPDATE"
 #: The lock a DELETE takes, for a round that moves finished rows
-#: (pg_finished.py): taken up front and skipped if held (the row is then
+#: (finished.py): taken up front and skipped if held (the row is then
 #: ``busy``, and written by a later round), so that the DELETE never waits on a
 #: session holding the row KEY SHARE.
 MOVING_LOCK = "UPDATE"
@@ -97,7 +97,7 @@ IN_MINE = "t.ctid = ANY(ARRAY(SELECT at FROM mine))"
 #: The id a written row must have, as a condition no plan can read an index
 #: for: an equality with another relation's column lets a whole index scan
 #: of the table be merged or hashed with it, and a plan made once (the
-#: prepared lean round's, pg_cursor.py) on a near-empty table took that
+#: prepared lean round's, cursor.py) on a near-empty table took that
 #: scan, 600,000 index entries a round once a backlog came. Ids are never
 #: NULL: it is the equality. The rows are joined by where they were locked.
 SAME_ID = "t.id IS NOT DISTINCT FROM {source}.id"
@@ -114,7 +114,7 @@ _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_cou
 #: ``_COLS`` read off the table, with where the row is (``at``: the claim's
 #: UPDATE reaches a row it locked by it, as the outcomes do, see IN_MINE).
 #: The optimistic pool's unlocked reads carry it unused: ``go`` locks the
-#: row and reads its own. (The limited reads' CTEs spell the same: pg_limited.py.)
+#: row and reads its own. (The limited reads' CTEs spell the same: limited.py.)
 _ROW_COLS = f"{_COLS}, ctid AS at"
 _NAMED = re.compile(r"%\((\w+)\)s")
 
@@ -177,6 +177,35 @@ class RoundSQL:
             f"AND t.version = b.version AND {self.d.holder('t')} = %(worker)s OFFSET 0) AS t)"
         )
 
+    def renewal(self, slots: bool) -> str:
+        """The heartbeat: the leases of the claims still ours renewed (``ids``,
+        ``versions``, ``worker``, ``lease``), and with ``slots`` their limits' slots
+        too; the ids still ours, and whether each is to be cancelled."""
+        # Rows another session holds locked are left for a later heartbeat
+        # (``busy``: still ours, so still held), instead of making every other
+        # renewal of the statement wait for that session.
+        claims = "unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version)"
+        renewed = (
+            f"renewed AS (UPDATE {self.t} AS t "
+            f"SET lease_expires_at = {self.d.now_plus_sql('%(lease)s')} FROM {claims} "
+            f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
+            f"AND {self.d.holder('t')} = %(worker)s RETURNING t.id, t.cancel_requested)"
+        )
+        # The slots of the claims renewed, to the same time (db/limits.py).
+        slots_renewed = (
+            f"slots_renewed AS (UPDATE {self.limits.table} AS s "
+            f"SET free_at = {self.d.now_plus_sql('%(lease)s')} FROM renewed AS r "
+            f"JOIN {claims} ON c.id = r.id "
+            "WHERE s.holder_id = c.id AND s.holder_version = c.version)"
+        )
+        answer = (
+            "SELECT id, cancel_requested FROM renewed UNION ALL "
+            f"SELECT t.id, t.cancel_requested FROM {self.t} AS t JOIN busy ON t.id = busy.id"
+        )
+        mine, busy = MINE.format(table=self.t, lock=LOCK), self.busy_cte()
+        ctes = [mine, renewed, slots_renewed, busy] if slots else [mine, renewed, busy]
+        return f"WITH {', '.join(ctes)} {answer}"
+
     def statement(
         self,
         kinds: Sequence[OutcomeKind],
@@ -191,7 +220,7 @@ class RoundSQL:
         claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
         key missing slots. With ``moves`` (the columns a moved row is copied by),
         the rows of the outcomes that end a task move to the table of finished
-        rows (pg_finished.py)."""
+        rows (finished.py)."""
         t = self.t
         lock = MOVING_LOCK if moves is not None else LOCK
         ctes: list[str] = [MINE.format(table=t, lock=lock)] if kinds else []
@@ -209,7 +238,7 @@ class RoundSQL:
             )
             if moves is not None and kind.ends_task:
                 # The row leaves the task table, written, for the finished
-                # rows' (pg_finished.py): fenced as the UPDATE is, so a stale
+                # rows' (finished.py): fenced as the UPDATE is, so a stale
                 # holder's outcome neither deletes nor inserts a row.
                 ctes.append(
                     f"d{i} AS (DELETE FROM {t} AS t USING {rows} WHERE {fence} "
@@ -272,7 +301,7 @@ class RoundSQL:
         rest = ", ".join(["NULL"] * (width - 3))
         parts.append(f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {details}, {rest}")
         if frees:
-            # How many slots it freed that READY rows wait for (each told, pg_limited.py).
+            # How many slots it freed that READY rows wait for (each told, limited.py).
             parts.append(f"{told}, {', '.join(['NULL'] * (width - 1))}")
         if missing:
             # Keys whose slots are missing (a new key, a raised limit): the
@@ -296,7 +325,7 @@ class RoundSQL:
         comes free by time; ``lost``, limited rows whose slot others took),
         and a query of the keys missing slots ('' in the lean form).
         ``frees``: the round ends limited claims, whose slots its claim may
-        take back (pg_limited.py).
+        take back (limited.py).
 
         Every read is one per queue, a LATERAL over the queues' array: the
         statement (and its planning) is the same for one queue or ten.
