@@ -194,7 +194,7 @@ def floors(count: int, chunk: int) -> dict[str, Callable[[], None]]:
                 cur.execute(f"INSERT INTO {FLOOR_TABLE} (id) VALUES (%s)", [uuid.uuid4()])
 
     def function() -> None:
-        sql = dialect_for(connection).enqueue_call_sql
+        sql = dialect_for(connection).inserts.enqueue_call_sql
         path = "bench.enqueue_task.noop"
         row = [path, "default", "default", 0, "[]", "{}", 1, None, TaskStatus.READY]
         rest = ["", None, 0, TaskStatus.CANCELLED, None, True]

@@ -255,7 +255,7 @@ def check_foreign_keys_to_tasks(
     """A foreign key to Task with a constraint in a PostgreSQL task database.
 
     There a task's row moves to the table of finished rows as it finishes
-    (db/pg_finished.py). A constraint does not follow it: the move of a task
+    (db/postgresql/finished.py). A constraint does not follow it: the move of a task
     some row refers to would fail, every time, and the task would never be
     recorded finished.
     """

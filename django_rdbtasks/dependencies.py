@@ -243,7 +243,7 @@ def _record_saga(using: str, name: str, order: list[_Node], results: dict[str, T
         for node in order
     )
     # The flag sends each step's outcome through the transaction that also
-    # settles dependants (db/postgresql.py): there its workflow moves on.
+    # settles dependants (db/postgresql/dialect.py): there its workflow moves on.
     ids = [results[node.name].id for node in order]
     TaskRow.objects.using(using).filter(pk__in=ids).update(has_children=True)
 
@@ -261,7 +261,7 @@ def _enqueue_child(enqueuer: Enqueuer, node: _Node, parent_ids: list[str]) -> Ta
     locked = rows.filter(pk__in=parent_ids).update(has_children=True)
     if locked != len(set(parent_ids)):
         # A parent that finished while this statement waited for its row has
-        # moved to the table of finished rows (PostgreSQL: db/pg_finished.py),
+        # moved to the table of finished rows (PostgreSQL: db/postgresql/finished.py),
         # where the statement, begun before, does not see it. A new one does.
         locked = rows.filter(pk__in=parent_ids).update(has_children=True)
     if locked != len(set(parent_ids)):

@@ -206,12 +206,12 @@ class Enqueuer:
         backend = self.backend
         cursor = kept_cursor(connection, dialect, prepare=backend.prepare)
         if isinstance(tasks, NewBatch):  # a bulk enqueue's, in its transaction
-            return dialect.insert_batch(cursor, tasks, backend.notify, meanwhile)
+            return dialect.inserts.insert_batch(cursor, tasks, backend.notify, meanwhile)
         limited = [t for t in tasks if t.limit is not None]
-        if dialect.insert_is_one_statement and not limited:
-            return dialect.insert_tasks(cursor, tasks, backend.notify)
+        if dialect.inserts.insert_is_one_statement and not limited:
+            return dialect.inserts.insert_tasks(cursor, tasks, backend.notify)
         with transaction.atomic(using=backend.database, savepoint=False):
-            enqueued_at = dialect.insert_tasks(cursor, tasks, backend.notify)
+            enqueued_at = dialect.inserts.insert_tasks(cursor, tasks, backend.notify)
             if limited:
                 # In the rows' transaction: no worker sees them unlimited.
                 dialect.limits.attach(cursor, limited)
@@ -362,7 +362,7 @@ def insert_compensations(using: str, rows: list[NewTask]) -> None:
     limited = [new for new in rows if new.limit is not None]
     with connection.cursor() as cursor:
         dialect = dialect_for(connection)
-        dialect.insert_tasks(cursor, rows, True)
+        dialect.inserts.insert_tasks(cursor, rows, True)
         if limited:
             # As an enqueue does, in the rows' transaction: no worker sees them unlimited.
             dialect.limits.attach(cursor, limited)

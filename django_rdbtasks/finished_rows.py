@@ -1,6 +1,6 @@
 """Rows finished in the task table, moved to the finished rows' table (PostgreSQL).
 
-A worker moves a task's row as it finishes it (db/pg_finished.py). Rows
+A worker moves a task's row as it finishes it (db/postgresql/finished.py). Rows
 finished otherwise stay in the task table: those finished before migration
 0015, or by a worker started before it, tasks cancelled before they started,
 dependants ended by a parent's failure. Readers find them either way, but
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.db import connections, router, transaction
 
-from .db.pg_finished import move_finished_sql, moved_columns
+from .db.postgresql.finished import move_finished_sql, moved_columns
 from .locks import LeasedLock
 from .models import Task
 from .states import TaskStatus

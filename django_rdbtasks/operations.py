@@ -16,6 +16,13 @@ from typing import Any
 
 from django.db import migrations
 
+from .db.postgresql.schema import (
+    TASK_COLUMNS_SQL,
+    create_finished_table_sql,
+    drop_finished_table_sql,
+    drop_interrupted_index_sql,
+)
+
 
 def _postgresql(schema_editor: Any) -> bool:
     return bool(schema_editor.connection.vendor == "postgresql")
@@ -24,8 +31,7 @@ def _postgresql(schema_editor: Any) -> bool:
 def build_online(schema_editor: Any, model: Any, index: Any) -> None:
     """Build ``index``; on PostgreSQL concurrently, first dropping an interrupted build's."""
     if _postgresql(schema_editor):
-        name = schema_editor.quote_name(index.name)
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        schema_editor.execute(drop_interrupted_index_sql(schema_editor.quote_name(index.name)))
         schema_editor.add_index(model, index, concurrently=True)
     else:
         schema_editor.add_index(model, index)
@@ -78,7 +84,7 @@ class RemoveIndexOnline(migrations.RemoveIndex):
 
 
 class CreateFinishedTable(migrations.operations.base.Operation):
-    """PostgreSQL: the table finished tasks move to (db/pg_finished.py); nothing elsewhere.
+    """PostgreSQL: the table finished tasks move to (db/postgresql/finished.py); nothing elsewhere.
 
     It inherits the task table (its columns, and each later change of them),
     holds finished statuses only (``statuses``), and has the indexes the
@@ -115,43 +121,23 @@ class CreateFinishedTable(migrations.operations.base.Operation):
     ) -> None:
         if not self._applies(app_label, schema_editor, to_state):
             return
-        quote = schema_editor.quote_name
-        table, name = quote(self.table), self.table.removeprefix("django_")
-        statuses = ", ".join(f"'{status}'" for status in self.statuses)
-        schema_editor.execute(
-            f"CREATE TABLE {table} (CONSTRAINT {quote(name + '_pkey')} PRIMARY KEY (id), "
-            f"CONSTRAINT {quote(name + '_status')} CHECK (status IN ({statuses}))) "
-            f"INHERITS ({quote(self.task_table)})"
-        )
-        indexes = {
-            "finished": "(finished_at, status, queue_name)",
-            "failed": "(id) WHERE status = 'FAILED'",
-            "path": "(task_path)",
-            "job_search": "USING gin (job_name gin_trgm_ops) WHERE job_name <> ''",
-            "dedup_search": "USING gin (dedup_key gin_trgm_ops) WHERE dedup_key IS NOT NULL",
-        }
-        for suffix, shape in indexes.items():
-            schema_editor.execute(f"CREATE INDEX {quote(f'{name}_{suffix}')} ON {table} {shape}")
+        for statement in create_finished_table_sql(
+            schema_editor.quote_name, self.task_table, self.table, self.statuses
+        ):
+            schema_editor.execute(statement)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         if not self._applies(app_label, schema_editor, from_state):
             return
-        quote = schema_editor.quote_name
-        table = quote(self.table)
         with schema_editor.connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-                "AND table_schema = current_schema() AND is_generated = 'NEVER' "
-                "ORDER BY ordinal_position",
-                [self.task_table],
-            )
-            columns = ", ".join(quote(name) for (name,) in cursor.fetchall())
-        schema_editor.execute(
-            f"INSERT INTO {quote(self.task_table)} ({columns}) SELECT {columns} FROM ONLY {table}"
-        )
-        schema_editor.execute(f"DROP TABLE {table}")
+            cursor.execute(TASK_COLUMNS_SQL, [self.task_table])
+            columns = [name for (name,) in cursor.fetchall()]
+        for statement in drop_finished_table_sql(
+            schema_editor.quote_name, self.task_table, self.table, columns
+        ):
+            schema_editor.execute(statement)
 
     def describe(self) -> str:
         return f"Creates {self.table}, the table finished tasks move to, on PostgreSQL"

@@ -28,6 +28,7 @@ from django.db.models.deletion import get_candidate_relations_to_delete
 from django.db.models.signals import post_delete, pre_delete
 
 from .conf import RETENTION, project_settings
+from .db.postgresql.pruning import Link, delete_batch_sql
 from .jobs import database_now
 from .locks import LeasedLock
 from .models import Task, TaskStatus, Worker
@@ -212,51 +213,40 @@ def _delete_batch(using: str, condition: Prunable, batch_size: int) -> tuple[dic
 def _delete_batch_in_one_statement(
     using: str, condition: Prunable, batch_size: int, relations: list[Any]
 ) -> tuple[dict[str, int], int]:
-    """PostgreSQL: the batch's rows, what hangs off them and the tasks, in one statement.
+    """PostgreSQL: the batch's rows, what hangs off them and the tasks, in one statement
+    (``db/postgresql/pruning.py`` writes it).
 
     The same work as the other path (oldest first through the finished_at
     index, locked and skipped if someone holds them, each relation by its
     ``on_delete``), without the ids making a round trip through Python: that
-    was most of what the deleting process spent per task. The foreign keys
-    are checked at commit (Django creates them deferred), when every row of
-    the statement is gone.
+    was most of what the deleting process spent per task.
     """
     quote = connections[using].ops.quote_name
-    table = quote(Task._meta.db_table)
     pk = Task._meta.pk
     assert pk is not None
-    key = quote(str(pk.column))
-    batch = "(SELECT id FROM batch)"
-    parts = [
-        "candidates AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT 1 FROM "
-        f"{table} WHERE status = ANY(%s) AND finished_at < %s LIMIT %s) AS c)",
-        f"batch AS MATERIALIZED (SELECT {key} AS id FROM {table} WHERE status = ANY(%s)"
-        " AND finished_at < %s ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)",
-    ]
-    for i, relation in enumerate(relations):
+    links = []
+    for relation in relations:
         field = relation.field
-        linked = quote(relation.related_model._meta.db_table)
-        column = quote(field.column)
         if field.remote_field.on_delete is CASCADE:
-            parts.append(f"r{i} AS (DELETE FROM {linked} WHERE {column} IN {batch})")
+            deleted_through: tuple[str, ...] = ()
         elif field.remote_field.on_delete is SET_NULL:
-            # A row this statement deletes (it cascades from a task of the batch)
-            # must not be updated too: one statement changes a row once.
-            going = [
-                f" AND {quote(other.field.column)} NOT IN {batch}"
+            deleted_through = tuple(
+                quote(other.field.column)
                 for other in relations
                 if other.related_model is relation.related_model
                 and other.field.remote_field.on_delete is CASCADE
-            ]
-            parts.append(
-                f"r{i} AS (UPDATE {linked} SET {column} = NULL WHERE {column} IN {batch}"
-                f"{''.join(going)})"
             )
-    parts.append(f"gone AS (DELETE FROM {table} WHERE {key} IN {batch} RETURNING status)")
-    sql = (
-        f"WITH {', '.join(parts)} SELECT status, count(*) FROM gone GROUP BY status"
-        " UNION ALL SELECT NULL, n FROM candidates"
-    )
+        else:
+            continue
+        links.append(
+            Link(
+                table=quote(relation.related_model._meta.db_table),
+                column=quote(field.column),
+                cascade=field.remote_field.on_delete is CASCADE,
+                deleted_through=deleted_through,
+            )
+        )
+    sql = delete_batch_sql(quote(Task._meta.db_table), quote(str(pk.column)), links)
     window: list[Any] = [condition.statuses, condition.cutoff, batch_size]
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql, [*window, *window])

@@ -32,7 +32,7 @@ from django.db.models.functions import TruncHour, TruncMinute
 from .cleanup import CleanupReport, cleanup_report
 from .compat import task_backends
 from .conf import HEALTH, project_settings
-from .db.pg_finished import estimated_rows
+from .db.postgresql.finished import estimated_rows
 from .jobs import database_now
 from .models import PausedQueue, Task, TaskStatus, Worker
 from .models.ready import ready_conditions

@@ -172,7 +172,7 @@ def vendor() -> str:
 
 def tables_holding(task_id: object) -> list[str]:
     """PostgreSQL: the tables that hold this task's row, each read alone (``ONLY``):
-    ``task`` while it is to run, ``finished`` once moved (db/pg_finished.py)."""
+    ``task`` while it is to run, ``finished`` once moved (db/postgresql/finished.py)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT 'task' FROM ONLY django_rdbtasks_task WHERE id = %s UNION ALL "

@@ -169,7 +169,7 @@ def test_random_nested_arguments_agree_with_the_framework_round_trip():
 
 def test_the_json_text_holds_no_tab_newline_or_carriage_return():
     # PostgreSQL's bulk enqueue writes it into COPY's text format escaping
-    # only backslashes (db/pg_inserts.py): these three would end a value or
+    # only backslashes (db/postgresql/inserts.py): these three would end a value or
     # a row there.
     awkward = ["\t", "\n", "\r", "a\r\nb", "\\", "\u2028 \x01 \x7f é 🎉"]
     args_json, kwargs_json, _ = encode_arguments_and_values(

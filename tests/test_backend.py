@@ -481,7 +481,7 @@ def test_one_row_insert_works_with_server_side_binding(vendor):
     for notify, run_after in ((True, None), (False, later)):
         new = backend.enqueuer.new_task(tasks.add.using(run_after=run_after), [1], {"b": 2})
         with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
-            enqueued_at = dialect.insert_tasks(cursor, [new], notify)
+            enqueued_at = dialect.inserts.insert_tasks(cursor, [new], notify)
         row = Task.objects.get(pk=new.id)
         assert (row.args, row.kwargs, row.requested_run_after) == ([1], {"b": 2}, run_after)
         assert row.enqueued_at == enqueued_at

@@ -295,10 +295,10 @@ ENQUEUED_COLUMNS = [
 
 @pytest.fixture
 def enqueue_function(vendor):
-    """The PostgreSQL dialect, its function looked up afresh before and after."""
+    """The PostgreSQL dialect's inserts, its function looked up afresh before and after."""
     if vendor != "postgresql":
         pytest.skip("the enqueue function is PostgreSQL's; elsewhere the row is inserted")
-    dialect = dialect_for(connections["default"])
+    dialect = dialect_for(connections["default"]).inserts
     dialect._has_enqueue_function.clear()
     yield dialect
     dialect._has_enqueue_function.clear()
@@ -453,8 +453,8 @@ def test_a_batch_by_copy_and_by_psycopg2s_json_insert_writes_the_same_rows(vendo
             for _ in range(2)
         ]
         with transaction.atomic(), connection.cursor() as cursor:
-            by_copy = dialect.insert_batch(cursor, batches[0], notify=True)
-            by_insert = dialect.insert_batch(WithoutCopy(cursor), batches[1], notify=True)
+            by_copy = dialect.inserts.insert_batch(cursor, batches[0], notify=True)
+            by_insert = dialect.inserts.insert_batch(WithoutCopy(cursor), batches[1], notify=True)
         for batch, enqueued_at in ((batches[0], by_copy), (batches[1], by_insert)):
             rows = list(Task.objects.filter(pk__in=batch.ids).order_by("kwargs"))
             assert [row.args for row in rows] == [[], [1, "a\\b"]]

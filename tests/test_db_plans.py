@@ -22,7 +22,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_rdbtasks.db import dialect_for
-from django_rdbtasks.db.pg_round import ClaimForm
+from django_rdbtasks.db.postgresql.round import ClaimForm
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import LimitSlot, Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
@@ -233,7 +233,7 @@ def postgresql_round(
     dialect.claim_forms[("default",)] = form
     with transaction.atomic(), connection.cursor() as cursor:
         # Asked before: the plans are those of a round that moves finished rows.
-        assert dialect.moves(cursor.cursor)
+        assert dialect.finished.moves(cursor.cursor)
         explaining = ExplainingCursor(cursor.cursor)
         dialect.exchange(
             explaining, outcomes, "w", ClaimRequest(["default"], want, "w", 60.0, mode)
@@ -261,7 +261,7 @@ def mysql_rows_read(run: Any) -> int:
 def assert_round_reads_a_bounded_number_of_rows(outcomes: list[Outcome], mode: ClaimMode) -> None:
     vendor = connection.vendor
     if vendor == "postgresql":
-        # Each form of the claim a round may take (db/pg_round.py).
+        # Each form of the claim a round may take (db/postgresql/round.py).
         for form in ClaimForm:
             assert_statement_reads_a_bounded_number_of_rows(outcomes, mode, form)
         return
@@ -308,7 +308,7 @@ def assert_statement_reads_a_bounded_number_of_rows(
     by_location = {cte for cte, n in on_table if n["Node Type"] == "Tid Scan"}
     # The outcomes' and the picked rows are found by primary key and locked
     # (``mine``, ``pick``/``go``), then written where they were locked (by
-    # ``ctid``: pg_round.IN_MINE); the runnable rows are read in the order of
+    # ``ctid``: postgresql.round.IN_MINE); the runnable rows are read in the order of
     # their index, with a limit.
     shape = [(cte, n["Node Type"], n.get("Index Name")) for cte, n in on_table]
     assert "CTE mine" in by_pk, (form.name, shape)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "django_rdbtasks"
-#: Not listed one by one: the migrations, and the db package while its modules
-#: move (step 3 of docs/design/readable-engine.md; the map lists it as a block).
-NOT_LISTED = ("migrations/", "db/")
+#: Not listed one by one: the migrations.
+NOT_LISTED = ("migrations/",)
 
 
 def map_entries() -> list[str]:

@@ -412,7 +412,7 @@ def test_a_freed_slot_that_tasks_wait_for_is_told(mode, vendor):
     waiting claimer; PostgreSQL tells every worker (NOTIFY on the slot channel)."""
     import psycopg
 
-    from django_rdbtasks.db.pg_limited import SLOT_CHANNEL
+    from django_rdbtasks.db.postgresql.channels import SLOT_CHANNEL
     from tests.conftest import listen_connection
 
     for _ in range(3):
@@ -561,7 +561,7 @@ def test_a_round_returns_every_row_it_claimed_whatever_form_it_started_with(vend
     answer, none left RUNNING under its name unreported (so never run)."""
     if vendor != "postgresql":
         pytest.skip("the forms are PostgreSQL's round")
-    from django_rdbtasks.db.pg_round import ClaimForm
+    from django_rdbtasks.db.postgresql.round import ClaimForm
 
     for i in range(3):
         tasks.per_customer.enqueue(f"c{i}")

@@ -321,7 +321,7 @@ def test_0015_makes_the_finished_rows_table_and_drops_the_constraints_and_back(v
 
     from django_rdbtasks.compat import task_backends
     from django_rdbtasks.db import dialect_for, forget_what_claims_learnt
-    from django_rdbtasks.db.pg_finished import FINISHED_TABLE
+    from django_rdbtasks.db.postgresql.finished import FINISHED_TABLE
     from django_rdbtasks.dependencies import enqueue_after
     from django_rdbtasks.worker import Worker
     from django_rdbtasks.worker.connection import open_in_thread, worker_alias
@@ -351,7 +351,7 @@ def test_0015_makes_the_finished_rows_table_and_drops_the_constraints_and_back(v
         if pg:  # a worker started now asks once whether finished rows move: not yet
             worker_connection = open_in_thread(worker_alias("default", 30.0))
             with worker_connection.cursor() as cursor:
-                assert dialect_for(worker_connection).moves(cursor) is False
+                assert dialect_for(worker_connection).finished.moves(cursor) is False
         migrate()
         assert foreign_keys_to_tasks() == set()
         assert Task.objects.get(pk=old.id).status == "SUCCESSFUL"

@@ -159,28 +159,39 @@ def test_status_index_is_partial_where_possible():
 
 def test_the_claims_conditions_are_its_indexes_conditions():
     """The claim's reads spell each arm as ``db/ready_arms.py`` does; the indexes are
-    made from the model's conditions. A partial index serves only a read whose WHERE
-    states its condition: the two must say the same."""
+    made from the model's conditions (``models/ready.py``, made from the same arms). A
+    partial index serves only a read whose WHERE states its condition: the two must
+    say the same, on rows of every arm and status."""
     from django_rdbtasks.db import ready_arms
-    from django_rdbtasks.models.ready import READY_DEFERRED, READY_FRESH
+    from django_rdbtasks.models.ready import READY_DEFERRED, READY_FRESH, READY_LIMITED
 
     now = timezone.now()
-    for requested in (None, now):
-        for started in (None, now):
-            for limit_key in (None, "concurrency:k"):
-                Task.objects.create(
-                    task_path="tests.testapp.tasks.noop",
-                    requested_run_after=requested,
-                    started_at=started,
-                    limit_key=limit_key,
-                )
-    arms = ((ready_arms.FRESH, READY_FRESH), (ready_arms.DEFERRED, READY_DEFERRED))
+    for status in ("READY", "RUNNING", "WAITING", "SUCCESSFUL"):
+        for requested in (None, now):
+            for started in (None, now):
+                for limit_key in (None, "concurrency:k"):
+                    Task.objects.create(
+                        task_path="tests.testapp.tasks.noop",
+                        status=status,
+                        requested_run_after=requested,
+                        started_at=started,
+                        limit_key=limit_key,
+                    )
+    arms = (
+        (ready_arms.FRESH, READY_FRESH, 1),
+        (ready_arms.DEFERRED, READY_DEFERRED, 3),
+        (ready_arms.LIMITED, READY_LIMITED, 4),
+    )
+    every: set = set()
     with connection.cursor() as cursor:
-        for arm, condition in arms:
+        for arm, condition, count in arms:
             ids = set(Task.objects.filter(condition).values_list("pk", flat=True))
             cursor.execute(f"SELECT id FROM django_rdbtasks_task WHERE status = 'READY' AND {arm}")
             assert {Task._meta.pk.to_python(row[0]) for row in cursor.fetchall()} == ids
-            assert len(ids) == (1 if condition is READY_FRESH else 3)
+            assert len(ids) == count
+            assert not ids & every  # the arms split the READY rows
+            every |= ids
+    assert every == set(Task.objects.filter(status="READY").values_list("pk", flat=True))
 
 
 def test_the_finished_index_holds_only_finished_rows_where_it_can():

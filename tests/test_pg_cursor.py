@@ -10,7 +10,7 @@ from django.db import DatabaseError, connections
 from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks.db import dialect_for
-from django_rdbtasks.db.pg_cursor import worker_cursor
+from django_rdbtasks.db.postgresql.cursor import worker_cursor
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
@@ -342,7 +342,7 @@ def test_the_limited_forms_plans_made_on_an_empty_table_read_a_full_keys_backlog
     claims what is behind the backlog."""
     from django.db import transaction
 
-    from django_rdbtasks.db.pg_round import ClaimForm
+    from django_rdbtasks.db.postgresql.round import ClaimForm
     from tests.test_db_plans import (
         BACKLOG,
         ROWS_READ_BOUND,

@@ -1,4 +1,4 @@
-"""PostgreSQL: finished rows move to a table of their own (db/pg_finished.py)."""
+"""PostgreSQL: finished rows move to a table of their own (db/postgresql/finished.py)."""
 
 import datetime as dt
 import threading
@@ -9,7 +9,7 @@ from django.db import IntegrityError, connection, connections, transaction
 
 from django_rdbtasks.compat import task_backends
 from django_rdbtasks.db import dialect_for, forget_what_claims_learnt
-from django_rdbtasks.db.pg_finished import FINISHED_TABLE
+from django_rdbtasks.db.postgresql.finished import FINISHED_TABLE
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.dependencies import enqueue_after
 from django_rdbtasks.models import JobRecord, Task, TaskDependency

@@ -8,7 +8,8 @@ from django.db import connection, connections, transaction
 
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.base import candidate_count
-from django_rdbtasks.db.postgresql import PostgreSQLDialect, _outcome_rows, _parameter
+from django_rdbtasks.db.postgresql import PostgreSQLDialect
+from django_rdbtasks.db.postgresql.parameters import outcomes_json, parameter
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind
@@ -18,16 +19,16 @@ from tests.testapp import tasks
 
 def test_ids_and_versions_go_as_one_parameter():
     ids = ["01a2184c-11bf-7001-846e-3f4057f98e62", "01a2184c-11bf-7037-8562-b0a359079e31"]
-    assert _parameter(ids) == "{" + ",".join(ids) + "}"
-    assert _parameter([uuid.UUID(ids[0])]) == "{" + ids[0] + "}"
-    assert _parameter([3, 12, 7]) == "{3,12,7}"
-    assert _parameter([]) == "{}"
+    assert parameter(ids) == "{" + ",".join(ids) + "}"
+    assert parameter([uuid.UUID(ids[0])]) == "{" + ids[0] + "}"
+    assert parameter([3, 12, 7]) == "{3,12,7}"
+    assert parameter([]) == "{}"
 
 
 def test_anything_that_would_need_quoting_is_left_to_the_driver():
     for values in (["concurrency:k1"], ["a b"], ['"'], ["x}"], [""], ["1", ""]):
-        assert _parameter(values) is values
-    assert _parameter("text") == "text" and _parameter(7) == 7
+        assert parameter(values) is values
+    assert parameter("text") == "text" and parameter(7) == 7
 
 
 def test_an_outcome_encoded_ahead_is_sent_as_the_round_would_encode_it():
@@ -35,12 +36,12 @@ def test_an_outcome_encoded_ahead_is_sent_as_the_round_would_encode_it():
         Outcome("01a2184c-11bf-7001-846e-3f4057f98e62", 3, OutcomeKind.SUCCESS, entry={"n": "é"}),
         Outcome(uuid.uuid4(), 1, OutcomeKind.RETRY, return_value=[1, {"a": None}], delay=2.5),
     ]
-    by_the_round = _outcome_rows(outcomes)
+    by_the_round = outcomes_json(outcomes)
     dialect = object.__new__(PostgreSQLDialect)  # no connection: encoding needs none
     for outcome in outcomes:
         dialect.encode_outcome(outcome, StorageLimits())
         assert outcome.wire is not None
-    assert _outcome_rows(outcomes) == by_the_round
+    assert outcomes_json(outcomes) == by_the_round
     assert json.loads(by_the_round)[1] == {
         "id": str(outcomes[1].id),
         "version": 1,
@@ -97,3 +98,22 @@ def test_an_optimistic_claim_that_lost_races_reads_past_the_rows_others_hold():
     finally:
         holder.close()
         claimer.close()
+
+
+def test_the_dialect_is_made_of_parts_it_holds():
+    """Composition, not mixins: the dialect's classes are the portable dialect's
+    alone, and the enqueue, the round, the sessions' bounds and the finished rows
+    are objects it holds, each made with the dialect's spelling."""
+    from django_rdbtasks.db.base import Dialect
+    from django_rdbtasks.db.postgresql.finished import FinishedRows
+    from django_rdbtasks.db.postgresql.inserts import PostgreSQLInserts
+    from django_rdbtasks.db.postgresql.round import RoundSQL
+    from django_rdbtasks.db.postgresql.sessions import PostgreSQLSessionBounds
+
+    assert PostgreSQLDialect.__mro__[1:] == Dialect.__mro__
+    dialect = PostgreSQLDialect(connection, dialect_for(connection).tables)
+    assert isinstance(dialect.inserts, PostgreSQLInserts) and dialect.inserts.d is dialect
+    assert isinstance(dialect.round, RoundSQL) and dialect.round.d is dialect
+    assert isinstance(dialect.sessions, PostgreSQLSessionBounds)
+    assert isinstance(dialect.finished, FinishedRows)
+    assert dialect.session_sql(30.0) == dialect.sessions.session_sql(30.0)

@@ -338,14 +338,14 @@ def without_the_checks_in_python(monkeypatch):
     """What reaches the database unchecked: its own refusals are what the worker meets."""
     import django_rdbtasks.context
     import django_rdbtasks.db.base
-    import django_rdbtasks.db.postgresql
+    import django_rdbtasks.db.postgresql.dialect
     import django_rdbtasks.worker.execution
 
     monkeypatch.setattr(django_rdbtasks.worker.execution, "json_problem", lambda *a: None)
     monkeypatch.setattr(django_rdbtasks.worker.execution, "readable_text", lambda t, *a: t)
     monkeypatch.setattr(django_rdbtasks.worker.execution, "escape_unstorable", lambda t: t)
     monkeypatch.setattr(django_rdbtasks.db.base, "make_storable", lambda *a: None)
-    monkeypatch.setattr(django_rdbtasks.db.postgresql, "make_storable", lambda *a: None)
+    monkeypatch.setattr(django_rdbtasks.db.postgresql.dialect, "make_storable", lambda *a: None)
     monkeypatch.setattr(
         django_rdbtasks.context, "encode_storable", lambda value, *a: json.dumps(value)
     )

@@ -12,7 +12,7 @@ from .base import BENCH_DIR, Context, System
 REPO_DIR = BENCH_DIR.parent
 TABLE = "django_rdbtasks_task"
 #: Where PostgreSQL keeps the finished rows: it inherits TABLE, so every read
-#: of TABLE reads it too (django_rdbtasks/db/pg_finished.py).
+#: of TABLE reads it too (django_rdbtasks/db/postgresql/finished.py).
 FINISHED_TABLE = "django_rdbtasks_finishedtask"
 
 #: The READY rows as the partial indexes split them (migrations 0010 and 0014,

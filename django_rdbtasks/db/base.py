@@ -25,6 +25,7 @@ from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from ..storable import StorageLimits, may_hold_unstorable
+from .claim_order import claim_order
 from .inserts import TaskInserts
 from .limits import LimitSQL
 from .outcomes import OUTCOME_WRITES
@@ -41,6 +42,7 @@ from .rows import (
     NewTask,
     Outcome,
 )
+from .spelling import Spelling
 from .storable_outcomes import make_storable
 from .tables import Tables
 
@@ -79,7 +81,9 @@ def candidate_count(want: int) -> int:
     return want + max(3, want // 2)
 
 
-class Dialect(TaskInserts):
+class Dialect(Spelling):
+    #: The enqueue's statements this database's dialect holds (``inserts``).
+    inserts_class: type[TaskInserts] = TaskInserts
     #: Whether ``exchange`` (and ``renew``) is one statement, atomic without a transaction.
     exchange_is_one_statement = False
 
@@ -87,6 +91,8 @@ class Dialect(TaskInserts):
         self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None
     ) -> None:
         super().__init__(connection, tables, pinned_now=pinned_now)
+        #: The enqueue: new rows, their INSERTs and their cursor.
+        self.inserts = self.inserts_class(self)
         self.claimable_sql = self.claimable("")
         self.fence_sql = f"id = %s AND version = %s AND {self.holder('')} = %s"
         self.outcome_sql = {kind: self._outcome_row_sql(kind) for kind in OutcomeKind}
@@ -186,13 +192,9 @@ class Dialect(TaskInserts):
         """Driver options for a worker's own connections (keepalives, timeouts)."""
         return {}
 
-    def new_cursor(self, connection: Any, *, prepare: bool = False) -> Any:
-        """A driver cursor for the enqueue's statements, kept for the connection's life.
-
-        ``prepare``: it may keep its statements prepared in the session, where
-        the database and its driver can.
-        """
-        return connection.create_cursor()
+    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
+        """Wake idle workers of these queues once the transaction commits."""
+        self.inserts.notify(cursor, queue_names)
 
     def worker_cursor(self, connection: Any, *, prepare: bool = True) -> Any:
         """A cursor for the worker's own statements on ``connection``, used in a ``with``.
@@ -341,11 +343,12 @@ class Dialect(TaskInserts):
         skipped, and the next candidate taken in its place).
         """
         marks = ", ".join(["%s"] * len(candidates))
+        # Expired leases first: here they are the rows still RUNNING.
+        order = claim_order(f"CASE WHEN status = '{RUNNING}' THEN 0 ELSE 1 END")
         cursor.execute(
             f"SELECT id, version FROM {self.table} WHERE id IN ({marks}) "
             f"AND {self.claimable_sql} "
-            f"ORDER BY CASE WHEN status = '{RUNNING}' THEN 0 ELSE 1 END, "
-            "priority DESC, run_after LIMIT %s FOR UPDATE SKIP LOCKED",
+            f"ORDER BY {order} LIMIT %s FOR UPDATE SKIP LOCKED",
             [*(c.id for c in candidates), want],
         )
         versions = dict(cursor.fetchall())
@@ -386,7 +389,7 @@ class Dialect(TaskInserts):
         excluded = set(exclude)
         # Paused queues are not read (queues.py): one look-up of a table of a
         # few rows, in the claim's transaction (PostgreSQL's round does it in
-        # its statement: pg_limited.QUEUES).
+        # its statement: postgresql.limited.QUEUES).
         unpaused = self.unpaused(cursor, request.queues)
         if not unpaused:
             result.claimed = []

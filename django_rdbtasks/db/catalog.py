@@ -33,7 +33,7 @@ from django.db.utils import load_backend
 from ..models import Task
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .dialects import DIALECTS, model_tables
-from .pg_round import ClaimForm
+from .postgresql.round import ClaimForm
 from .rows import Candidate, ClaimedRow, NewTask, Outcome
 
 ENGINES = {
@@ -189,7 +189,7 @@ def _postgresql(d: Any) -> Iterator[Statement]:
                 name,
                 f"A round that only claims, in the {form.name.lower()} form, {mode.value}: "
                 "the outcomes' CTEs are absent, the claim's reads are per queue "
-                "(pg_round.py's docstring says what each form reads).",
+                "(postgresql/round.py's docstring says what each form reads).",
                 d.round.statement((), False, True, mode, form),
             )
     yield Statement(
@@ -203,7 +203,7 @@ def _postgresql(d: Any) -> Iterator[Statement]:
     yield Statement(
         "round_success_frees_slot_then_claim_window_optimistic",
         "A limited task's success frees its slot, which the claim of the window "
-        "form may hand over to the key's next task (pg_limited.py).",
+        "form may hand over to the key's next task (postgresql/limited.py).",
         d.round.statement(
             (OutcomeKind.SUCCESS,), True, True, ClaimMode.OPTIMISTIC, ClaimForm.WINDOW, moved
         ),
@@ -226,19 +226,20 @@ def _postgresql(d: Any) -> Iterator[Statement]:
         yield Statement(name, f"{comment} Parameters, in order: {', '.join(names)}.", sql)
     yield Statement(
         "enqueue_one",
-        "A single enqueue, prepared where the session allows (preparing.py), with its NOTIFY.",
-        d.insert_one_sql[True],
+        "A single enqueue, prepared where the session allows (postgresql/preparing.py), "
+        "with its NOTIFY.",
+        d.inserts.insert_one_sql[True],
     )
     yield Statement(
         "enqueue_call",
         "A single enqueue where nothing can be prepared: the function of migration 0005.",
-        d.enqueue_call_sql,
+        d.inserts.enqueue_call_sql,
     )
-    yield Statement("enqueue_many", "Many NewTask rows in one INSERT.", d.insert_sql)
+    yield Statement("enqueue_many", "Many NewTask rows in one INSERT.", d.inserts.insert_sql)
     yield Statement(
         "enqueue_batch_read_back",
         "After a bulk enqueue's COPY: its clock read off its first row, and the NOTIFY.",
-        d.copied_sql[True],
+        d.inserts.copied_sql[True],
     )
 
 
@@ -281,7 +282,7 @@ def _portable(d: Any) -> Iterator[Statement]:
         _recorded(lambda c: d.finish(c, [_outcome(OutcomeKind.SUCCESS)], WORKER))
     ):
         yield Statement(f"finish_{i}", "Outcomes written outside a round (finish).", sql)
-    for i, sql in enumerate(_recorded(lambda c: d.insert_tasks(c, [_new_task()]))):
+    for i, sql in enumerate(_recorded(lambda c: d.inserts.insert_tasks(c, [_new_task()]))):
         yield Statement(f"enqueue_{i}", "An enqueue: the clock, then the row.", sql)
     for i, sql in enumerate(_recorded(lambda c: d.renew(c, [(IDS[0], 1)], WORKER, LEASE))):
         yield Statement(f"renew_{i}", "The heartbeat, step by step.", sql)

@@ -38,7 +38,7 @@ def kept_cursor(connection: Any, dialect: Dialect, *, prepare: bool = False) -> 
     kept = _kept.get(connection)
     if kept is None or kept[0] is not driver_connection or kept[1] is not prepare:
         with connection.wrap_database_errors:
-            cursor = dialect.new_cursor(connection, prepare=prepare)
+            cursor = dialect.inserts.new_cursor(connection, prepare=prepare)
         # Django's own wrapper (queries are not logged here), made once: a
         # new one per statement cost a single enqueue 4 µs of client CPU.
         kept = _kept[connection] = (driver_connection, prepare, connection.make_cursor(cursor))

@@ -4,7 +4,10 @@ Written with plain statements rather than ``bulk_create``: preparing every
 value of every row through the ORM costs more than the insert. The driver
 sends a batch as few statements as it can: mysqlclient's ``executemany``
 rewrites it into multi-row INSERTs up to ``max_allowed_packet``, SQLite's
-steps one prepared statement. PostgreSQL replaces both (``pg_inserts.py``).
+steps one prepared statement. PostgreSQL replaces both (``postgresql/inserts.py``).
+
+A dialect holds its database's inserts (``Dialect.inserts``), made with the
+spelling they build their statements from.
 """
 
 from __future__ import annotations
@@ -23,25 +26,38 @@ _ARGS = INSERT_COLUMNS.index("args")
 assert INSERT_COLUMNS[0] == "id" and INSERT_COLUMNS[_ARGS + 1] == "kwargs"
 
 
-class TaskInserts(Spelling):
-    """The portable enqueue, a part of every ``Dialect``."""
+class TaskInserts:
+    """The portable enqueue (MySQL/MariaDB, SQLite), held by the dialect (``Dialect.inserts``)."""
 
     #: Whether insert_tasks is a single statement, atomic without a transaction.
     insert_is_one_statement = False
 
+    def __init__(self, spelling: Spelling) -> None:
+        #: How the database spells the statements: its tables, its clock.
+        self.d = spelling
+
     def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
-        """Wake idle workers of these queues once the transaction commits."""
+        """Wake idle workers of these queues once the transaction commits (here
+        nothing: the workers of these databases poll)."""
+
+    def new_cursor(self, connection: Any, *, prepare: bool = False) -> Any:
+        """A driver cursor for the enqueue's statements, kept for the connection's life.
+
+        ``prepare``: it may keep its statements prepared in the session, where
+        the database and its driver can.
+        """
+        return connection.create_cursor()
 
     def insert_values(self, task: NewTask, now: Any) -> tuple:
         """The row's values in ``INSERT_COLUMNS`` order; ``now`` is the database clock."""
         requested = (
             None
             if task.run_after is None
-            else self.connection.ops.adapt_datetimefield_value(task.run_after)
+            else self.d.connection.ops.adapt_datetimefield_value(task.run_after)
         )
         run_after = now if requested is None else requested
         return (
-            self.encode_id(task.id),
+            self.d.encode_id(task.id),
             task.task_path,
             task.queue_name,
             task.backend_name,
@@ -71,11 +87,11 @@ class TaskInserts(Spelling):
 
         Returns the database time the rows were enqueued at.
         """
-        now = self.current_time(cursor)
+        now = self.d.current_time(cursor)
         self._insert_rows(cursor, [self.insert_values(task, now) for task in tasks])
         if notify:
             self.notify(cursor, {task.queue_name for task in tasks})
-        return self.decode_dt(now)  # type: ignore[return-value]
+        return self.d.decode_dt(now)  # type: ignore[return-value]
 
     def insert_batch(
         self,
@@ -92,9 +108,9 @@ class TaskInserts(Spelling):
         """
         if meanwhile is not None:
             meanwhile()
-        now = self.current_time(cursor)
-        encode = self.encode_id
-        self._insert_batch_rows(
+        now = self.d.current_time(cursor)
+        encode = self.d.encode_id
+        self.insert_batch_rows(
             cursor,
             self.insert_values(batch.row(0), now),
             [
@@ -106,9 +122,9 @@ class TaskInserts(Spelling):
         )
         if notify:
             self.notify(cursor, [batch.queue_name])
-        return self.decode_dt(now)  # type: ignore[return-value]
+        return self.d.decode_dt(now)  # type: ignore[return-value]
 
-    def _insert_batch_rows(self, cursor: Any, first: tuple, varying: list[tuple]) -> None:
+    def insert_batch_rows(self, cursor: Any, first: tuple, varying: list[tuple]) -> None:
         """Rows that are ``first`` (``insert_values``) but for their id and arguments."""
         head, tail = first[1:_ARGS], first[_ARGS + 2 :]
         self._insert_rows(
@@ -118,5 +134,6 @@ class TaskInserts(Spelling):
     def _insert_rows(self, cursor: Any, rows: list[tuple]) -> None:
         marks = ", ".join(["%s"] * len(INSERT_COLUMNS))
         cursor.executemany(
-            f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) VALUES ({marks})", rows
+            f"INSERT INTO {self.d.insert_table} ({', '.join(INSERT_COLUMNS)}) VALUES ({marks})",
+            rows,
         )

@@ -24,7 +24,7 @@ row's own lock:
 The candidate reads offer a key's rows only as far as it has free slots, so a
 full key costs no claim, no attempt and no write; a claim that loses the race
 for a key's last slot leaves its row READY and untouched. PostgreSQL takes the
-slots in its one-statement round (``pg_round.py``); this module is the
+slots in its one-statement round (``postgresql/round.py``); this module is the
 portable form, used by MySQL/MariaDB and SQLite (with ``ready_reads.py``),
 and the enqueue's part everywhere.
 """

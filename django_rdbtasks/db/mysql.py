@@ -20,6 +20,7 @@ from typing import Any
 from ..database_errors import MYSQL_PACKET_TOO_LARGE, mysql_errno
 from ..states import ClaimMode
 from .base import CLAIM_COLUMNS, INSERT_COLUMNS, Candidate, ClaimedRow, Dialect
+from .inserts import TaskInserts
 
 #: Where the values that differ per row of a batch go (``insert_values``'s
 #: order): its id and arguments, in this order.
@@ -29,8 +30,43 @@ _VARYING = frozenset(INSERT_COLUMNS.index(column) for column in ("id", "args", "
 _STATEMENT_BYTES = 256 * 1024
 
 
+class MySQLInserts(TaskInserts):
+    """The portable enqueue, with a bulk enqueue's shared values written once."""
+
+    def insert_batch_rows(self, cursor: Any, first: tuple, varying: list[tuple]) -> None:
+        """Multi-row INSERTs whose shared values are written once, as literals.
+
+        mysqlclient's ``executemany`` escapes every parameter of every row in
+        Python: three quarters of a bulk enqueue's client time went into the
+        18 values each row shares. Here they are escaped once (the driver's
+        ``mogrify``) and only the id and the arguments are parameters.
+        """
+        mogrify = getattr(cursor, "mogrify", None)  # mysqlclient 2.2+
+        if mogrify is None:
+            super().insert_batch_rows(cursor, first, varying)
+            return
+        values = ", ".join(
+            "%s" if index in _VARYING else mogrify("%s", [value]).replace("%", "%%")
+            for index, value in enumerate(first)
+        )
+        row = f"({values})"
+        start = f"INSERT INTO {self.d.insert_table} ({', '.join(INSERT_COLUMNS)}) VALUES "
+        statement: list[str] = []
+        params: list[Any] = []
+        size = 0
+        for row_id, args, kwargs in varying:
+            if statement and size + len(args) + len(kwargs) > _STATEMENT_BYTES:
+                cursor.execute(start + ", ".join(statement), params)
+                statement, params, size = [], [], 0
+            statement.append(row)
+            params += (row_id, args, kwargs)
+            size += len(row) + 40 + len(args) + len(kwargs)
+        cursor.execute(start + ", ".join(statement), params)
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
+    inserts_class = MySQLInserts
     insert_ignore_sql = "INSERT IGNORE INTO {table} ({columns}) VALUES {values}"
     #: Whether the server is a Galera node (``is_galera``); None: not asked yet.
     galera: bool | None = None
@@ -61,36 +97,6 @@ class MySQLDialect(Dialect):
         # MariaDB stores JSON as text; JSON_EXTRACT makes the parameter a JSON
         # value rather than a string, on MySQL and MariaDB alike.
         return f"JSON_ARRAY_APPEND({column}, '$', JSON_EXTRACT({placeholder}, '$'))"
-
-    def _insert_batch_rows(self, cursor: Any, first: tuple, varying: list[tuple]) -> None:
-        """Multi-row INSERTs whose shared values are written once, as literals.
-
-        mysqlclient's ``executemany`` escapes every parameter of every row in
-        Python: three quarters of a bulk enqueue's client time went into the
-        18 values each row shares. Here they are escaped once (the driver's
-        ``mogrify``) and only the id and the arguments are parameters.
-        """
-        mogrify = getattr(cursor, "mogrify", None)  # mysqlclient 2.2+
-        if mogrify is None:
-            super()._insert_batch_rows(cursor, first, varying)
-            return
-        values = ", ".join(
-            "%s" if index in _VARYING else mogrify("%s", [value]).replace("%", "%%")
-            for index, value in enumerate(first)
-        )
-        row = f"({values})"
-        start = f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) VALUES "
-        statement: list[str] = []
-        params: list[Any] = []
-        size = 0
-        for row_id, args, kwargs in varying:
-            if statement and size + len(args) + len(kwargs) > _STATEMENT_BYTES:
-                cursor.execute(start + ", ".join(statement), params)
-                statement, params, size = [], [], 0
-            statement.append(row)
-            params += (row_id, args, kwargs)
-            size += len(row) + 40 + len(args) + len(kwargs)
-        cursor.execute(start + ", ".join(statement), params)
 
     def refuses_claim_mode(self, mode: ClaimMode) -> str | None:
         if mode == ClaimMode.SKIP_LOCKED and self.is_galera():

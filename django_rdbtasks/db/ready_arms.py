@@ -25,10 +25,43 @@ condition.
 
 MySQL and MariaDB have no partial indexes: there one index holds every
 READY row, and the reads do not split them (``ReadyReads.split``).
+
+The arms are written once, here, as which columns are NULL: ``sql`` spells
+an arm for the claim's reads, and ``models.ready`` makes the ORM's conditions
+(the indexes' own, and the reads of the admin and the operators) from the same
+``ReadyArm``.
 """
 
 from __future__ import annotations
 
-FRESH = "limit_key IS NULL AND requested_run_after IS NULL AND started_at IS NULL"
-DEFERRED = "limit_key IS NULL AND (requested_run_after IS NOT NULL OR started_at IS NOT NULL)"
-LIMITED = "limit_key IS NOT NULL"
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyArm:
+    """A READY row's arm, as which of its columns are NULL."""
+
+    #: Columns that are NULL.
+    null: tuple[str, ...] = ()
+    #: Columns that are not NULL.
+    not_null: tuple[str, ...] = ()
+    #: Columns at least one of which is not NULL (none: no such condition).
+    any_not_null: tuple[str, ...] = ()
+
+    @property
+    def sql(self) -> str:
+        """The arm as a SQL condition on the task table's columns (unqualified)."""
+        terms = [f"{column} IS NULL" for column in self.null]
+        terms += [f"{column} IS NOT NULL" for column in self.not_null]
+        if self.any_not_null:
+            terms.append(
+                "(" + " OR ".join(f"{column} IS NOT NULL" for column in self.any_not_null) + ")"
+            )
+        return " AND ".join(terms)
+
+
+FRESH_ARM = ReadyArm(null=("limit_key", "requested_run_after", "started_at"))
+DEFERRED_ARM = ReadyArm(null=("limit_key",), any_not_null=("requested_run_after", "started_at"))
+LIMITED_ARM = ReadyArm(not_null=("limit_key",))
+#: The arms as the claim's reads spell them.
+FRESH, DEFERRED, LIMITED = FRESH_ARM.sql, DEFERRED_ARM.sql, LIMITED_ARM.sql

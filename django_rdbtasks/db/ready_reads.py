@@ -1,6 +1,6 @@
 """The portable claim's reads of runnable rows, limits and all (MySQL/MariaDB, SQLite).
 
-What PostgreSQL does in one statement (``pg_round.py``), in a few:
+What PostgreSQL does in one statement (``postgresql/round.py``), in a few:
 
 1. One read per queue and kind, each a range of its index in the index's
    order with a LIMIT: the expired leases (those of a limited task only where
@@ -32,6 +32,7 @@ from typing import Any
 
 from ..states import TaskStatus
 from . import ready_arms
+from .claim_order import ready_order, sort_key
 from .limits import LimitSQL
 from .rows import CANDIDATE_COLUMNS, Candidate, Exchange
 from .spelling import Spelling
@@ -97,7 +98,7 @@ class ReadyReads:
         limit = f"AND {arm} " if arm else ""
         return self._select(
             f"status = '{READY}' AND queue_name = %s {limit}AND run_after <= {now}",
-            "priority DESC, run_after",
+            ready_order(),
             1,
         )
 
@@ -121,7 +122,7 @@ class ReadyReads:
         n = len(CANDIDATE_COLUMNS)
         candidate = self.d.decode_candidate(raw[:n])
         reclaim, priority, run_after = raw[n : n + 3]
-        return _Row(candidate, (reclaim, -priority, self.d.decode_dt(run_after)))
+        return _Row(candidate, sort_key(reclaim, priority, self.d.decode_dt(run_after)))
 
     def _run(self, cursor: Any, sql: str, params: list[Any], lock: str) -> list[_Row]:
         cursor.execute(f"{sql} {lock}" if lock else sql, params)
@@ -175,7 +176,7 @@ class ReadyReads:
                 if not self.split:
                     where = f"status = '{READY}' AND queue_name = %s AND limit_key IS NULL "
                     where += f"AND run_after <= {self.d.now_sql}"
-                    sql = self._select(where, "priority DESC, run_after", 1)
+                    sql = self._select(where, ready_order(), 1)
                     found += self._run(cursor, sql, [queues[i], limit], lock)
             else:
                 found += offered[i]
@@ -252,11 +253,13 @@ class ReadyReads:
         """Each key of the queue with READY rows, read for as many as it has free slots."""
         heads: dict[str, tuple[int, float]] = {}
         ready = f"status = '{READY}' AND queue_name = %s AND limit_key"
+        # The ``ready_key`` index's order: each key's rows in claim order.
+        by_key = ready_order(after=["limit_key"])
         # The next key after the last, each its key's first row in the
         # ``ready_key`` index: one descent a key, however many rows it holds.
         cursor.execute(
             f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
-            f"WHERE {ready} IS NOT NULL ORDER BY limit_key, priority DESC, run_after LIMIT 1",
+            f"WHERE {ready} IS NOT NULL ORDER BY {by_key} LIMIT 1",
             [queue],
         )
         row = cursor.fetchone()
@@ -264,7 +267,7 @@ class ReadyReads:
             heads[row[0]] = (row[1] or 0, row[2] or 0.0)
             cursor.execute(
                 f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
-                f"WHERE {ready} > %s ORDER BY limit_key, priority DESC, run_after LIMIT 1",
+                f"WHERE {ready} > %s ORDER BY {by_key} LIMIT 1",
                 [queue, row[0]],
             )
             row = cursor.fetchone()
@@ -278,7 +281,7 @@ class ReadyReads:
             (key, min(free, limit)) for key, (_, free, _) in sorted(state.items()) if free > 0
         ]
         where = f"{ready} = %s AND run_after <= {self.d.now_sql}"
-        sql = self._select(where, "priority DESC, run_after", 1)
+        sql = self._select(where, ready_order(), 1)
         found: list[_Row] = []
         if lock:
             for key, n in wanted:

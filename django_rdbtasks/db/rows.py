@@ -205,7 +205,7 @@ class Exchange:
     #: deleted), as ``(key, count, period)``: the worker makes them after the
     #: round, in a statement of its own (``LimitSQL.make_slots``).
     missing: list[tuple[str, int, float]] = field(default_factory=list)
-    #: What the claim found of limited rows (PostgreSQL, pg_round.py): some
+    #: What the claim found of limited rows (PostgreSQL, postgresql/round.py): some
     #: are in its queues; a full key's backlog fills a queue's window of them.
     limited: bool = False
     walk: bool = False
@@ -219,7 +219,7 @@ class Exchange:
     statements: int = 1
     #: Concurrency slots the round's outcomes freed and its claim did not take
     #: back (PostgreSQL: those whose keys have READY rows waiting): the worker
-    #: wakes as many waiting claimers (PostgreSQL tells every process: pg_limited.py).
+    #: wakes as many waiting claimers (PostgreSQL tells every process: postgresql/limited.py).
     freed: int = 0
 
 

@@ -5,7 +5,7 @@ skipping those others hold, the tables' quoted names, and the pieces the
 claim protocol's statements share (what is claimable, who holds a row, what
 a claim and an outcome write). Below the dialects (``base.py`` and one module
 per database) and below the statements that take these pieces (``limits.py``,
-``ready_reads.py``, ``pg_round.py``), so that none of those needs the dialect.
+``ready_reads.py``, ``postgresql/round.py``), so that none of those needs the dialect.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Spelling(RowDecoding):
     row_lock_sql = "FOR UPDATE SKIP LOCKED"
     #: An INSERT of ``{values}`` that skips rows whose unique key exists.
     insert_ignore_sql = "INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
-    #: Before the task table's name in the worker's reads and writes (pg_finished.py).
+    #: Before the task table's name in the worker's reads and writes (postgresql/finished.py).
     only_sql = ""
 
     def __init__(

@@ -1,31 +1,43 @@
 """The conditions that say which task rows are READY, and unfinished, as the indexes do.
 
 Each is the condition of a partial index (``tasks.py``): a read that spells
-its rows this way is one the index serves. The same conditions as SQL, for
-the claim, are in ``db/ready_arms.py``.
+its rows this way is one the index serves. They are made from the arms of
+``db/ready_arms.py``, which the claim's reads spell as SQL.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from django.db import connections
 from django.db.models import Q
 
+from ..db.ready_arms import DEFERRED_ARM, FRESH_ARM, LIMITED_ARM, ReadyArm
 from ..states import TaskStatus
+
+
+def ready_arm(arm: ReadyArm) -> Q:
+    """READY rows of ``arm``, as the ORM's condition (the same Q the indexes were made with)."""
+    condition = Q(
+        status=TaskStatus.READY,
+        **{f"{column}__isnull": True for column in arm.null},
+        **{f"{column}__isnull": False for column in arm.not_null},
+    )
+    if arm.any_not_null:
+        condition &= functools.reduce(
+            operator.or_, (Q(**{f"{column}__isnull": False}) for column in arm.any_not_null)
+        )
+    return condition
+
 
 #: READY rows without a limit, enqueued to run at once and never started; and
 #: the others, due at a time asked for or between attempts (``db/ready_arms.py``
-#: says why they are indexes apart, in the same words as SQL).
-READY_FRESH = Q(
-    status=TaskStatus.READY,
-    limit_key__isnull=True,
-    requested_run_after__isnull=True,
-    started_at__isnull=True,
-)
-READY_DEFERRED = Q(status=TaskStatus.READY, limit_key__isnull=True) & (
-    Q(requested_run_after__isnull=False) | Q(started_at__isnull=False)
-)
+#: says why they are indexes apart).
+READY_FRESH = ready_arm(FRESH_ARM)
+READY_DEFERRED = ready_arm(DEFERRED_ARM)
 #: READY rows held to a limit (``limits.py``).
-READY_LIMITED = Q(status=TaskStatus.READY, limit_key__isnull=False)
+READY_LIMITED = ready_arm(LIMITED_ARM)
 
 
 def ready_conditions(using: str) -> list[Q]:

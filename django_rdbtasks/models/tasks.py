@@ -14,8 +14,9 @@ from django.db import connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
+from ..db.claim_order import index_fields
 from ..db.functions import DbNow
-from ..db.pg_finished import move_back_sql, moved_columns
+from ..db.postgresql.finished import move_back_sql, moved_columns
 from ..states import TaskStatus
 from .ready import READY_DEFERRED, READY_FRESH, READY_LIMITED, ready_conditions, unfinished_rows
 
@@ -237,7 +238,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
         The history of earlier attempts is kept. Returns how many changed.
         On PostgreSQL a finished row is first moved back from the table of
-        finished rows (db/pg_finished.py), in the same transaction.
+        finished rows (db/postgresql/finished.py), in the same transaction.
         """
         rows = self.filter(status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.READY])
         connection = connections[self.db]
@@ -433,17 +434,17 @@ class Task(models.Model):
             # the index's right edge, and those due at a later time, which
             # would otherwise lie to the right of every new row.
             PartialIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=READY_FRESH,
                 name="rdbtasks_task_ready_fresh",
             ),
             PartialIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=READY_DEFERRED,
                 name="rdbtasks_task_ready_deferred",
             ),
             PartialIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=READY_LIMITED,
                 name="rdbtasks_task_ready_limited",
             ),
@@ -451,14 +452,14 @@ class Task(models.Model):
             # unlimited rows are the range of ``limit_key IS NULL`` (a ref
             # access), each key's rows the range of its value.
             StatusIndex(
-                fields=["queue_name", "limit_key", "-priority", "run_after"],
+                fields=index_fields("queue_name", "limit_key"),
                 condition=Q(status=TaskStatus.READY, limit_key__isnull=False),
                 name="rdbtasks_task_ready_key",
             ),
             # MySQL and MariaDB: every READY row in the claim's order (the
             # two partial indexes above are not made there).
             WherePartialMissingIndex(
-                fields=["queue_name", "-priority", "run_after"],
+                fields=index_fields("queue_name"),
                 condition=Q(status=TaskStatus.READY),
                 name="rdbtasks_task_ready",
             ),
@@ -575,7 +576,7 @@ class TaskDependency(models.Model):
 
     # No constraint in the database: on PostgreSQL a finished task's row moves
     # to a table of its own, which a foreign key would not follow
-    # (db/pg_finished.py). Django still cascades a deletion; retention
+    # (db/postgresql/finished.py). Django still cascades a deletion; retention
     # deletes these rows with their tasks.
     parent = models.ForeignKey(
         Task, on_delete=models.CASCADE, related_name="+", db_constraint=False

@@ -10,8 +10,7 @@ from typing import Any
 from django.db import connections
 
 from ..db import dialect_for
-from ..db.pg_limited import SLOT_CHANNEL
-from ..db.postgresql import NOTIFY_CHANNEL
+from ..db.postgresql.channels import NOTIFY_CHANNEL, SLOT_CHANNEL
 from ..retrying import Backoff
 from .lanes import Wake
 
@@ -20,7 +19,7 @@ logger = logging.getLogger("django_rdbtasks.worker")
 
 class Listener(threading.Thread):
     """Sets ``wake`` when a task is enqueued on one of ``queues``; and when a limit's
-    slot comes free for a task of one of them (pg_limited.py), wakes one round
+    slot comes free for a task of one of them (postgresql/limited.py), wakes one round
     thread waiting for a slot (``Wake.slot_freed``).
 
     Runs on its own connection: LISTEN needs one that is never inside a

@@ -4,7 +4,7 @@
 
 -- name: round_claim_lean_optimistic
 -- A round that only claims, in the lean form, optimistic: the outcomes' CTEs are absent, the
--- claim's reads are per queue (pg_round.py's docstring says what each form reads).
+-- claim's reads are per queue (postgresql/round.py's docstring says what each form reads).
 WITH lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -282,7 +282,7 @@ SELECT 'p',
 
 -- name: round_claim_window_optimistic
 -- A round that only claims, in the window form, optimistic: the outcomes' CTEs are absent, the
--- claim's reads are per queue (pg_round.py's docstring says what each form reads).
+-- claim's reads are per queue (postgresql/round.py's docstring says what each form reads).
 WITH lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -806,7 +806,7 @@ FROM
 
 -- name: round_claim_walk_optimistic
 -- A round that only claims, in the walk form, optimistic: the outcomes' CTEs are absent, the
--- claim's reads are per queue (pg_round.py's docstring says what each form reads).
+-- claim's reads are per queue (postgresql/round.py's docstring says what each form reads).
 WITH RECURSIVE lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -1431,7 +1431,7 @@ FROM
 
 -- name: round_claim_lean_skip_locked
 -- A round that only claims, in the lean form, skip-locked: the outcomes' CTEs are absent, the
--- claim's reads are per queue (pg_round.py's docstring says what each form reads).
+-- claim's reads are per queue (postgresql/round.py's docstring says what each form reads).
 WITH lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -1683,7 +1683,7 @@ SELECT 'p',
 
 -- name: round_claim_window_skip_locked
 -- A round that only claims, in the window form, skip-locked: the outcomes' CTEs are absent, the
--- claim's reads are per queue (pg_round.py's docstring says what each form reads).
+-- claim's reads are per queue (postgresql/round.py's docstring says what each form reads).
 WITH lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -2181,7 +2181,7 @@ FROM
 
 -- name: round_claim_walk_skip_locked
 -- A round that only claims, in the walk form, skip-locked: the outcomes' CTEs are absent, the
--- claim's reads are per queue (pg_round.py's docstring says what each form reads).
+-- claim's reads are per queue (postgresql/round.py's docstring says what each form reads).
 WITH RECURSIVE lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -3223,7 +3223,7 @@ SELECT 'p',
 
 -- name: round_success_frees_slot_then_claim_window_optimistic
 -- A limited task's success frees its slot, which the claim of the window form may hand over to the
--- key's next task (pg_limited.py).
+-- key's next task (postgresql/limited.py).
 WITH mine AS MATERIALIZED
   (SELECT id,
           ctid AS at
@@ -4638,7 +4638,7 @@ FROM ONLY "django_rdbtasks_task" AS t
 JOIN busy ON t.id = busy.id;
 
 -- name: enqueue_one
--- A single enqueue, prepared where the session allows (preparing.py), with its NOTIFY.
+-- A single enqueue, prepared where the session allows (postgresql/preparing.py), with its NOTIFY.
 INSERT INTO "django_rdbtasks_task" (id,
                                     task_path,
                                     queue_name,

@@ -47,7 +47,7 @@ import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from .cursors import driver_cursor
+from ..cursors import driver_cursor
 
 try:  # psycopg 3; this cursor is never made under psycopg 2
     from psycopg.errors import InvalidSqlStatementName

@@ -29,7 +29,7 @@ filled), and ``PostgreSQLDialect.exchange`` runs the next form at once: the
 claims keep their order (expired leases first, then priority and
 ``run_after``, limited or not), and only a round that changes form costs a
 second statement. Every form is prepared, from its first run, with one
-plan for every run (pg_cursor.py): each of its reads of the table is one no
+plan for every run (cursor.py): each of its reads of the table is one no
 plan can widen to the whole table (by primary key, by location, an index's
 range with a LIMIT), whatever the table held when the plan was made
 (tests/test_pg_cursor.py makes the plans on an empty table and runs them on a
@@ -46,14 +46,15 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 
-from ..states import ClaimMode, OutcomeKind, TaskStatus
-from .limits import LimitSQL
-from .outcomes import SETTLES_DEPENDANTS
-from .pg_finished import insert_moved, returning_written
-from .pg_limited import CLAIM_ORDER, QUEUES, LimitedClaim
-from .ready_arms import DEFERRED, FRESH
-from .rows import CLAIM_COLUMNS
-from .spelling import Spelling
+from ...states import ClaimMode, OutcomeKind, TaskStatus
+from ..claim_order import CLAIM_ORDER, ready_order
+from ..limits import LimitSQL
+from ..outcomes import SETTLES_DEPENDANTS
+from ..ready_arms import DEFERRED, FRESH
+from ..rows import CLAIM_COLUMNS
+from ..spelling import Spelling
+from .finished import insert_moved, returning_written
+from .limited import QUEUES, LimitedClaim
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 
@@ -77,7 +78,7 @@ MINE = (
 )
 LOCK = "NO KEY UPDATE"
 #: The lock a DELETE takes, for a round that moves finished rows
-#: (pg_finished.py): taken up front and skipped if held (the row is then
+#: (finished.py): taken up front and skipped if held (the row is then
 #: ``busy``, and written by a later round), so that the DELETE never waits on a
 #: session holding the row KEY SHARE.
 MOVING_LOCK = "UPDATE"
@@ -95,7 +96,7 @@ IN_MINE = "t.ctid = ANY(ARRAY(SELECT at FROM mine))"
 #: The id a written row must have, as a condition no plan can read an index
 #: for: an equality with another relation's column lets a whole index scan
 #: of the table be merged or hashed with it, and a plan made once (the
-#: prepared lean round's, pg_cursor.py) on a near-empty table took that
+#: prepared lean round's, cursor.py) on a near-empty table took that
 #: scan, 600,000 index entries a round once a backlog came. Ids are never
 #: NULL: it is the equality. The rows are joined by where they were locked.
 SAME_ID = "t.id IS NOT DISTINCT FROM {source}.id"
@@ -112,7 +113,7 @@ _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_cou
 #: ``_COLS`` read off the table, with where the row is (``at``: the claim's
 #: UPDATE reaches a row it locked by it, as the outcomes do, see IN_MINE).
 #: The optimistic pool's unlocked reads carry it unused: ``go`` locks the
-#: row and reads its own. (The limited reads' CTEs spell the same: pg_limited.py.)
+#: row and reads its own. (The limited reads' CTEs spell the same: limited.py.)
 _ROW_COLS = f"{_COLS}, ctid AS at"
 _NAMED = re.compile(r"%\((\w+)\)s")
 
@@ -175,6 +176,35 @@ class RoundSQL:
             f"AND t.version = b.version AND {self.d.holder('t')} = %(worker)s OFFSET 0) AS t)"
         )
 
+    def renewal(self, slots: bool) -> str:
+        """The heartbeat: the leases of the claims still ours renewed (``ids``,
+        ``versions``, ``worker``, ``lease``), and with ``slots`` their limits' slots
+        too; the ids still ours, and whether each is to be cancelled."""
+        # Rows another session holds locked are left for a later heartbeat
+        # (``busy``: still ours, so still held), instead of making every other
+        # renewal of the statement wait for that session.
+        claims = "unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version)"
+        renewed = (
+            f"renewed AS (UPDATE {self.t} AS t "
+            f"SET lease_expires_at = {self.d.now_plus_sql('%(lease)s')} FROM {claims} "
+            f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
+            f"AND {self.d.holder('t')} = %(worker)s RETURNING t.id, t.cancel_requested)"
+        )
+        # The slots of the claims renewed, to the same time (db/limits.py).
+        slots_renewed = (
+            f"slots_renewed AS (UPDATE {self.limits.table} AS s "
+            f"SET free_at = {self.d.now_plus_sql('%(lease)s')} FROM renewed AS r "
+            f"JOIN {claims} ON c.id = r.id "
+            "WHERE s.holder_id = c.id AND s.holder_version = c.version)"
+        )
+        answer = (
+            "SELECT id, cancel_requested FROM renewed UNION ALL "
+            f"SELECT t.id, t.cancel_requested FROM {self.t} AS t JOIN busy ON t.id = busy.id"
+        )
+        mine, busy = MINE.format(table=self.t, lock=LOCK), self.busy_cte()
+        ctes = [mine, renewed, slots_renewed, busy] if slots else [mine, renewed, busy]
+        return f"WITH {', '.join(ctes)} {answer}"
+
     def statement(
         self,
         kinds: Sequence[OutcomeKind],
@@ -189,7 +219,7 @@ class RoundSQL:
         claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
         key missing slots. With ``moves`` (the columns a moved row is copied by),
         the rows of the outcomes that end a task move to the table of finished
-        rows (pg_finished.py)."""
+        rows (finished.py)."""
         t = self.t
         lock = MOVING_LOCK if moves is not None else LOCK
         ctes: list[str] = [MINE.format(table=t, lock=lock)] if kinds else []
@@ -207,7 +237,7 @@ class RoundSQL:
             )
             if moves is not None and kind.ends_task:
                 # The row leaves the task table, written, for the finished
-                # rows' (pg_finished.py): fenced as the UPDATE is, so a stale
+                # rows' (finished.py): fenced as the UPDATE is, so a stale
                 # holder's outcome neither deletes nor inserts a row.
                 ctes.append(
                     f"d{i} AS (DELETE FROM {t} AS t USING {rows} WHERE {fence} "
@@ -270,7 +300,7 @@ class RoundSQL:
         rest = ", ".join(["NULL"] * (width - 3))
         parts.append(f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {details}, {rest}")
         if frees:
-            # How many slots it freed that READY rows wait for (each told, pg_limited.py).
+            # How many slots it freed that READY rows wait for (each told, limited.py).
             parts.append(f"{told}, {', '.join(['NULL'] * (width - 1))}")
         if missing:
             # Keys whose slots are missing (a new key, a raised limit): the
@@ -294,7 +324,7 @@ class RoundSQL:
         comes free by time; ``lost``, limited rows whose slot others took),
         and a query of the keys missing slots ('' in the lean form).
         ``frees``: the round ends limited claims, whose slots its claim may
-        take back (pg_limited.py).
+        take back (limited.py).
 
         Every read is one per queue, a LATERAL over the queues' array: the
         statement (and its planning) is the same for one queue or ten.
@@ -430,7 +460,7 @@ class RoundSQL:
             f"SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {self.t} "
             f"WHERE status = '{READY}' AND queue_name = q.name AND {FRESH} "
             f"AND run_after <= {self.now}{gate} "
-            f"ORDER BY priority DESC, run_after LIMIT {part}{lock}"
+            f"ORDER BY {ready_order()} LIMIT {part}{lock}"
         )
 
     def deferred_by_priority(self, part: str, lock: str, gate: str) -> str:
@@ -453,5 +483,5 @@ class RoundSQL:
             f"SELECT d.* FROM pr CROSS JOIN LATERAL (SELECT {_ROW_COLS}, 1 AS reclaim, priority, "
             f"run_after FROM {t} WHERE {ready} AND priority = pr.p AND run_after <= {now}{gate} "
             f"ORDER BY run_after LIMIT {part}{lock}) AS d "
-            f"ORDER BY d.priority DESC, d.run_after LIMIT {part}"
+            f"ORDER BY {ready_order('d')} LIMIT {part}"
         )

@@ -25,7 +25,7 @@ the round anew took a fifth of the server's time per task (3.6 ms and 0.7
 ms of a 17 ms round of 390 no-op tasks, 2026-11-28). The statements the
 dialect names ``preparable`` (the lean form's, whose every read of the task
 table is by primary key, by location, or a range of an index with a LIMIT:
-pg_round.py) run prepared, by the enqueue's rules (preparing.py: only where
+round.py) run prepared, by the enqueue's rules (preparing.py: only where
 the session is the server's own, never behind a pooler) but from their first
 run, since a worker's session runs each round's shape again and again, with
 one generic plan, made once and kept until the table's statistics change.
@@ -33,7 +33,7 @@ Two things keep that plan from depending on the table's size when it was
 made (a plan made on a near-empty table would otherwise read it whole, by a
 sequential scan and a sort, once a backlog arrives):
 
-- the session that prepares the round (the slot's round thread's) is told to
+- the session that prepares the round (the lane's round thread's) is told to
   make generic plans (``plan_cache_mode``: by cost, PostgreSQL would keep
   planning each run, a LIMIT given as a parameter being costed as a tenth of
   the index), and never to choose a sequential or bitmap scan where an index

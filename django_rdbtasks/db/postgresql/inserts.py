@@ -30,16 +30,16 @@ import datetime as dt
 import functools
 import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ..states import TaskStatus
-from .cursors import copy_in, driver_cursor
+from ...states import TaskStatus
+from ..cursors import copy_in, driver_cursor
+from ..inserts import TaskInserts
+from ..rows import INSERT_COLUMNS, NewBatch, NewTask
+from .channels import NOTIFY_CHANNEL
 from .preparing import prepares, preparing_cursor_class
-from .rows import INSERT_COLUMNS, NewBatch, NewTask
-from .spelling import Spelling
 
-NOTIFY_CHANNEL = "rdbtasks"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 #: The function one enqueue calls (created by migration 0005; a change to its
 #: columns is a new version in a new migration, never an edit of this one).
@@ -107,8 +107,8 @@ def _copy_blocks(batch: NewBatch, rest: str) -> Iterator[str]:
         )
 
 
-class PostgreSQLInserts(Spelling):
-    """The enqueue's statements and cursor, a part of ``PostgreSQLDialect``."""
+class PostgreSQLInserts(TaskInserts):
+    """The enqueue's statements and cursor, held by ``PostgreSQLDialect``."""
 
     insert_is_one_statement = True
 
@@ -127,10 +127,10 @@ class PostgreSQLInserts(Spelling):
         One JSON text is encoded in C; fifteen arrays cost the driver more
         than the insert costs the server.
         """
-        now = self.now_sql
+        now = self.d.now_sql
         return (
             f"WITH n AS (SELECT {now} AS now), inserted AS ("
-            f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) "
+            f"INSERT INTO {self.d.insert_table} ({', '.join(INSERT_COLUMNS)}) "
             "SELECT (v->>0)::uuid, v->>1, v->>2, v->>3, (v->>4)::int, (v->>5)::jsonb, "
             "(v->>6)::jsonb, (v->>7)::int, COALESCE((v->>8)::timestamptz, n.now), n.now, "
             "v->>9, 0, '', 0, '[]'::jsonb, v->>10, v->>11, (v->>12)::int, v->>13, "
@@ -145,9 +145,9 @@ class PostgreSQLInserts(Spelling):
     @functools.cached_property
     def insert_one_sql(self) -> dict[bool, str]:
         """One row as a plain INSERT, by ``notify``; its clock back as the function returns it."""
-        now = self.now_sql
+        now = self.d.now_sql
         one_row = (
-            f"INSERT INTO {self.insert_table} ({', '.join(INSERT_COLUMNS)}) "
+            f"INSERT INTO {self.d.insert_table} ({', '.join(INSERT_COLUMNS)}) "
             "VALUES (%s::uuid, %s, %s, "
             f"%s, %s, %s::jsonb, %s::jsonb, %s, COALESCE(%s::timestamptz, {now}), {now}, %s, "
             "0, '', 0, '[]'::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::jsonb) "
@@ -163,7 +163,7 @@ class PostgreSQLInserts(Spelling):
     @functools.cached_property
     def copied_sql(self) -> dict[bool, str]:
         """After a batch's COPY: its clock, read off its first row; by ``notify``, the NOTIFY."""
-        read = f"SELECT enqueued_at FROM {self.table} WHERE id = %s::uuid"
+        read = f"SELECT enqueued_at FROM {self.d.table} WHERE id = %s::uuid"
         return {
             False: read,
             True: read.replace(
@@ -200,7 +200,7 @@ class PostgreSQLInserts(Spelling):
                 t.on_parent_failure,
             ]
             # A pinned clock (testing) is in the INSERT's text, not the function's.
-            if self.clock_pinned or prepares(cursor) or not self.enqueue_function_exists(cursor):
+            if self.d.clock_pinned or prepares(cursor) or not self.enqueue_function_exists(cursor):
                 cursor.execute(self.insert_one_sql[notify], [*params, t.run_after, t.trace_context])
             else:
                 cursor.execute(self.enqueue_call_sql, [*params, t.trace_context, notify])
@@ -225,7 +225,7 @@ class PostgreSQLInserts(Spelling):
         ``meanwhile`` runs while the server writes the rows, once they are sent.
         """
         # psycopg 2 cannot COPY; a pinned clock (testing) must be written, not defaulted.
-        if getattr(cursor, "copy", None) is None or self.clock_pinned:  # one JSON INSERT
+        if getattr(cursor, "copy", None) is None or self.d.clock_pinned:  # one JSON INSERT
             if meanwhile is not None:
                 meanwhile()
             return self.insert_tasks(cursor, batch.rows(), notify)
@@ -252,7 +252,7 @@ class PostgreSQLInserts(Spelling):
         rest = "\t" + "\t".join(_copy_text(value) for value in shared) + "\n"
         copy_in(
             cursor,
-            f"COPY {self.insert_table} ({', '.join(columns)}) FROM STDIN",
+            f"COPY {self.d.insert_table} ({', '.join(columns)}) FROM STDIN",
             _copy_blocks(batch, rest),
             meanwhile,
         )
@@ -278,8 +278,13 @@ class PostgreSQLInserts(Spelling):
         register_tzloader(connection.timezone, cursor)
         return cursor
 
+    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
+        # Sent by PostgreSQL at commit, and not at all on rollback.
+        for queue_name in sorted(set(queue_names)):
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])
+
     def enqueue_function_exists(self, cursor: Any) -> bool:
-        settings = self.connection.settings_dict
+        settings = self.d.connection.settings_dict
         key = (settings["NAME"], settings["HOST"], settings["PORT"])
         exists = self._has_enqueue_function.get(key)
         if exists is None:

@@ -3,20 +3,25 @@
 ``jsonb_to_recordset`` turns the batch into rows, data-modifying CTEs write each
 kind of outcome, and the claim locks its rows with ``FOR UPDATE SKIP LOCKED``,
 so it never waits on a row another session holds.
+
+The dialect runs the statements and keeps what past rounds taught it; the
+statements and the rest are parts it holds, one module each: the round and the
+renewals (``round.py``, the limited claim ``limited.py``), the enqueue
+(``inserts.py``), the worker sessions' bounds (``sessions.py``), the table of
+finished rows (``finished.py``), how values are sent (``parameters.py``) and
+the worker's cursor (``cursor.py``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import re
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from ..states import ClaimMode, OutcomeKind
-from ..storable import StorageLimits, may_hold_unstorable
-from .base import (
+from ...states import ClaimMode, OutcomeKind
+from ...storable import StorageLimits, may_hold_unstorable
+from ..base import (
     CLAIM_COLUMNS,
     ENTRY_OVERHEAD,
     RUNNING,
@@ -28,145 +33,68 @@ from .base import (
     Outcome,
     candidate_count,
 )
-from .pg_cursor import worker_cursor
-from .pg_finished import insert_moved, moved_columns, returning_written
-from .pg_inserts import NOTIFY_CHANNEL, PostgreSQLInserts
-from .pg_limited import SLOT_CHANNEL
-from .pg_round import (
-    IN_MINE,
-    LOCK,
-    MINE,
-    OUTCOME_VALUES,
-    ClaimForm,
-    RoundSQL,
-    compile_named,
-    outcome_rows,
-)
-from .pg_sessions import PostgreSQLSessionBounds
-from .storable_outcomes import make_storable
-from .tables import Tables
+from ..storable_outcomes import make_storable
+from ..tables import Tables
+from .channels import SLOT_CHANNEL
+from .cursor import worker_cursor
+from .finished import FinishedRows, insert_moved, returning_written
+from .inserts import PostgreSQLInserts
+from .parameters import outcome_json, outcomes_json, parameter
+from .round import OUTCOME_VALUES, ClaimForm, RoundSQL, compile_named, outcome_rows
+from .sessions import PostgreSQLSessionBounds
 
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
 #: How long the claims of a set of queues keep the walk form after a round
-#: last needed it (``PostgreSQLDialect.form_needed``).
+#: last needed it (``PostgreSQLDialect.next_form``).
 WALK_KEPT_SECONDS = 5.0
 
 
-#: What an array literal of ids and versions is made of: nothing to quote.
-_PLAIN_ELEMENTS = re.compile(r"[0-9a-fA-F-]+(?:,[0-9a-fA-F-]+)*")
+class PostgreSQLDialect(Dialect):
+    """PostgreSQL's dialect, made of parts it holds: the enqueue (``inserts``), the
+    round's and the renewals' statements (``round``), the worker sessions' bounds
+    (``sessions``), the table of finished rows (``finished``)."""
 
-
-def _parameter(value: Any) -> Any:
-    """A list of ids or versions as one array literal; anything else as it is.
-
-    psycopg dumps a list element by element in Python, quoting each; a round
-    sends a few arrays of a hundred ids, and one joined text costs a tenth of
-    that. A list whose text would need quoting (not numbers, not UUIDs) is
-    left to psycopg. Every array parameter is cast in the SQL (``::uuid[]``).
-    """
-    if type(value) is not list:
-        return value
-    text = ",".join(map(str, value))
-    if not value or _PLAIN_ELEMENTS.fullmatch(text):
-        return "{" + text + "}"
-    return value
-
-
-#: One encoder for every outcome: ``json.dumps`` with arguments makes a new one a call.
-_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
-
-
-def _outcome_json(o: Outcome) -> str:
-    # A JSON null becomes SQL NULL in jsonb_to_recordset: None stays "no value".
-    return _ENCODER.encode(
-        {
-            "id": str(o.id),
-            "version": o.version,
-            "rv": o.return_value,
-            "entry": o.entry,
-            "delay": o.delay,
-        }
-    )
-
-
-def _outcome_rows(outcomes: Sequence[Outcome]) -> str:
-    """One JSON array of the outcomes, each as encoded ahead where it was."""
-    return (
-        "[" + ",".join(o.wire if o.wire is not None else _outcome_json(o) for o in outcomes) + "]"
-    )
-
-
-class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
     vendor = "postgresql"
+    inserts_class = PostgreSQLInserts
     json_param = "%s::jsonb"
     exchange_is_one_statement = True
-    row_lock_sql = "FOR NO KEY UPDATE SKIP LOCKED"  # see pg_round.MINE
-    only_sql = "ONLY "  # not the finished rows' table (pg_finished.py)
+    row_lock_sql = "FOR NO KEY UPDATE SKIP LOCKED"  # see round.MINE
+    only_sql = "ONLY "  # not the finished rows' table (finished.py)
 
     def __init__(
         self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None
     ) -> None:
         super().__init__(connection, tables, pinned_now=pinned_now)
-        t = self.table
         self.round = RoundSQL(self, self.limits)
-        # Rows another session holds locked are left for a later heartbeat
-        # (``busy``: still ours, so still held), instead of making every other
-        # renewal of the statement wait for that session.
-        renew = (
-            f"WITH {MINE.format(table=t, lock=LOCK)}, renewed AS (UPDATE {t} AS t "
-            f"SET lease_expires_at = {self.now_plus_sql('%(lease)s')} "
-            "FROM unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version) "
-            f"WHERE t.id = c.id AND {IN_MINE} AND t.version = c.version "
-            f"AND {self.holder('t')} = %(worker)s RETURNING t.id, t.cancel_requested), "
-            # The slots of the claims renewed, to the same time (db/limits.py).
-            f"slots_renewed AS (UPDATE {self.limits.table} AS s "
-            f"SET free_at = {self.now_plus_sql('%(lease)s')} FROM renewed AS r "
-            "JOIN unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS c(id, version) "
-            "ON c.id = r.id WHERE s.holder_id = c.id AND s.holder_version = c.version), "
-            f"{self.round.busy_cte()} "
-            "SELECT id, cancel_requested FROM renewed UNION ALL "
-            f"SELECT t.id, t.cancel_requested FROM {t} AS t JOIN busy ON t.id = busy.id"
-        )
-        self.renew_sql = compile_named(renew)
+        self.sessions = PostgreSQLSessionBounds()
+        self.finished = FinishedRows(tables.task)
+        self.renew_sql = compile_named(self.round.renewal(slots=True))
         # The same without the slots, for claims none of which is limited.
-        start, end = renew.index("slots_renewed AS"), renew.index("busy AS")
-        self.renew_unlimited_sql = compile_named(renew[:start] + renew[end:])
+        self.renew_unlimited_sql = compile_named(self.round.renewal(slots=False))
         #: The round's statements, compiled, by their shape.
         self._exchange_sql: dict[tuple, tuple[str, tuple[str, ...]]] = {}
-        #: The rounds the worker's cursor keeps prepared (pg_cursor.py): the
+        #: The rounds the worker's cursor keeps prepared (cursor.py): the
         #: lean form's, without a slot to free. The other forms join the
         #: limit slots and group them, and are not prepared (planned at each
-        #: run for their values: pg_round.py).
+        #: run for their values: round.py).
         self.preparable_rounds: set[str] = set()
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         self._psycopg3 = is_psycopg3
         #: Per set of queues: the form of claim the last round found they
-        #: need (pg_round.py), which the next round starts with.
+        #: need (round.py), which the next round starts with.
         self.claim_forms: dict[tuple[str, ...], ClaimForm] = {}
         #: Per set of queues: when (``time.monotonic``) a round last needed the walk.
         self.walked_at: dict[tuple[str, ...], float] = {}
-        #: Whether the table of finished rows is there to move them to
-        #: (pg_finished.py); None: not asked yet.
-        self.moves_finished: bool | None = None
-        #: The columns a moved row is copied by, with their types, as asked.
-        self.moved_columns: dict[str, str] = {}
-
-    def moves(self, cursor: Any) -> bool:
-        """Whether finished rows move to their own table (asked once, then known)."""
-        if self.moves_finished is None:
-            self.moved_columns = moved_columns(cursor, self.tables.task) or {}
-            self.moves_finished = bool(self.moved_columns)
-        return self.moves_finished
 
     def encode_outcome(self, outcome: Outcome, limits: StorageLimits) -> None:
         # The round sends the outcome in one piece (``wire``): one search of it
         # says whether to look closer (Dialect.encode_outcome).
-        wire = _outcome_json(outcome)
+        wire = outcome_json(outcome)
         if len(wire) > limits.result + limits.error + ENTRY_OVERHEAD or may_hold_unstorable(wire):
             make_storable(outcome, limits)
-            wire = _outcome_json(outcome)
+            wire = outcome_json(outcome)
         outcome.wire = wire
 
     def forget_learnt(self) -> None:
@@ -174,7 +102,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         self.claim_forms.clear()
         self.walked_at.clear()
         # Asked again, and the rounds that move rows made again with the columns then.
-        self.moves_finished = None
+        self.finished.forget()
         self._exchange_sql = {key: sql for key, sql in self._exchange_sql.items() if not key[-1]}
 
     def accepts_writes(self, cursor: Any) -> bool:
@@ -195,6 +123,15 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         value = cursor.fetchone()[0]
         return None if value is None else float(value)
 
+    def session_sql(self, lease: float) -> list[str]:
+        return self.sessions.session_sql(lease)
+
+    def transaction_sql(self, lease: float) -> list[str]:
+        return self.sessions.transaction_sql(lease)
+
+    def connection_options(self, lease: float) -> dict[str, Any]:
+        return self.sessions.connection_options(lease)
+
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
 
@@ -210,7 +147,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         return worker_cursor(connection, self.preparable_rounds if prepare else frozenset())
 
     def public_id(self, raw_id: Any) -> str:
-        # The worker's cursor reads ids as text already (pg_cursor.py).
+        # The worker's cursor reads ids as text already (cursor.py).
         return raw_id if type(raw_id) is str else str(raw_id)
 
     # -- one round: finish and claim -----------------------------------------------------
@@ -225,7 +162,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         come back unwritten, for the caller to finish in a transaction that
         also releases or ends their dependants.
 
-        The claim takes the cheapest form its queues allow (pg_round.py): lean
+        The claim takes the cheapest form its queues allow (round.py): lean
         while they hold no limited row, with a window of limited rows while
         that suffices, with a walk of the keys while a full key's backlog
         fills the window. A form that finds it does not suffice claims
@@ -313,11 +250,11 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         # rounds carry no slot step.
         ended = sorted(self.limits.ended(ordered))
         frees = bool(ended)
-        moves = bool(kinds) and self.moves(cursor)
+        moves = bool(kinds) and self.finished.moves(cursor)
         key = (kinds, frees, claim, mode, form, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
-            moving = self.moved_columns if moves else None
+            moving = self.finished.columns if moves else None
             statement = self.round.statement(kinds, frees, claim, mode, form, moving)
             compiled = self._exchange_sql[key] = compile_named(statement)
             self.preparable_rounds.add(compiled[0])
@@ -330,7 +267,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             "ended_versions": [v for _, v in ended],
         }
         for i, kind in enumerate(kinds):
-            values[f"rows{i}"] = _outcome_rows(sorted(by_kind[kind], key=lambda o: o.id))
+            values[f"rows{i}"] = outcomes_json(sorted(by_kind[kind], key=lambda o: o.id))
         if claim:
             assert request is not None
             values.update(
@@ -342,7 +279,7 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
                 start_within=request.start_within,
             )
             values["queues"] = list(request.queues)
-        cursor.execute(sql, [_parameter(values[name]) for name in names])
+        cursor.execute(sql, [parameter(values[name]) for name in names])
         result = Exchange()
         seen = lost = 0
         for row in cursor.fetchall():
@@ -387,14 +324,14 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
         written: dict[Any, bool | None] = {}
-        moves = self.moves(cursor)
+        moves = self.finished.moves(cursor)
         for kind, group in sorted(by_kind.items()):
             group.sort(key=lambda o: o.id)
             assignments = self.outcome_assignments(kind, "t", OUTCOME_VALUES)
             fence = f"t.id = c.id AND t.version = c.version AND {self.holder('t')} = %s"
             if moves and kind.ends_task:
-                # As the round moves a finished row (pg_round.py), with its dependants.
-                columns = self.moved_columns
+                # As the round moves a finished row (round.py), with its dependants.
+                columns = self.finished.columns
                 sql = (
                     f"WITH d AS (DELETE FROM {self.table} AS t USING {outcome_rows('%s')} "
                     f"WHERE {fence} RETURNING {returning_written(columns, assignments)}), "
@@ -406,11 +343,11 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
                     f"UPDATE {self.table} AS t SET {sets} FROM {outcome_rows('%s')} "
                     f"WHERE {fence} RETURNING t.id, t.has_children"
                 )
-            cursor.execute(sql, [_outcome_rows(group), worker_id])
+            cursor.execute(sql, [outcomes_json(group), worker_id])
             written.update((row[0], row[1]) for row in cursor.fetchall())
         ended = [o for o in outcomes if o.id in written]
         self.limits.release(cursor, ended)
-        # Tell the workers waiting for a slot of these tasks' queues (pg_limited.py),
+        # Tell the workers waiting for a slot of these tasks' queues (limited.py),
         # as the round does; sent at commit.
         for queue in sorted({o.row.queue_name for o in ended if o.frees_slot and o.row}):
             cursor.execute("SELECT pg_notify(%s, %s)", [SLOT_CHANNEL, queue])
@@ -440,11 +377,6 @@ class PostgreSQLDialect(PostgreSQLSessionBounds, PostgreSQLInserts, Dialect):
             sql, names = self.renew_unlimited_sql
         else:  # the slots (``slots_renewed``) too
             sql, names = self.renew_sql
-        cursor.execute(sql, [_parameter(values[name]) for name in names])
+        cursor.execute(sql, [parameter(values[name]) for name in names])
         rows = cursor.fetchall()
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
-
-    def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
-        # Sent by PostgreSQL at commit, and not at all on rollback.
-        for queue_name in sorted(set(queue_names)):
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])

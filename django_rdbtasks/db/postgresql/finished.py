@@ -23,7 +23,7 @@ and fencing never read the finished rows.
 The worker moves a row as it finishes it: the round's outcome CTE deletes it
 from the task table, fenced exactly as the UPDATE was, and inserts what it
 returned, with the outcome written, into this table, in the same statement
-(pg_round.py). Requeue moves it back (``move_back_sql``). Rows finished
+(round.py). Requeue moves it back (``move_back_sql``). Rows finished
 elsewhere (a cancel before the start, a dependant ended by its parent's
 failure, rows older than the migration) stay where they are: readers see
 them either way, retention prunes both, and the scheduler moves the
@@ -59,6 +59,29 @@ def moved_columns(cursor: Any, task_table: str) -> dict[str, str] | None:
         [task_table, FINISHED_TABLE],
     )
     return dict(cursor.fetchall()) or None
+
+
+class FinishedRows:
+    """Whether a dialect's rounds move finished rows, and by which columns: asked of
+    the database once (``moved_columns``), then known until forgotten."""
+
+    def __init__(self, task_table: str) -> None:
+        self.task_table = task_table
+        #: Whether the table of finished rows is there; None: not asked yet.
+        self.present: bool | None = None
+        #: The columns a moved row is copied by, with their types, as asked.
+        self.columns: dict[str, str] = {}
+
+    def moves(self, cursor: Any) -> bool:
+        """Whether finished rows move to their own table (asked once, then known)."""
+        if self.present is None:
+            self.columns = moved_columns(cursor, self.task_table) or {}
+            self.present = bool(self.columns)
+        return self.present
+
+    def forget(self) -> None:
+        """Ask again at the next round (a migration may have made or dropped the table)."""
+        self.present = None
 
 
 def _quoted(column: str) -> str:

@@ -1,6 +1,6 @@
 """PostgreSQL's round: the claim of rows with a limit (the window and walk forms).
 
-``RoundSQL`` (pg_round.py) builds the round; this module adds, for the forms
+``RoundSQL`` (round.py) builds the round; this module adds, for the forms
 that claim limited rows, the CTEs that read them and take their slots:
 
 - **the reads** (``reads``): per queue a *window* of its first READY rows
@@ -36,14 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..states import TaskStatus
+from ...states import TaskStatus
+from ..claim_order import CLAIM_ORDER, ready_order
+from .channels import SLOT_CHANNEL
 
 READY = TaskStatus.READY.value
-#: The channel a freed slot is told on, its payload the queue of the task that
-#: held it (worker/listener.py); the enqueue's channel is ``pg_inserts.NOTIFY_CHANNEL``.
-SLOT_CHANNEL = "rdbtasks_slot"
-#: The claim's order, in every CTE that orders rows (``reclaim``: expired leases first).
-CLAIM_ORDER = "reclaim, priority DESC, run_after"
 #: Paused queues (``models.PausedQueue``, ``queues.py``): one row per queue an operator paused.
 PAUSED_TABLE = "django_rdbtasks_pausedqueue"
 #: The claim's queues, one row each, for the reads made per queue (LATERAL):
@@ -81,9 +78,9 @@ class LimitedClaim:
         self.t, self.s, self.now = table, slot_table, now
         #: A slot (its alias) free now, by its own columns (``LimitSQL.free``).
         self.free = free
-        #: The ids of the claims the round is finishing, as a subquery (pg_round.py).
+        #: The ids of the claims the round is finishing, as a subquery (round.py).
         self.finishing = finishing
-        #: What a claim reads of a row (pg_round.py), with where the row is (``at``):
+        #: What a claim reads of a row (round.py), with where the row is (``at``):
         #: off the table, and off a CTE of rows so read.
         self.columns = f"{columns}, ctid AS at"
         self.kept_columns = f"{columns}, at"
@@ -124,19 +121,21 @@ class LimitedClaim:
         t, now = self.t, self.now
         ready = f"status = '{READY}' AND queue_name = {{queue}} AND limit_key IS NOT NULL"
         head = "limit_key, limit_count, limit_period FROM " + t
+        # The ``ready_key`` index's order: each key's rows in claim order.
+        by_key = ready_order(after=["limit_key"])
         ctes = [
             # Each queue's window: its first rows with a limit, in claim order.
             "la AS MATERIALIZED (SELECT q.name AS queue, r.* FROM "
             f"{QUEUES} CROSS JOIN LATERAL (SELECT {self.columns}, priority, run_after FROM {t} "
             f"WHERE {ready.format(queue='q.name')} AND run_after <= {now} "
-            f"ORDER BY priority DESC, run_after LIMIT {part}{lock}) AS r)",
+            f"ORDER BY {ready_order()} LIMIT {part}{lock}) AS r)",
             "ka AS MATERIALIZED (SELECT k.limit_key, k.n, k.period, k.rows, c.have, c.free, "
             "c.next_at FROM (SELECT limit_key, max(limit_count) AS n, "
             "max(limit_period) AS period, count(*) AS rows FROM la GROUP BY limit_key) AS k "
             f"CROSS JOIN LATERAL ({self.slot_counts('k.limit_key', 'k.n', handover)}) AS c)",
             # A key's rows in a window, as many as it has free slots.
             "lr AS (SELECT a.* FROM (SELECT la.*, row_number() OVER (PARTITION BY "
-            "la.queue, la.limit_key ORDER BY la.priority DESC, la.run_after) AS rn "
+            f"la.queue, la.limit_key ORDER BY {ready_order('la')}) AS rn "
             "FROM la) AS a JOIN ka ON ka.limit_key = a.limit_key WHERE a.rn <= ka.free)",
             # A window was full, yet gave fewer rows than wanted: keys whose
             # slots are all taken fill it. Then its queue's keys are walked.
@@ -156,17 +155,17 @@ class LimitedClaim:
             # one index descent a key, however many rows it holds.
             f"kk AS ((SELECT nb.queue, f.* FROM nb CROSS JOIN LATERAL (SELECT {head} "
             f"WHERE {ready.format(queue='nb.queue')} "
-            "ORDER BY limit_key, priority DESC, run_after LIMIT 1) AS f WHERE nb.walk) "
+            f"ORDER BY {by_key} LIMIT 1) AS f WHERE nb.walk) "
             f"UNION ALL SELECT k.queue, n.* FROM kk AS k CROSS JOIN LATERAL (SELECT {head} "
             f"WHERE {ready.format(queue='k.queue')} AND limit_key > k.limit_key "
-            "ORDER BY limit_key, priority DESC, run_after LIMIT 1) AS n)",
+            f"ORDER BY {by_key} LIMIT 1) AS n)",
             "kb AS MATERIALIZED (SELECT k.queue, k.limit_key, k.limit_count AS n, "
             "k.limit_period AS period, c.have, c.free, c.next_at FROM kk AS k CROSS JOIN LATERAL "
             f"({self.slot_counts('k.limit_key', 'k.limit_count', handover)}) AS c)",
             "rb AS (SELECT r.* FROM kb AS k CROSS JOIN LATERAL "
             f"(SELECT {self.columns}, priority, run_after FROM {t} "
             f"WHERE {ready.format(queue='k.queue')} AND limit_key = k.limit_key "
-            f"AND run_after <= {now} ORDER BY priority DESC, run_after "
+            f"AND run_after <= {now} ORDER BY {ready_order()} "
             f"LIMIT LEAST(k.free, {part}){lock}) AS r WHERE k.free > 0)",
         ]
         # Walked: a queue's key reads replace its window's rows (they hold them).
