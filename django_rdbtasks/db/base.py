@@ -105,7 +105,7 @@ class Dialect(Spelling):
     def encode_outcome(self, outcome: Outcome, limits: StorageLimits) -> None:
         """Encode ``outcome`` for the round ahead, as every database stores it.
 
-        A runner thread does it while the slot's round thread waits for the
+        A runner thread does it while the lane's round thread waits for the
         database. What a database would refuse is made storable first
         (``storable_outcomes.make_storable``: the texts of its history entry
         readable and bounded, a result that cannot be stored the task's
