@@ -5,7 +5,9 @@ backend run about tasks, named and commented, laid out by ``sqlparse``
 (Django's own dependency): the PostgreSQL round in each of its claim forms and
 modes, with and without outcomes; the portable claim's reads, its compare-and-
 set, the outcomes' writes, renewals, progress, the slots of limits, the
-enqueue's INSERTs and the sessions' bounds. ``docs/sql/<vendor>.sql`` holds
+enqueue's INSERTs and the sessions' bounds; on PostgreSQL also what runs
+outside a round (``finish``, the finished rows' moves, retention's batch, the
+migrations' statements, the cleanup report). ``docs/sql/<vendor>.sql`` holds
 the rendering, and ``tests/test_sql_catalog.py`` fails when it differs from
 what the code builds, so that any change to a statement shows in review as a
 diff of SQL (``make sql`` writes the files again).
@@ -33,6 +35,10 @@ from django.db.utils import load_backend
 from ..models import Task
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .dialects import DIALECTS, model_tables
+from .postgresql import cleanup as pg_cleanup
+from .postgresql import schema as pg_schema
+from .postgresql.finished import FINISHED_TABLE, move_back_sql, move_finished_sql
+from .postgresql.pruning import Link, delete_batch_sql
 from .postgresql.round import ClaimForm
 from .rows import Candidate, ClaimedRow, NewTask, Outcome
 
@@ -241,6 +247,78 @@ def _postgresql(d: Any) -> Iterator[Statement]:
         "After a bulk enqueue's COPY: its clock read off its first row, and the NOTIFY.",
         d.inserts.copied_sql[True],
     )
+    yield from _postgresql_outside_rounds(d, moved)
+
+
+def _postgresql_outside_rounds(d: Any, moved: dict[str, str]) -> Iterator[Statement]:
+    """What runs on PostgreSQL outside a round: outcomes written alone, finished rows
+    moved, retention's batches, the migrations' statements, the cleanup report."""
+    d.finished.present, d.finished.columns = True, moved
+    outcomes = [_outcome(OutcomeKind.SUCCESS), _outcome(OutcomeKind.RETRY)]
+    for i, sql in enumerate(_recorded(lambda c: d.finish(c, outcomes, WORKER))):
+        yield Statement(
+            f"finish_{i}",
+            "Outcomes written outside a round (a stopping worker, a task's own "
+            "connection), one statement per kind; an ending one moves its row to the "
+            "finished table as the round does.",
+            sql,
+        )
+    quote = d.first_connection.ops.quote_name
+    task_table = model_tables().task
+    table = quote(task_table)
+    finished = [status.value for status in TaskStatus.finished()]
+    yield Statement(
+        "move_finished_rows",
+        "Rows finished in the task table (before the finished table existed, or by a "
+        "path that does not move them) moved in batches, oldest first (finished_rows.py).",
+        move_finished_sql(table, moved, [TaskStatus.SUCCESSFUL.value]),
+    )
+    yield Statement(
+        "move_back_for_requeue",
+        "A requeue's rows moved back from the finished table before it rewrites them.",
+        move_back_sql(table, moved, "SELECT unnest(%s::uuid[])"),
+    )
+    link = Link('"app_invoice"', '"task_id"', cascade=True)
+    yield Statement(
+        "prune_batch",
+        "Retention: one batch of old finished tasks deleted with what refers to them "
+        "(here one table whose rows go with their task; retention.py finds the real "
+        "ones), their candidates counted (postgresql/pruning.py).",
+        delete_batch_sql(table, '"id"', [link]),
+    )
+    for i, sql in enumerate(
+        pg_schema.create_finished_table_sql(quote, task_table, FINISHED_TABLE, finished)
+    ):
+        yield Statement(
+            f"migration_finished_table_{i}",
+            "Migration 0015: the finished rows' table, inheriting the task table.",
+            sql,
+        )
+    yield Statement(
+        "migration_task_columns",
+        "A migration's list of the columns a moved row is copied by.",
+        pg_schema.TASK_COLUMNS_SQL,
+    )
+    for i, sql in enumerate(
+        pg_schema.drop_finished_table_sql(quote, task_table, FINISHED_TABLE, ["id", "status"])
+    ):
+        yield Statement(
+            f"migration_finished_table_reversed_{i}",
+            "Migration 0015 reversed: the finished rows back (every column, here two), "
+            "the table dropped.",
+            sql,
+        )
+    yield Statement(
+        "migration_interrupted_index",
+        "What an interrupted concurrent index build left, dropped before it is built again.",
+        pg_schema.drop_interrupted_index_sql('"rdbtasks_task_ready_fresh"'),
+    )
+    for name in ("SESSIONS", "PREPARED", "SLOTS", "REPLICAS", "TABLES", "AUTOVACUUM", "SEES_ALL"):
+        yield Statement(
+            f"cleanup_{name.lower()}",
+            f"rdbtasks cleanup: {name.lower().replace('_', ' ')} (postgresql/cleanup.py).",
+            getattr(pg_cleanup, f"PG_{name}"),
+        )
 
 
 def _portable(d: Any) -> Iterator[Statement]:

@@ -4731,6 +4731,497 @@ SELECT enqueued_at,
 FROM ONLY "django_rdbtasks_task"
 WHERE id = %s::uuid;
 
+-- name: finish_0
+-- Outcomes written outside a round (a stopping worker, a task's own connection), one statement per
+-- kind; an ending one moves its row to the finished table as the round does.
+UPDATE ONLY "django_rdbtasks_task" AS t
+SET status = 'READY',
+    version = t.version + 1,
+              lease_expires_at = NULL,
+              worker_id = '',
+              run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
+              history = t.history || jsonb_build_array(c.entry::jsonb)
+FROM jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
+WHERE t.id = c.id
+  AND t.version = c.version
+  AND (CASE
+           WHEN t.status = 'RUNNING' THEN t.worker_id
+       END) = %s RETURNING t.id,
+                           t.has_children;
+
+-- name: finish_1
+-- Outcomes written outside a round (a stopping worker, a task's own connection), one statement per
+-- kind; an ending one moves its row to the finished table as the round does.
+WITH d AS
+  (DELETE
+   FROM ONLY "django_rdbtasks_task" AS t USING jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
+   WHERE t.id = c.id
+     AND t.version = c.version
+     AND (CASE
+              WHEN t.status = 'RUNNING' THEN t.worker_id
+          END) = %s RETURNING t."id",
+                              t."task_path",
+                              t."queue_name",
+                              t."backend_name",
+                              t."priority",
+                              t."args",
+                              t."kwargs",
+                              ('SUCCESSFUL')::varchar(16) AS "status",
+                              (t.version + 1)::bigint AS "version",
+                              t."worker_id",
+                              (NULL)::timestamp with time zone AS "lease_expires_at",
+                                                                  t."attempts",
+                                                                  t."max_attempts",
+                                                                  t."enqueued_at",
+                                                                  t."run_after",
+                                                                  t."requested_run_after",
+                                                                  t."started_at",
+                                                                  t."last_attempted_at",
+                                                                  (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
+                                                                                                                       (c.rv)::jsonb AS "return_value",
+                                                                                                                       (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+                                                                                                                       t."cancel_requested",
+                                                                                                                       t."progress",
+                                                                                                                       t."progress_message",
+                                                                                                                       t."checkpoint",
+                                                                                                                       t."waiting_on",
+                                                                                                                       t."on_parent_failure",
+                                                                                                                       t."has_children",
+                                                                                                                       t."job_name",
+                                                                                                                       t."dedup_key",
+                                                                                                                       t."trace_context",
+                                                                                                                       t."limit_key",
+                                                                                                                       t."limit_count",
+                                                                                                                       t."limit_period"),
+     h AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+   FROM d)
+SELECT id,
+       has_children
+FROM d;
+
+-- name: move_finished_rows
+-- Rows finished in the task table (before the finished table existed, or by a path that does not
+-- move them) moved in batches, oldest first (finished_rows.py).
+WITH batch AS
+  (SELECT id
+   FROM ONLY "django_rdbtasks_task"
+   WHERE finished_at IS NOT NULL
+     AND status IN ('SUCCESSFUL')
+   ORDER BY finished_at
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED),
+     moved AS
+  (DELETE
+   FROM ONLY "django_rdbtasks_task"
+   WHERE id IN
+       (SELECT id
+        FROM batch) RETURNING "id",
+                              "task_path",
+                              "queue_name",
+                              "backend_name",
+                              "priority",
+                              "args",
+                              "kwargs",
+                              "status",
+                              "version",
+                              "worker_id",
+                              "lease_expires_at",
+                              "attempts",
+                              "max_attempts",
+                              "enqueued_at",
+                              "run_after",
+                              "requested_run_after",
+                              "started_at",
+                              "last_attempted_at",
+                              "finished_at",
+                              "return_value",
+                              "history",
+                              "cancel_requested",
+                              "progress",
+                              "progress_message",
+                              "checkpoint",
+                              "waiting_on",
+                              "on_parent_failure",
+                              "has_children",
+                              "job_name",
+                              "dedup_key",
+                              "trace_context",
+                              "limit_key",
+                              "limit_count",
+                              "limit_period")
+INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period")
+SELECT "id",
+       "task_path",
+       "queue_name",
+       "backend_name",
+       "priority",
+       "args",
+       "kwargs",
+       "status",
+       "version",
+       "worker_id",
+       "lease_expires_at",
+       "attempts",
+       "max_attempts",
+       "enqueued_at",
+       "run_after",
+       "requested_run_after",
+       "started_at",
+       "last_attempted_at",
+       "finished_at",
+       "return_value",
+       "history",
+       "cancel_requested",
+       "progress",
+       "progress_message",
+       "checkpoint",
+       "waiting_on",
+       "on_parent_failure",
+       "has_children",
+       "job_name",
+       "dedup_key",
+       "trace_context",
+       "limit_key",
+       "limit_count",
+       "limit_period"
+FROM moved;
+
+-- name: move_back_for_requeue
+-- A requeue's rows moved back from the finished table before it rewrites them.
+WITH moved AS
+  (DELETE
+   FROM ONLY django_rdbtasks_finishedtask
+   WHERE id IN
+       (SELECT unnest(%s::uuid[])) RETURNING "id",
+                                             "task_path",
+                                             "queue_name",
+                                             "backend_name",
+                                             "priority",
+                                             "args",
+                                             "kwargs",
+                                             "status",
+                                             "version",
+                                             "worker_id",
+                                             "lease_expires_at",
+                                             "attempts",
+                                             "max_attempts",
+                                             "enqueued_at",
+                                             "run_after",
+                                             "requested_run_after",
+                                             "started_at",
+                                             "last_attempted_at",
+                                             "finished_at",
+                                             "return_value",
+                                             "history",
+                                             "cancel_requested",
+                                             "progress",
+                                             "progress_message",
+                                             "checkpoint",
+                                             "waiting_on",
+                                             "on_parent_failure",
+                                             "has_children",
+                                             "job_name",
+                                             "dedup_key",
+                                             "trace_context",
+                                             "limit_key",
+                                             "limit_count",
+                                             "limit_period")
+INSERT INTO "django_rdbtasks_task" ("id",
+                                    "task_path",
+                                    "queue_name",
+                                    "backend_name",
+                                    "priority",
+                                    "args",
+                                    "kwargs",
+                                    "status",
+                                    "version",
+                                    "worker_id",
+                                    "lease_expires_at",
+                                    "attempts",
+                                    "max_attempts",
+                                    "enqueued_at",
+                                    "run_after",
+                                    "requested_run_after",
+                                    "started_at",
+                                    "last_attempted_at",
+                                    "finished_at",
+                                    "return_value",
+                                    "history",
+                                    "cancel_requested",
+                                    "progress",
+                                    "progress_message",
+                                    "checkpoint",
+                                    "waiting_on",
+                                    "on_parent_failure",
+                                    "has_children",
+                                    "job_name",
+                                    "dedup_key",
+                                    "trace_context",
+                                    "limit_key",
+                                    "limit_count",
+                                    "limit_period")
+SELECT "id",
+       "task_path",
+       "queue_name",
+       "backend_name",
+       "priority",
+       "args",
+       "kwargs",
+       "status",
+       "version",
+       "worker_id",
+       "lease_expires_at",
+       "attempts",
+       "max_attempts",
+       "enqueued_at",
+       "run_after",
+       "requested_run_after",
+       "started_at",
+       "last_attempted_at",
+       "finished_at",
+       "return_value",
+       "history",
+       "cancel_requested",
+       "progress",
+       "progress_message",
+       "checkpoint",
+       "waiting_on",
+       "on_parent_failure",
+       "has_children",
+       "job_name",
+       "dedup_key",
+       "trace_context",
+       "limit_key",
+       "limit_count",
+       "limit_period"
+FROM moved;
+
+-- name: prune_batch
+-- Retention: one batch of old finished tasks deleted with what refers to them (here one table
+-- whose rows go with their task; retention.py finds the real ones), their candidates counted
+-- (postgresql/pruning.py).
+WITH candidates AS MATERIALIZED
+  (SELECT count(*) AS n
+   FROM
+     (SELECT 1
+      FROM "django_rdbtasks_task"
+      WHERE status = ANY(%s)
+        AND finished_at < %s
+      LIMIT %s) AS c), batch AS MATERIALIZED
+  (SELECT "id" AS id
+   FROM "django_rdbtasks_task"
+   WHERE status = ANY(%s)
+     AND finished_at < %s
+   ORDER BY finished_at
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED), r0 AS
+  (DELETE
+   FROM "app_invoice"
+   WHERE "task_id" IN
+       (SELECT id
+        FROM batch)),
+                            gone AS
+  (DELETE
+   FROM "django_rdbtasks_task"
+   WHERE "id" IN
+       (SELECT id
+        FROM batch) RETURNING status)
+SELECT status,
+       count(*)
+FROM gone
+GROUP BY status
+UNION ALL
+SELECT NULL,
+       n
+FROM candidates;
+
+-- name: migration_finished_table_0
+-- Migration 0015: the finished rows' table, inheriting the task table.
+CREATE TABLE "django_rdbtasks_finishedtask" (CONSTRAINT "rdbtasks_finishedtask_pkey" PRIMARY KEY (id), CONSTRAINT "rdbtasks_finishedtask_status" CHECK (status IN ('SUCCESSFUL',
+                                                                                                                                                                   'FAILED',
+                                                                                                                                                                   'CANCELLED'))) INHERITS ("django_rdbtasks_task");
+
+-- name: migration_finished_table_1
+-- Migration 0015: the finished rows' table, inheriting the task table.
+CREATE INDEX "rdbtasks_finishedtask_finished" ON "django_rdbtasks_finishedtask" (finished_at,
+                                                                                 status,
+                                                                                 queue_name);
+
+-- name: migration_finished_table_2
+-- Migration 0015: the finished rows' table, inheriting the task table.
+CREATE INDEX "rdbtasks_finishedtask_failed" ON "django_rdbtasks_finishedtask" (id)
+WHERE status = 'FAILED';
+
+-- name: migration_finished_table_3
+-- Migration 0015: the finished rows' table, inheriting the task table.
+CREATE INDEX "rdbtasks_finishedtask_path" ON "django_rdbtasks_finishedtask" (task_path);
+
+-- name: migration_finished_table_4
+-- Migration 0015: the finished rows' table, inheriting the task table.
+CREATE INDEX "rdbtasks_finishedtask_job_search" ON "django_rdbtasks_finishedtask" USING gin (job_name gin_trgm_ops)
+WHERE job_name <> '';
+
+-- name: migration_finished_table_5
+-- Migration 0015: the finished rows' table, inheriting the task table.
+CREATE INDEX "rdbtasks_finishedtask_dedup_search" ON "django_rdbtasks_finishedtask" USING gin (dedup_key gin_trgm_ops)
+WHERE dedup_key IS NOT NULL;
+
+-- name: migration_task_columns
+-- A migration's list of the columns a moved row is copied by.
+SELECT column_name
+FROM information_schema.columns
+WHERE table_name = %s
+  AND table_schema = current_schema()
+  AND is_generated = 'NEVER'
+ORDER BY ordinal_position;
+
+-- name: migration_finished_table_reversed_0
+-- Migration 0015 reversed: the finished rows back (every column, here two), the table dropped.
+INSERT INTO "django_rdbtasks_task" ("id",
+                                    "status")
+SELECT "id",
+       "status"
+FROM ONLY "django_rdbtasks_finishedtask";
+
+-- name: migration_finished_table_reversed_1
+-- Migration 0015 reversed: the finished rows back (every column, here two), the table dropped.
+DROP TABLE "django_rdbtasks_finishedtask";
+
+-- name: migration_interrupted_index
+-- What an interrupted concurrent index build left, dropped before it is built again.
+DROP INDEX CONCURRENTLY IF EXISTS "rdbtasks_task_ready_fresh";
+
+-- name: cleanup_sessions
+-- rdbtasks cleanup: sessions (postgresql/cleanup.py).
+-- rdbtasks_cleanup_sessions
+
+SELECT pid,
+       coalesce(state, ''),
+       coalesce(application_name, ''),
+       coalesce(host(client_addr), 'local'),
+       client_port,
+       coalesce(usename::text, ''),
+       EXTRACT(EPOCH
+               FROM statement_timestamp() - coalesce(xact_start, query_start)),
+       greatest(age(backend_xid), age(backend_xmin)),
+       left(coalesce(query, ''), %s)
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND pid <> pg_backend_pid()
+  AND backend_type NOT IN ('walsender',
+                           'autovacuum worker')
+  AND (backend_xid IS NOT NULL
+       OR backend_xmin IS NOT NULL)
+ORDER BY 8 DESC;
+
+-- name: cleanup_prepared
+-- rdbtasks cleanup: prepared (postgresql/cleanup.py).
+-- rdbtasks_cleanup_prepared
+
+SELECT gid,
+       coalesce(owner::text, ''),
+       EXTRACT(EPOCH
+               FROM statement_timestamp() - prepared),
+       age(transaction)
+FROM pg_prepared_xacts
+WHERE database = current_database();
+
+-- name: cleanup_slots
+-- rdbtasks cleanup: slots (postgresql/cleanup.py).
+-- rdbtasks_cleanup_slots
+
+SELECT slot_name,
+       slot_type,
+       active,
+       age(xmin)
+FROM pg_replication_slots
+WHERE xmin IS NOT NULL;
+
+-- name: cleanup_replicas
+-- rdbtasks cleanup: replicas (postgresql/cleanup.py).
+-- rdbtasks_cleanup_replicas
+
+SELECT pid,
+       coalesce(application_name, ''),
+       coalesce(host(client_addr), 'local'),
+       coalesce(state, ''),
+       age(backend_xmin)
+FROM pg_stat_replication
+WHERE backend_xmin IS NOT NULL;
+
+-- name: cleanup_tables
+-- rdbtasks cleanup: tables (postgresql/cleanup.py).
+-- rdbtasks_cleanup_tables
+
+SELECT relname,
+       n_live_tup,
+       n_dead_tup,
+       last_vacuum,
+       last_autovacuum,
+       last_analyze,
+       last_autoanalyze
+FROM pg_stat_user_tables
+WHERE relid IN
+    (SELECT to_regclass(name)
+     FROM unnest(%s::text[]) AS name)
+ORDER BY n_dead_tup DESC;
+
+-- name: cleanup_autovacuum
+-- rdbtasks cleanup: autovacuum (postgresql/cleanup.py).
+-- rdbtasks_cleanup_autovacuum
+
+SELECT current_setting('autovacuum') = 'on',
+       array
+  (SELECT relname::text
+   FROM pg_class
+   WHERE oid IN
+       (SELECT to_regclass(name)
+        FROM unnest(%s::text[]) AS name)
+     AND reloptions @> ARRAY['autovacuum_enabled=false']);
+
+-- name: cleanup_sees_all
+-- rdbtasks cleanup: sees all (postgresql/cleanup.py).
+-- rdbtasks_cleanup_privilege
+
+SELECT rolsuper
+OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')
+FROM pg_roles
+WHERE rolname = current_user;
+
 -- name: save_progress_0
 -- A running task's progress, fenced.
 UPDATE ONLY "django_rdbtasks_task"
