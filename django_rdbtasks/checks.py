@@ -290,7 +290,7 @@ def check_foreign_keys_to_tasks(
             "constraint does not follow, and such a task could never be recorded finished.",
             hint="Declare it with db_constraint=False (Django still cascades deletions).",
             obj=field,
-            id="django_rdbtasks.E030",
+            id="django_rdbtasks.E032",
         )
         for model in models
         if model._meta.app_label != "django_rdbtasks"

@@ -252,7 +252,7 @@ def test_a_foreign_key_to_tasks_with_a_constraint_is_an_error_on_postgresql() ->
         assert found == []  # rows never move there
         return
     through = Invoice._meta.get_field("batch").remote_field.through
-    assert {m.id for m in found} == {"django_rdbtasks.E030"}
+    assert {m.id for m in found} == {"django_rdbtasks.E032"}
     assert {m.obj for m in found} == {
         Invoice._meta.get_field("task"),
         through._meta.get_field("task"),  # the many-to-many's table
