@@ -397,10 +397,15 @@ class Worker:
                 # connection broke: connect again first, not at the cost of an attempt.
                 if lane.connections_lost or task_connection_broke():
                     lost, lane.connections_lost = lane.connections_lost, False
-                    if not reconnect_task_connections(
-                        lost, self.database, dialect.accepts_writes, own=own,
-                        stop=self.halt, give_up=self.stopping.is_set,
-                    ) or running.lost:  # fmt: skip
+                    reconnected = reconnect_task_connections(
+                        lost,
+                        self.database,
+                        dialect.accepts_writes,
+                        own=own,
+                        stop=self.halt,
+                        give_up=self.stopping.is_set,
+                    )
+                    if not reconnected or running.lost:
                         # Stopped first, or its lease lost meanwhile: given back unrun.
                         lane.finish(executor.release(running), running)
                         continue
