@@ -50,7 +50,7 @@ sequential scan and a sort, once a backlog arrives):
   turn into a read of the whole table (a LATERAL with a LIMIT, an array of
   ids or locations).
 
-tests/test_pg_cursor.py builds the plan on an empty table and runs it on a
+tests/test_postgresql_cursor.py builds the plan on an empty table and runs it on a
 backlog of 300,000 rows.
 """
 

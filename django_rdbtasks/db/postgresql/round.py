@@ -32,7 +32,7 @@ second statement. Every form is prepared, from its first run, with one
 plan for every run (cursor.py): each of its reads of the table is one no
 plan can widen to the whole table (by primary key, by location, an index's
 range with a LIMIT), whatever the table held when the plan was made
-(tests/test_pg_cursor.py makes the plans on an empty table and runs them on a
+(tests/test_postgresql_cursor.py makes the plans on an empty table and runs them on a
 backlog). The planning, once a shape a session, grows with the form: see
 docs/limits.md, "Cost".
 
