@@ -366,6 +366,38 @@ def _portable(d: Any) -> Iterator[Statement]:
         yield Statement(f"renew_{i}", "The heartbeat, step by step.", sql)
     for i, sql in enumerate(_recorded(lambda c: d.unpaused(c, QUEUES))):
         yield Statement(f"claim_paused_queues_{i}", "The paused queues, read by the claim.", sql)
+    for i, sql in enumerate(_recorded(lambda c: d.limits.slot_state(c, {"tenant:1": 3}))):
+        yield Statement(
+            f"claim_slot_state_{i}",
+            "The slots of the keys a window found (up to 500 keys a statement): how many "
+            "exist, which are free now, when the others come free, by the database's clock.",
+            sql,
+        )
+    yield Statement(
+        "claim_walk_first_key",
+        "A queue whose window full keys filled is walked: its first key with READY rows, "
+        "one index descent (ready_reads.py, step 3).",
+        d.ready.first_key_sql(),
+    )
+    yield Statement(
+        "claim_walk_next_key",
+        "The walk's next key after the last, one index descent a key however many rows "
+        "the last holds (run in a loop: these databases run no recursive loose scan).",
+        d.ready.next_key_sql(),
+    )
+    yield Statement(
+        "claim_walk_key_rows",
+        "A walked key with free slots read for as many rows as it has free (several keys "
+        "are one UNION ALL of this, up to 100 a statement).",
+        d.ready.key_rows_sql(),
+    )
+    if not d.ready.split:
+        yield Statement(
+            "claim_walk_unlimited_rows",
+            "Where one window holds every kind (no partial indexes), a walked queue's rows "
+            "without a limit, read apart.",
+            d.ready.unlimited_sql(),
+        )
 
 
 def _common(d: Any) -> Iterator[Statement]:

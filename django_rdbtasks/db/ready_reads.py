@@ -174,10 +174,7 @@ class ReadyReads:
             if i in walk:
                 found += self._walk(cursor, queues[i], limit, lock, held)
                 if not self.split:
-                    where = f"status = '{READY}' AND queue_name = %s AND limit_key IS NULL "
-                    where += f"AND run_after <= {self.d.now_sql}"
-                    sql = self._select(where, ready_order(), 1)
-                    found += self._run(cursor, sql, [queues[i], limit], lock)
+                    found += self._run(cursor, self.unlimited_sql(), [queues[i], limit], lock)
             else:
                 found += offered[i]
         if report is not None:
@@ -242,6 +239,39 @@ class ReadyReads:
             if have < counts[key]:
                 held.missing.append((key, counts[key], periods[key]))
 
+    # -- the walk's statements (step 3 of the module's docstring) ---------------------------
+
+    #: A queue's READY rows with a limit (``%s``: the queue), before what follows it.
+    _KEYED = f"status = '{READY}' AND queue_name = %s AND limit_key"
+
+    def first_key_sql(self) -> str:
+        """The first key of a queue with READY rows (``%s``: the queue): its first row
+        in the ``ready_key`` index, one descent."""
+        return (
+            f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
+            f"WHERE {self._KEYED} IS NOT NULL ORDER BY {ready_order(after=['limit_key'])} LIMIT 1"
+        )
+
+    def next_key_sql(self) -> str:
+        """The next key after one (``%s``: the queue, the key): one descent a key,
+        however many rows the key before it holds (a loose index scan, step by step)."""
+        return (
+            f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
+            f"WHERE {self._KEYED} > %s ORDER BY {ready_order(after=['limit_key'])} LIMIT 1"
+        )
+
+    def key_rows_sql(self) -> str:
+        """A key's runnable rows in claim order (``%s``: the queue, the key, how many)."""
+        where = f"{self._KEYED} = %s AND run_after <= {self.d.now_sql}"
+        return self._select(where, ready_order(), 1)
+
+    def unlimited_sql(self) -> str:
+        """Where the window holds every kind (no partial indexes: MySQL, MariaDB), the
+        rows without a limit of a walked queue (``%s``: the queue, how many)."""
+        where = f"status = '{READY}' AND queue_name = %s AND limit_key IS NULL "
+        where += f"AND run_after <= {self.d.now_sql}"
+        return self._select(where, ready_order(), 1)
+
     def _walk(
         self,
         cursor: Any,
@@ -252,24 +282,11 @@ class ReadyReads:
     ) -> list[_Row]:
         """Each key of the queue with READY rows, read for as many as it has free slots."""
         heads: dict[str, tuple[int, float]] = {}
-        ready = f"status = '{READY}' AND queue_name = %s AND limit_key"
-        # The ``ready_key`` index's order: each key's rows in claim order.
-        by_key = ready_order(after=["limit_key"])
-        # The next key after the last, each its key's first row in the
-        # ``ready_key`` index: one descent a key, however many rows it holds.
-        cursor.execute(
-            f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
-            f"WHERE {ready} IS NOT NULL ORDER BY {by_key} LIMIT 1",
-            [queue],
-        )
+        cursor.execute(self.first_key_sql(), [queue])
         row = cursor.fetchone()
         while row is not None:
             heads[row[0]] = (row[1] or 0, row[2] or 0.0)
-            cursor.execute(
-                f"SELECT limit_key, limit_count, limit_period FROM {self.t} "
-                f"WHERE {ready} > %s ORDER BY {by_key} LIMIT 1",
-                [queue, row[0]],
-            )
+            cursor.execute(self.next_key_sql(), [queue, row[0]])
             row = cursor.fetchone()
         counts = {key: count for key, (count, _) in heads.items()}
         state = self.limits.slot_state(cursor, counts) if counts else {}
@@ -280,8 +297,7 @@ class ReadyReads:
         wanted = [
             (key, min(free, limit)) for key, (_, free, _) in sorted(state.items()) if free > 0
         ]
-        where = f"{ready} = %s AND run_after <= {self.d.now_sql}"
-        sql = self._select(where, ready_order(), 1)
+        sql = self.key_rows_sql()
         found: list[_Row] = []
         if lock:
             for key, n in wanted:

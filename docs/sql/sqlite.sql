@@ -442,6 +442,74 @@ WHERE (CASE
 SELECT queue_name
 FROM "django_rdbtasks_pausedqueue";
 
+-- name: claim_slot_state_0
+-- The slots of the keys a window found (up to 500 keys a statement): how many exist, which are
+-- free now, when the others come free, by the database's clock.
+SELECT s."key",
+       s.slot_no,
+       CASE
+           WHEN (s.free_at IS NULL
+                 OR s.free_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')) THEN 1
+           ELSE 0
+       END,
+       s.free_at,
+       STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+FROM "django_rdbtasks_limitslot" s
+WHERE s."key" IN (%s);
+
+-- name: claim_walk_first_key
+-- A queue whose window full keys filled is walked: its first key with READY rows, one index
+-- descent (ready_reads.py, step 3).
+SELECT limit_key,
+       limit_count,
+       limit_period
+FROM "django_rdbtasks_task"
+WHERE status = 'READY'
+  AND queue_name = %s
+  AND limit_key IS NOT NULL
+ORDER BY limit_key,
+         priority DESC,
+         run_after
+LIMIT 1;
+
+-- name: claim_walk_next_key
+-- The walk's next key after the last, one index descent a key however many rows the last holds
+-- (run in a loop: these databases run no recursive loose scan).
+SELECT limit_key,
+       limit_count,
+       limit_period
+FROM "django_rdbtasks_task"
+WHERE status = 'READY'
+  AND queue_name = %s
+  AND limit_key > %s
+ORDER BY limit_key,
+         priority DESC,
+         run_after
+LIMIT 1;
+
+-- name: claim_walk_key_rows
+-- A walked key with free slots read for as many rows as it has free (several keys are one UNION
+-- ALL of this, up to 100 a statement).
+SELECT id,
+       version,
+       status,
+       worker_id,
+       last_attempted_at,
+       limit_key,
+       limit_count,
+       limit_period,
+       1 AS reclaim,
+       priority,
+       run_after
+FROM "django_rdbtasks_task" AS t
+WHERE status = 'READY'
+  AND queue_name = %s
+  AND limit_key = %s
+  AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+ORDER BY priority DESC,
+         run_after
+LIMIT %s;
+
 -- name: save_progress_0
 -- A running task's progress, fenced.
 UPDATE "django_rdbtasks_task"
