@@ -223,6 +223,10 @@ class Dialect(Spelling):
 
     # -- writing outcomes --------------------------------------------------------------
 
+    def refuse_oversized(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        """Raise the database's own refusal for a statement it could not take whole,
+        before sending it (MySQL/MariaDB: ``max_allowed_packet``); here, nothing."""
+
     def lock_rows(
         self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str
     ) -> tuple[set[Any], set[Any]]:
@@ -284,7 +288,9 @@ class Dialect(Spelling):
         """
         written: dict[Any, bool | None] = {}
         for outcome in outcomes:
-            cursor.execute(self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id))
+            sql, params = self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id)
+            self.refuse_oversized(cursor, sql, params)
+            cursor.execute(sql, params)
             if cursor.rowcount == 1:
                 written[outcome.id] = None
         self.limits.release(cursor, [o for o in outcomes if o.id in written])

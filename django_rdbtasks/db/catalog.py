@@ -118,7 +118,10 @@ def dialect(vendor: str) -> Any:
         wrapper.__dict__["mysql_is_mariadb"] = True
         wrapper.__dict__["mysql_version"] = (10, 11, 0)
         wrapper.__dict__["mysql_server_info"] = "10.11.0-MariaDB"
-    return DIALECTS[vendor](wrapper, model_tables())
+    made: Any = DIALECTS[vendor](wrapper, model_tables())
+    if vendor == "mysql":
+        made.max_packet = 64 * 1024 * 1024  # learnt from the server; MySQL 8's default
+    return made
 
 
 def _claimed() -> ClaimedRow:
