@@ -90,6 +90,11 @@ class MySQLDialect(Dialect):
         if self.max_packet is None:
             cursor.execute("SELECT @@max_allowed_packet")
             self.max_packet = int(cursor.fetchone()[0])
+        # A character is at most 4 bytes: the values are encoded to count them
+        # only when their lengths alone come near the limit (most never do).
+        chars = len(sql) + sum(len(v) if isinstance(v, str | bytes) else 32 for v in params)
+        if chars * 4 <= self.max_packet:
+            return
         size = len(sql) + sum(_byte_length(value) for value in params)
         if size > self.max_packet:
             raise OperationalError(
@@ -219,6 +224,6 @@ def _byte_length(value: Any) -> int:
     """What a statement's value adds to it, before escaping."""
     if isinstance(value, str):
         return len(value.encode("utf-8", "surrogatepass"))
-    if isinstance(value, bytes | bytearray):
+    if isinstance(value, bytes):
         return len(value)
     return 32
