@@ -168,14 +168,7 @@ class PostgreSQLDialect(Dialect):
         fills the window. A form that finds it does not suffice claims
         nothing, and the next runs at once: the claims keep their order.
 
-        An optimistic claim that comes back short while it saw more runnable
-        rows than it won lost races: the other claimers read the same first
-        rows of the queue, and took them or hold them locked. For the next
-        ``LOCKED_READS_SECONDS`` the claims of these queues read as the
-        skip-locked mode does, skipping rows others hold as they read, so each
-        claimer fills its batch from rows nobody else is taking. The claim is
-        the same compare-and-set of the versions read either way; only which
-        rows it tries changes.
+        How an optimistic claim reads after it lost races: ``Dialect.read_mode``.
         """
         claim = request is not None and request.want > 0
         queues = tuple(request.queues) if request is not None else ()
