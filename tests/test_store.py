@@ -169,3 +169,29 @@ def test_a_result_over_max_allowed_packet_fails_its_task_naming_the_limit(store)
     assert "(MySQL error 1153)" in traceback
     assert f"the server's max_allowed_packet is {packet:,} bytes" in traceback
     assert Task.objects.filter(status="SUCCESSFUL").count() == 2
+
+
+def test_an_outcome_settles_dependants_only_for_a_task_that_has_them(store, vendor):
+    """The outcome's row lock reads whether the task has dependants (MySQL, MariaDB;
+    PostgreSQL's statement returns it): a task without reads neither the dependencies
+    nor the workflows; a parent's success releases its dependant in the same round."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from django_rdbtasks.dependencies import enqueue_after
+
+    plain = claim(store, 1)
+    with CaptureQueriesContext(connections[store.alias]) as captured:
+        result = store.exchange([success(plain[0], 1, store)], "w1", None)
+    assert set(result.written) == {plain[0].id}
+    sqls = [q["sql"] or "" for q in captured]
+    settling = [sql for sql in sqls if "dependency" in sql or "workflow" in sql]
+    # (SQLite, without row locks, has nothing to read it with: it settles to find out.)
+    assert vendor == "sqlite" or not settling, settling
+
+    parent = tasks.add.enqueue(1, 1)
+    child = enqueue_after([parent], tasks.add, 2, 2)
+    rows = store.exchange([], "w1", ClaimRequest(["default"], 1, "w1", 30.0)).claimed
+    assert [store.public_id(row.id) for row in rows] == [parent.id]
+    store.exchange([success(rows[0], 2, store)], "w1", None)
+    assert Task.objects.get(pk=child.id).status == "READY"

@@ -121,8 +121,10 @@ class Dialect(Spelling):
 
     def forget_learnt(self) -> None:
         """Forget what past rounds taught the claims (their contention; PostgreSQL:
-        their forms), so that the next claim starts as a new process's would."""
+        their forms; elsewhere the keys their walks found), so that the next claim
+        starts as a new process's would."""
         self.locked_reads_until.clear()
+        self.ready.walked.clear()
 
     def reads_locked(self) -> bool:
         """Whether an optimistic claim may read with SKIP LOCKED after lost races:
@@ -228,7 +230,12 @@ class Dialect(Spelling):
         before sending it (MySQL/MariaDB: ``max_allowed_packet``); here, nothing."""
 
     def lock_rows(
-        self, cursor: Any, claims: Sequence[tuple[Any, int]], worker_id: str
+        self,
+        cursor: Any,
+        claims: Sequence[tuple[Any, int]],
+        worker_id: str,
+        *,
+        childless: set[Any] | None = None,
     ) -> tuple[set[Any], set[Any]]:
         """Lock the rows of these claims that no other session holds: ``(locked, busy)``.
 
@@ -236,17 +243,27 @@ class Dialect(Spelling):
         ones to write: writing any other would wait for the session holding
         it, and every other write of the transaction with it. ``busy``: those
         of the rest still ours, to write later; the others are lost claims.
+        ``childless``: given, the locked ids whose tasks have no dependants
+        (read with the lock: a dependant is added under this row's lock) are
+        added to it, so that their outcomes settle nothing (``finish_locked``).
         Runs inside the caller's transaction.
         """
         if not claims or not self.has_row_locks:
             return {i for i, _ in claims}, set()
         marks = ", ".join(["%s"] * len(claims))
+        columns = "id" if childless is None else "id, has_children"
         cursor.execute(
-            f"SELECT id FROM {self.table} WHERE id IN ({marks}) {self.row_lock_sql}",
+            f"SELECT {columns} FROM {self.table} WHERE id IN ({marks}) {self.row_lock_sql}",
             [i for i, _ in claims],
         )
-        got = {self.decode_id(row[0]) for row in cursor.fetchall()}
-        locked = {i for i, _ in claims if self.decode_id(i) in got}
+        # (Without has_children read, every row reads as having dependants.)
+        read = {
+            self.decode_id(row[0]): bool(row[-1] if childless is not None else True)
+            for row in cursor.fetchall()
+        }
+        locked = {i for i, _ in claims if self.decode_id(i) in read}
+        if childless is not None:
+            childless.update(i for i in locked if not read[self.decode_id(i)])
         rest = [(i, v) for i, v in claims if i not in locked]
         if not rest:
             return locked, set()
@@ -295,6 +312,26 @@ class Dialect(Spelling):
                 written[outcome.id] = None
         self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written
+
+    def finish_locked(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
+    ) -> tuple[dict[Any, bool | None], set[Any]]:
+        """``lock_rows`` then ``finish`` for the rows locked: ``(written, busy)``.
+
+        The outcomes of tasks the lock's read found without dependants are
+        written as having none (False), so the caller's settlement of
+        dependants and workflows reads nothing for them (two statements a
+        round saved where the outcome's statement cannot say: ``finish``).
+        """
+        childless: set[Any] = set()
+        claims = [(o.id, o.version) for o in outcomes]
+        locked, busy = self.lock_rows(cursor, claims, worker_id, childless=childless)
+        writable = [o for o in outcomes if o.id in locked]
+        written = self.finish(cursor, writable, worker_id) if writable else {}
+        for outcome_id in childless:
+            if written.get(outcome_id, False) is None:
+                written[outcome_id] = False
+        return written, busy
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -453,9 +490,7 @@ class Dialect(Spelling):
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
     ) -> Exchange:
         """Write finished outcomes and claim the next rows, in the caller's transaction."""
-        locked, busy = self.lock_rows(cursor, [(o.id, o.version) for o in outcomes], worker_id)
-        writable = [o for o in outcomes if o.id in locked]
-        written = self.finish(cursor, writable, worker_id) if writable else {}
+        written, busy = self.finish_locked(cursor, outcomes, worker_id)
         if request is None or request.want <= 0:
             return Exchange(written, busy=busy)
         result = Exchange(written, busy=busy)

@@ -67,8 +67,9 @@ class Statement:
 class RecordingCursor:
     """Records what a method executes. It answers as a database where every row
     named is there and every write touches one row, so that a method goes on
-    to its next statement: a read of ids gives the ids asked for, any other
-    read nothing, the clock ``AT``."""
+    to its next statement: a read of ids gives the ids asked for (with
+    ``has_children`` false where it is read too), any other read nothing, the
+    clock ``AT``."""
 
     rowcount = 1
 
@@ -79,7 +80,12 @@ class RecordingCursor:
     def execute(self, sql: str, params: Any = ()) -> None:
         self.executed.append(sql)
         asked = [p for p in (params or []) if isinstance(p, uuid.UUID | str) and p in _ID_SET]
-        self._answer = [(i,) for i in asked] if sql.startswith("SELECT id FROM") else []
+        if sql.startswith("SELECT id FROM"):
+            self._answer = [(i,) for i in asked]
+        elif sql.startswith("SELECT id, has_children FROM"):
+            self._answer = [(i, False) for i in asked]
+        else:
+            self._answer = []
 
     def executemany(self, sql: str, rows: Any) -> None:
         self.executed.append(sql)
@@ -413,7 +419,16 @@ def _common(d: Any) -> Iterator[Statement]:
     ):
         yield Statement(f"save_progress_{i}", "A running task's progress, fenced.", sql)
     for i, sql in enumerate(_recorded(lambda c: d.lock_rows(c, [(IDS[0], 1)], WORKER))):
-        yield Statement(f"lock_rows_{i}", "The rows of outcomes about to be written.", sql)
+        yield Statement(f"lock_rows_{i}", "The rows of claims about to be renewed.", sql)
+    for i, sql in enumerate(
+        _recorded(lambda c: d.lock_rows(c, [(IDS[0], 1)], WORKER, childless=set()))
+    ):
+        yield Statement(
+            f"lock_outcome_rows_{i}",
+            "The rows of outcomes about to be written, and whether their tasks have "
+            "dependants to settle.",
+            sql,
+        )
     for i, sql in enumerate(_recorded(lambda c: d.limits.make_slots(c, [("tenant:1", 3, 0.0)]))):
         yield Statement(f"make_slots_{i}", "A limit key's missing slots, made.", sql)
     for i, sql in enumerate(_recorded(lambda c: d.current_time(c))):

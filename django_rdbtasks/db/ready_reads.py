@@ -18,7 +18,9 @@ What PostgreSQL does in one statement (``postgresql/round.py``), in a few:
    next key each (a loose index scan; MySQL and MariaDB do not run one as a
    recursive query, so it is a loop of short statements), and each key with
    free slots is read for as many rows as it has. The cost is then per key
-   with READY rows in the queue, never per row of a backlog.
+   with READY rows in the queue, never per row of a backlog. The keys a
+   walk found serve the process's next walks of the queue for
+   ``KEYS_KEPT_SECONDS`` (``WalkedKeys``); their slots are read every time.
 
 The rows are then ordered as the claim orders them: expired leases first,
 then priority and ``run_after``, limited or not.
@@ -26,7 +28,9 @@ then priority and ``run_after``, limited or not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +45,16 @@ READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
 #: Parts of the first read: where the database has partial indexes, the READY
 #: rows without a limit are two parts, fresh and deferred (``ready_arms``).
 EXPIRED, FRESH, DEFERRED, WINDOW = "expired", "fresh", "deferred", "window"
+#: How long the keys a walk found serve the next walks of the queue in the
+#: same process. Each walk is a statement a key (MySQL and MariaDB run no
+#: loose index scan as one), and while full keys' backlogs fill the windows
+#: every round walks: issue 42's scenario made six of the 26 statements of
+#: each MariaDB round. The keys change only as backlogs begin and end, and
+#: what is kept is the list, never the slots (read every walk), so a slot
+#: that comes free is seen at the next round as before. What waits longer:
+#: a key new to the queue, whose first rows lie behind the window and no
+#: kept walk knows, is found by the next walk, this much later at most.
+KEYS_KEPT_SECONDS = 0.25
 
 
 @dataclass(slots=True)
@@ -65,10 +79,43 @@ class Held:
             self.wait = max(0.0, wait)
 
 
+class WalkedKeys:
+    """The keys with READY rows a queue's walk found (``ReadyReads._walk``), each
+    with its limit's count and period, kept for ``KEYS_KEPT_SECONDS``.
+
+    One per dialect, that is per process and database: the process's round
+    threads share it (hence the lock).
+    """
+
+    def __init__(self, kept: float = KEYS_KEPT_SECONDS) -> None:
+        self.kept = kept
+        self._lock = threading.Lock()
+        self._found: dict[str, tuple[float, dict[str, tuple[int, float]]]] = {}
+
+    def get(self, queue: str, seen: Collection[str]) -> dict[str, tuple[int, float]] | None:
+        """The keys kept for ``queue``, if still fresh and none of ``seen`` (the keys
+        of the round's window) is missing from them."""
+        with self._lock:
+            entry = self._found.get(queue)
+        if entry is None or time.monotonic() - entry[0] > self.kept:
+            return None
+        heads = entry[1]
+        return heads if all(key in heads for key in seen) else None
+
+    def put(self, queue: str, heads: dict[str, tuple[int, float]]) -> None:
+        with self._lock:
+            self._found[queue] = (time.monotonic(), heads)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._found.clear()
+
+
 class ReadyReads:
     def __init__(self, dialect: Spelling, limits: LimitSQL) -> None:
         self.d = dialect
         self.limits = limits
+        self.walked = WalkedKeys()
         self.t = dialect.table
         #: READY rows with and without a limit are in indexes apart.
         self.split = dialect.connection.features.supports_partial_indexes
@@ -172,7 +219,8 @@ class ReadyReads:
         offered, walk = self._offer(cursor, windows, limit, held)
         for i in windows:
             if i in walk:
-                found += self._walk(cursor, queues[i], limit, lock, held)
+                keys = {c.limit_key for c in (r.candidate for r in windows[i]) if c.limit_key}
+                found += self._walk(cursor, queues[i], limit, lock, held, keys)
                 if not self.split:
                     found += self._run(cursor, self.unlimited_sql(), [queues[i], limit], lock)
             else:
@@ -279,15 +327,17 @@ class ReadyReads:
         limit: int,
         lock: str,
         held: Held,
+        seen: Collection[str] = (),
     ) -> list[_Row]:
-        """Each key of the queue with READY rows, read for as many as it has free slots."""
-        heads: dict[str, tuple[int, float]] = {}
-        cursor.execute(self.first_key_sql(), [queue])
-        row = cursor.fetchone()
-        while row is not None:
-            heads[row[0]] = (row[1] or 0, row[2] or 0.0)
-            cursor.execute(self.next_key_sql(), [queue, row[0]])
-            row = cursor.fetchone()
+        """Each key of the queue with READY rows, read for as many as it has free slots.
+
+        ``seen``: the keys of the queue's window; the keys a recent walk found
+        serve (``WalkedKeys``) when they include these.
+        """
+        heads = self.walked.get(queue, seen)
+        if heads is None:
+            heads = self.keys_with_ready_rows(cursor, queue)
+            self.walked.put(queue, heads)
         counts = {key: count for key, (count, _) in heads.items()}
         state = self.limits.slot_state(cursor, counts) if counts else {}
         self._report(state, counts, {k: p for k, (_, p) in heads.items()}, held)
@@ -308,3 +358,15 @@ class ReadyReads:
             union = " UNION ALL ".join(f"SELECT * FROM ({sql}) AS k{j}" for j in range(len(chunk)))
             found += self._run(cursor, union, [v for key, n in chunk for v in (queue, key, n)], "")
         return found
+
+    def keys_with_ready_rows(self, cursor: Any, queue: str) -> dict[str, tuple[int, float]]:
+        """The queue's keys with READY rows, each with its limit's count and period
+        (of its first row): one look-up a key."""
+        heads: dict[str, tuple[int, float]] = {}
+        cursor.execute(self.first_key_sql(), [queue])
+        row = cursor.fetchone()
+        while row is not None:
+            heads[row[0]] = (row[1] or 0, row[2] or 0.0)
+            cursor.execute(self.next_key_sql(), [queue, row[0]])
+            row = cursor.fetchone()
+        return heads

@@ -305,12 +305,9 @@ class ClaimStore:
         if not outcomes:
             return Exchange()
         with worker_transaction(self.alias), self.cursor() as cursor:
-            claims = [(o.id, o.version) for o in outcomes]
-            locked, busy = self.dialect.lock_rows(cursor, claims, worker_id)
-            writable = [o for o in outcomes if o.id in locked]
-            written = self.dialect.finish(cursor, writable, worker_id) if writable else {}
-            self._follow_up(writable, written, worker_id)
-            self._wake_others(writable, written)
+            written, busy = self.dialect.finish_locked(cursor, outcomes, worker_id)
+            self._follow_up(outcomes, written, worker_id)
+            self._wake_others(outcomes, written)
         return Exchange(written, busy=busy)
 
     def _wake_others(self, outcomes: Sequence[Outcome], written: dict[Any, bool | None]) -> None:

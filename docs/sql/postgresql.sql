@@ -5235,8 +5235,17 @@ WHERE id = %s
        END) = %s;
 
 -- name: lock_rows_0
--- The rows of outcomes about to be written.
+-- The rows of claims about to be renewed.
 SELECT id
+FROM ONLY "django_rdbtasks_task"
+WHERE id IN (%s)
+  FOR NO KEY
+  UPDATE SKIP LOCKED;
+
+-- name: lock_outcome_rows_0
+-- The rows of outcomes about to be written, and whether their tasks have dependants to settle.
+SELECT id,
+       has_children
 FROM ONLY "django_rdbtasks_task"
 WHERE id IN (%s)
   FOR NO KEY
