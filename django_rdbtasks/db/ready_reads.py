@@ -123,14 +123,16 @@ class ReadyReads:
 
     # -- the statements ----------------------------------------------------------------
 
-    def _select(self, where: str, order: str, reclaim: int) -> str:
+    def _select(self, where: str, order: str, reclaim: int, tag: int | None = None) -> str:
+        tagged = "" if tag is None else f", {tag} AS part"
         return (
-            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after FROM {self.t} AS t "
-            f"WHERE {where} ORDER BY {order} LIMIT %s"
+            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after{tagged} "
+            f"FROM {self.t} AS t WHERE {where} ORDER BY {order} LIMIT %s"
         )
 
-    def part_sql(self, kind: str) -> str:
-        """One part of the first read, for one queue (parameters: the queue, the limit)."""
+    def part_sql(self, kind: str, tag: int | None = None) -> str:
+        """One part of the first read, for one queue (parameters: the queue, the limit);
+        ``tag``: a column ``part`` more, of that value."""
         now = self.d.now_sql
         if kind == EXPIRED:
             return self._select(
@@ -138,6 +140,7 @@ class ReadyReads:
                 f"AND {self.limits.available('t')}",
                 "lease_expires_at",
                 0,
+                tag,
             )
         arm = {FRESH: ready_arms.FRESH, DEFERRED: ready_arms.DEFERRED, WINDOW: ""}[kind]
         if kind == WINDOW and self.split:
@@ -147,17 +150,28 @@ class ReadyReads:
             f"status = '{READY}' AND queue_name = %s {limit}AND run_after <= {now}",
             ready_order(),
             1,
+            tag,
         )
 
     def parts(self, queues: Sequence[str]) -> list[tuple[str, int]]:
         kinds = [EXPIRED, FRESH, DEFERRED, WINDOW] if self.split else [EXPIRED, WINDOW]
         return [(kind, i) for kind in kinds for i in range(len(queues))]
 
-    def first_sql(self, queues: Sequence[str]) -> str:
-        """The first read, all parts in one statement, each part tagged by its number."""
+    def first_sql(self, queues: Sequence[str], lock: str = "") -> str:
+        """The first read, all parts in one statement, each part tagged by its number.
+
+        ``lock``: a locking clause each part takes its rows with (MySQL,
+        MariaDB: a UNION allows one only in a parenthesized part; SQLite,
+        which takes no row lock, allows no parenthesized part).
+        """
+        parts = list(enumerate(self.parts(queues)))
+        if lock:
+            return " UNION ALL ".join(
+                f"({self.part_sql(kind, tag=n)} {lock})" for n, (kind, _) in parts
+            )
         return " UNION ALL ".join(
             f"SELECT p{n}.*, {n} AS part FROM ({self.part_sql(kind)}) AS p{n}"
-            for n, (kind, _) in enumerate(self.parts(queues))
+            for n, (kind, _) in parts
         )
 
     def first_params(self, queues: Sequence[str], limit: int) -> list[Any]:
@@ -195,19 +209,13 @@ class ReadyReads:
         """
         parts = self.parts(queues)
         read: list[list[_Row]] = [[] for _ in parts]
-        if lock:
-            # Locking reads one by one; the expired leases come first, and
-            # may be all a round takes.
-            expired = 0
-            for n, (kind, i) in enumerate(parts):
-                if kind != EXPIRED and expired >= limit:
-                    break
-                read[n] = self._run(cursor, self.part_sql(kind), [queues[i], limit], lock)
-                expired += len(read[n]) if kind == EXPIRED else 0
-        else:
-            cursor.execute(self.first_sql(queues), self.first_params(queues, limit))
-            for raw in cursor.fetchall():
-                read[raw[-1]].append(self._row(raw[:-1]))
+        # One statement, locking or not: a locking one also locks the READY
+        # rows of a round that expired leases fill (rows others skip until
+        # this round commits, as they skip the rows read beyond its batch),
+        # where a statement a part cost two a queue (issue 42 on MariaDB).
+        cursor.execute(self.first_sql(queues, lock), self.first_params(queues, limit))
+        for raw in cursor.fetchall():
+            read[raw[-1]].append(self._row(raw[:-1]))
         found: list[_Row] = []
         windows: dict[int, list[_Row]] = {}
         for n, (kind, i) in enumerate(parts):
@@ -349,13 +357,14 @@ class ReadyReads:
         ]
         sql = self.key_rows_sql()
         found: list[_Row] = []
-        if lock:
-            for key, n in wanted:
-                found += self._run(cursor, sql, [queue, key, n], lock)
-            return found
         for start in range(0, len(wanted), 100):
             chunk = wanted[start : start + 100]
-            union = " UNION ALL ".join(f"SELECT * FROM ({sql}) AS k{j}" for j in range(len(chunk)))
+            if lock:  # (as first_sql's parts)
+                union = " UNION ALL ".join(f"({sql} {lock})" for _ in chunk)
+            else:
+                union = " UNION ALL ".join(
+                    f"SELECT * FROM ({sql}) AS k{j}" for j in range(len(chunk))
+                )
             found += self._run(cursor, union, [v for key, n in chunk for v in (queue, key, n)], "")
         return found
 

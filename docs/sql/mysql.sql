@@ -285,109 +285,103 @@ UPDATE SKIP LOCKED;
 
 -- name: claim_first_read_skip_locked_0
 -- The first read in the skip-locked mode: each part locks what it reads.
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       0 AS reclaim,
-       priority,
-       run_after
-FROM `django_rdbtasks_task` AS t
-WHERE status = 'RUNNING'
-  AND queue_name = %s
-  AND lease_expires_at <= UTC_TIMESTAMP(6)
-  AND (t.limit_key IS NULL
-       OR EXISTS
-         (SELECT 1
-          FROM `django_rdbtasks_limitslot` s
-          WHERE s.`key` = t.limit_key
-            AND s.slot_no < t.limit_count
-            AND (s.free_at IS NULL
-                 OR s.free_at <= UTC_TIMESTAMP(6))))
-ORDER BY lease_expires_at
-LIMIT %s
-FOR
-UPDATE SKIP LOCKED;
-
--- name: claim_first_read_skip_locked_1
--- The first read in the skip-locked mode: each part locks what it reads.
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       0 AS reclaim,
-       priority,
-       run_after
-FROM `django_rdbtasks_task` AS t
-WHERE status = 'RUNNING'
-  AND queue_name = %s
-  AND lease_expires_at <= UTC_TIMESTAMP(6)
-  AND (t.limit_key IS NULL
-       OR EXISTS
-         (SELECT 1
-          FROM `django_rdbtasks_limitslot` s
-          WHERE s.`key` = t.limit_key
-            AND s.slot_no < t.limit_count
-            AND (s.free_at IS NULL
-                 OR s.free_at <= UTC_TIMESTAMP(6))))
-ORDER BY lease_expires_at
-LIMIT %s
-FOR
-UPDATE SKIP LOCKED;
-
--- name: claim_first_read_skip_locked_2
--- The first read in the skip-locked mode: each part locks what it reads.
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       1 AS reclaim,
-       priority,
-       run_after
-FROM `django_rdbtasks_task` AS t
-WHERE status = 'READY'
-  AND queue_name = %s
-  AND run_after <= UTC_TIMESTAMP(6)
-ORDER BY priority DESC,
-         run_after
-LIMIT %s
-FOR
-UPDATE SKIP LOCKED;
-
--- name: claim_first_read_skip_locked_3
--- The first read in the skip-locked mode: each part locks what it reads.
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       1 AS reclaim,
-       priority,
-       run_after
-FROM `django_rdbtasks_task` AS t
-WHERE status = 'READY'
-  AND queue_name = %s
-  AND run_after <= UTC_TIMESTAMP(6)
-ORDER BY priority DESC,
-         run_after
-LIMIT %s
-FOR
-UPDATE SKIP LOCKED;
+(SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          0 AS reclaim,
+          priority,
+          run_after,
+          0 AS part
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= UTC_TIMESTAMP(6)
+     AND (t.limit_key IS NULL
+          OR EXISTS
+            (SELECT 1
+             FROM `django_rdbtasks_limitslot` s
+             WHERE s.`key` = t.limit_key
+               AND s.slot_no < t.limit_count
+               AND (s.free_at IS NULL
+                    OR s.free_at <= UTC_TIMESTAMP(6))))
+   ORDER BY lease_expires_at
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED)
+UNION ALL
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          0 AS reclaim,
+          priority,
+          run_after,
+          1 AS part
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= UTC_TIMESTAMP(6)
+     AND (t.limit_key IS NULL
+          OR EXISTS
+            (SELECT 1
+             FROM `django_rdbtasks_limitslot` s
+             WHERE s.`key` = t.limit_key
+               AND s.slot_no < t.limit_count
+               AND (s.free_at IS NULL
+                    OR s.free_at <= UTC_TIMESTAMP(6))))
+   ORDER BY lease_expires_at
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED)
+UNION ALL
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after,
+          2 AS part
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND run_after <= UTC_TIMESTAMP(6)
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED)
+UNION ALL
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after,
+          3 AS part
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND run_after <= UTC_TIMESTAMP(6)
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED);
 
 -- name: finish_0
 -- Outcomes written outside a round (finish).
