@@ -412,3 +412,66 @@ def test_the_limited_forms_plans_made_on_an_empty_table_read_a_full_keys_backlog
         assert claimed[1] == WANT, claimed
 
     on_a_worker_connection(rounds)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: docs/limits.md, 'The walk under statistics that say there is no limited row'",
+)
+@pytest.mark.parametrize("mode", [ClaimMode.OPTIMISTIC, ClaimMode.SKIP_LOCKED])
+def test_the_walks_plan_made_while_statistics_say_no_row_has_a_limit_reads_keys_by_their_index(
+    mode,
+):
+    """A queue long without limited tasks, analyzed so (20,000 rows, none with a
+    limit), then a full key's backlog of 300,000 and fifty keys behind it: the walk's
+    plan, made on those statistics and kept, should still read each key's step as a
+    range of ``rdbtasks_task_ready_key``. It reads the whole limited backlog at each
+    key instead (15 million index entries a round, until the next ANALYZE): the
+    known hazard this test reproduces, strict so that it says when it is gone."""
+    from django.db import transaction
+
+    from django_rdbtasks.db.postgresql.round import ClaimForm
+    from tests.test_db_plans import (
+        BACKLOG,
+        ROWS_READ_BOUND,
+        WANT,
+        analyze,
+        insert_rows,
+        statistics_forgotten,
+        statistics_frozen,
+        take_every_slot,
+    )
+
+    request = ClaimRequest(["default"], WANT, "w", 60.0, mode)
+
+    def rounds(store, wrapper):
+        dialect = store.dialect
+        statistics_forgotten()
+        insert_rows(20_000, TaskStatus.READY)
+        analyze()
+        Task.objects.all().delete()
+        with statistics_frozen():
+            for _ in range(3):  # counted, then prepared: the plan made on those statistics
+                dialect.claim_forms[("default",)] = ClaimForm.WALK
+                dialect.walked_at[("default",)] = 1e18
+                assert store.exchange(limited_outcomes(WANT), "w", request).claimed == []
+            take_every_slot("concurrency:full", 3)
+            insert_rows(BACKLOG, TaskStatus.READY, limit_key="concurrency:full")
+            for key in range(50):
+                insert_rows(2, TaskStatus.READY, limit_key=f"concurrency:k{key}")
+            dialect.claim_forms[("default",)] = ClaimForm.WALK
+            dialect.walked_at[("default",)] = 1e18
+            with transaction.atomic(using=store.alias):
+                store.exchange(limited_outcomes(WANT), "w", request)
+                with wrapper.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT seq_tup_read, idx_tup_fetch, idx_scan FROM pg_stat_xact_user_tables "
+                        "WHERE relname = %s",
+                        [Task._meta.db_table],
+                    )
+                    scanned, fetched, scans = cursor.fetchone()
+                transaction.set_rollback(True, using=store.alias)
+            assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched, scans)
+
+    on_a_worker_connection(rounds)

@@ -40,6 +40,9 @@ class Spelling(RowDecoding):
     #: How ``lock_rows`` takes the rows a worker is about to write, skipping
     #: any another session holds.
     row_lock_sql = "FOR UPDATE SKIP LOCKED"
+    #: Whether a UNION's parts may each carry a locking clause, parenthesized
+    #: (MySQL 8, MariaDB); PostgreSQL refuses any in a UNION.
+    locks_in_union = False
     #: An INSERT of ``{values}`` that skips rows whose unique key exists.
     insert_ignore_sql = "INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
     #: Before the task table's name in the worker's reads and writes (postgresql/finished.py).
