@@ -466,8 +466,8 @@ def test_the_walks_plan_made_while_statistics_say_no_row_has_a_limit_reads_keys_
                 store.exchange(limited_outcomes(WANT), "w", request)
                 with wrapper.cursor() as cursor:
                     cursor.execute(
-                        "SELECT seq_tup_read, idx_tup_fetch, idx_scan FROM pg_stat_xact_user_tables "
-                        "WHERE relname = %s",
+                        "SELECT seq_tup_read, idx_tup_fetch, idx_scan "
+                        "FROM pg_stat_xact_user_tables WHERE relname = %s",
                         [Task._meta.db_table],
                     )
                     scanned, fetched, scans = cursor.fetchone()
