@@ -242,8 +242,6 @@ class ReadyReads:
             if i in walk:
                 keys = {c.limit_key for c in (r.candidate for r in windows[i]) if c.limit_key}
                 found += self._walk(cursor, queues[i], limit, lock, held, keys)
-                if not self.split:
-                    found += self._run(cursor, self.unlimited_sql(), [queues[i], limit], lock)
             else:
                 found += offered[i]
         if report is not None:
@@ -350,7 +348,8 @@ class ReadyReads:
         held: Held,
         seen: Collection[str] = (),
     ) -> list[_Row]:
-        """Each key of the queue with READY rows, read for as many as it has free slots.
+        """Each key of the queue with READY rows, read for as many as it has free slots
+        (and, where the window held every kind, the queue's rows without a limit).
 
         ``seen``: the keys of the queue's window; the keys a recent walk found
         serve (``WalkedKeys``) when they include these.
@@ -368,21 +367,29 @@ class ReadyReads:
         wanted = [
             (key, min(free, limit)) for key, (_, free, _) in sorted(state.items()) if free > 0
         ]
-        sql = self.key_rows_sql()
-        found: list[_Row] = []
+        parts = [(self.key_rows_sql(), [queue, key, n]) for key, n in wanted]
+        if not self.split:
+            # The window held every kind: the rows without a limit, read with the keys'.
+            parts.append((self.unlimited_sql(), [queue, limit]))
+        return self._read_parts(cursor, parts, lock)
+
+    def _read_parts(self, cursor: Any, parts: list[tuple[str, list[Any]]], lock: str) -> list[_Row]:
+        """Each read of ``parts`` (a statement and its parameters), in as few statements
+        as the database allows: a ``UNION ALL`` of up to 100, each part locking
+        where ``lock`` is given (as ``first_sql``'s); one by one where a locking
+        read cannot be a part of a UNION (PostgreSQL's portable claim)."""
         if lock and not self.d.locks_in_union:
-            for key, n in wanted:
-                found += self._run(cursor, sql, [queue, key, n], lock)
-            return found
-        for start in range(0, len(wanted), 100):
-            chunk = wanted[start : start + 100]
-            if lock:  # (as first_sql's parts)
-                union = " UNION ALL ".join(f"({sql} {lock})" for _ in chunk)
+            return [row for sql, params in parts for row in self._run(cursor, sql, params, lock)]
+        found: list[_Row] = []
+        for start in range(0, len(parts), 100):
+            chunk = parts[start : start + 100]
+            if lock:
+                union = " UNION ALL ".join(f"({sql} {lock})" for sql, _ in chunk)
             else:
                 union = " UNION ALL ".join(
-                    f"SELECT * FROM ({sql}) AS k{j}" for j in range(len(chunk))
+                    f"SELECT * FROM ({sql}) AS k{j}" for j, (sql, _) in enumerate(chunk)
                 )
-            found += self._run(cursor, union, [v for key, n in chunk for v in (queue, key, n)], "")
+            found += self._run(cursor, union, [v for _, params in chunk for v in params], "")
         return found
 
     def keys_with_ready_rows(self, cursor: Any, queue: str) -> dict[str, tuple[int, float]]:
