@@ -540,6 +540,29 @@ def test_a_key_new_behind_a_full_keys_backlog_waits_for_the_kept_walk_at_most(
 
 
 @db
+def test_a_round_that_walks_kept_keys_reads_their_slots_with_the_windows(mode, vendor):
+    """MySQL, MariaDB, SQLite: while full keys fill the window, a round whose walk
+    the kept keys serve reads every slot it needs in one statement, and claims
+    what is behind the backlog."""
+    if vendor == "postgresql":
+        pytest.skip("PostgreSQL walks the keys in its round's statement")
+    from django.test.utils import CaptureQueriesContext
+
+    backlog("a", 2)
+    assert len(exchange("w1", mode=mode).claimed) == 2  # "a" is full now
+    backlog("a", 150)
+    b = [tasks.per_customer.enqueue("b") for _ in range(2)]
+    exchange("w2", want=1, mode=mode)  # walks: "a" and "b" kept, "b"'s slots made
+    with CaptureQueriesContext(connection) as captured:
+        claimed = exchange("w3", want=10, mode=mode).claimed
+    slot_reads = [q["sql"] for q in captured if "slot_no, CASE WHEN" in q["sql"]]
+    assert len(slot_reads) == 1, slot_reads
+    assert set(ids(claimed)) | set(ids(Task.objects.filter(worker_id="w2"))) >= {
+        t.id for t in b
+    }
+
+
+@db
 def test_a_keys_backlog_is_offered_only_as_far_as_its_free_slots(mode):
     # One of "a"'s two slots is taken; its backlog must not crowd "b" out of
     # the round (the rows read of "a" beyond its one free slot would all be

@@ -92,7 +92,7 @@ class WalkedKeys:
         self._lock = threading.Lock()
         self._found: dict[str, tuple[float, dict[str, tuple[int, float]]]] = {}
 
-    def get(self, queue: str, seen: Collection[str]) -> dict[str, tuple[int, float]] | None:
+    def get(self, queue: str, seen: Collection[str] = ()) -> dict[str, tuple[int, float]] | None:
         """The keys kept for ``queue``, if still fresh and none of ``seen`` (the keys
         of the round's window) is missing from them."""
         with self._lock:
@@ -237,11 +237,17 @@ class ReadyReads:
             else:
                 found += read[n]
         held = Held()
-        offered, walk = self._offer(cursor, windows, limit, held)
+        # The keys a kept walk knows have their slots read with the window's: a
+        # round that walks then reads no slot again (one statement less).
+        kept: dict[str, int] = {}
+        for i in windows:
+            for key, (count, _) in (self.walked.get(queues[i]) or {}).items():
+                kept[key] = max(kept.get(key, 0), count)
+        offered, walk, state = self._offer(cursor, windows, limit, held, kept)
         for i in windows:
             if i in walk:
                 keys = {c.limit_key for c in (r.candidate for r in windows[i]) if c.limit_key}
-                found += self._walk(cursor, queues[i], limit, lock, held, keys)
+                found += self._walk(cursor, queues[i], limit, lock, held, keys, state)
             else:
                 found += offered[i]
         if report is not None:
@@ -261,12 +267,15 @@ class ReadyReads:
         windows: dict[int, list[_Row]],
         limit: int,
         held: Held,
-    ) -> tuple[dict[int, list[_Row]], set[int]]:
-        """The window rows each queue may claim, and the queues whose keys must be walked.
+        also: dict[str, int] | None = None,
+    ) -> tuple[dict[int, list[_Row]], set[int], dict[str, tuple[int, int, float | None]]]:
+        """The window rows each queue may claim, the queues whose keys must be walked,
+        and the slots' state read (``LimitSQL.slot_state``).
 
         A key's rows are offered as far as it has free slots (so a key with
         one free slot does not fill a window either). Rows without a limit
-        (MySQL's windows hold both) are always offered.
+        (MySQL's windows hold both) are always offered. ``also``: more keys
+        (with their counts) whose slots to read in the same statement.
         """
         counts: dict[str, int] = {}
         periods: dict[str, float] = {}
@@ -276,9 +285,12 @@ class ReadyReads:
                 if c.limit_key is not None:
                     counts[c.limit_key] = max(counts.get(c.limit_key, 0), c.limit_count or 0)
                     periods[c.limit_key] = c.limit_period or 0.0
-        state = self.limits.slot_state(cursor, counts) if counts else {}
+        asked = dict(also or {})
+        for limited, count in counts.items():
+            asked[limited] = max(asked.get(limited, 0), count)
+        state = self.limits.slot_state(cursor, asked) if asked else {}
         self._report(state, counts, periods, held)
-        left = {key: free for key, (_, free, _) in state.items()}
+        left = {key: state[key][1] for key in counts}
         offered: dict[int, list[_Row]] = {}
         walk: set[int] = set()
         for i, rows in windows.items():
@@ -293,7 +305,7 @@ class ReadyReads:
                     held.add(key, state[key][2])
             if len(rows) >= limit and len(offered[i]) < limit:
                 walk.add(i)
-        return offered, walk
+        return offered, walk, state
 
     @staticmethod
     def _report(
@@ -302,9 +314,9 @@ class ReadyReads:
         periods: dict[str, float],
         held: Held,
     ) -> None:
-        for key, (have, _, _) in state.items():
-            if have < counts[key]:
-                held.missing.append((key, counts[key], periods[key]))
+        for key, count in counts.items():
+            if state[key][0] < count:
+                held.missing.append((key, count, periods[key]))
 
     # -- the walk's statements (step 3 of the module's docstring) ---------------------------
 
@@ -347,19 +359,24 @@ class ReadyReads:
         lock: str,
         held: Held,
         seen: Collection[str] = (),
+        known: dict[str, tuple[int, int, float | None]] | None = None,
     ) -> list[_Row]:
         """Each key of the queue with READY rows, read for as many as it has free slots
         (and, where the window held every kind, the queue's rows without a limit).
 
         ``seen``: the keys of the queue's window; the keys a recent walk found
-        serve (``WalkedKeys``) when they include these.
+        serve (``WalkedKeys``) when they include these. ``known``: slots' state
+        this round read already, used for the keys it covers.
         """
         heads = self.walked.get(queue, seen)
         if heads is None:
             heads = self.keys_with_ready_rows(cursor, queue)
             self.walked.put(queue, heads)
         counts = {key: count for key, (count, _) in heads.items()}
-        state = self.limits.slot_state(cursor, counts) if counts else {}
+        if known is not None and all(key in known for key in counts):
+            state = {key: known[key] for key in counts}
+        else:
+            state = self.limits.slot_state(cursor, counts) if counts else {}
         self._report(state, counts, {k: p for k, (_, p) in heads.items()}, held)
         for key, (_, free, wait) in state.items():
             if free == 0:
