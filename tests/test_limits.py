@@ -557,9 +557,7 @@ def test_a_round_that_walks_kept_keys_reads_their_slots_with_the_windows(mode, v
         claimed = exchange("w3", want=10, mode=mode).claimed
     slot_reads = [q["sql"] for q in captured if "slot_no, CASE WHEN" in q["sql"]]
     assert len(slot_reads) == 1, slot_reads
-    assert set(ids(claimed)) | set(ids(Task.objects.filter(worker_id="w2"))) >= {
-        t.id for t in b
-    }
+    assert set(ids(claimed)) | set(ids(Task.objects.filter(worker_id="w2"))) >= {t.id for t in b}
 
 
 @db
