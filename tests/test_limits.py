@@ -540,10 +540,11 @@ def test_a_key_new_behind_a_full_keys_backlog_waits_for_the_kept_walk_at_most(
 
 
 @db
-def test_a_round_that_walks_kept_keys_reads_their_slots_with_the_windows(mode, vendor):
+def test_a_round_that_walks_kept_keys_reads_their_slots_with_the_windows(mode, vendor, monkeypatch):
     """MySQL, MariaDB, SQLite: while full keys fill the window, a round whose walk
     the kept keys serve reads every slot it needs in one statement, and claims
-    what is behind the backlog."""
+    what is behind the backlog; unless the kept keys are more than
+    ``KEPT_SLOTS_READ_AHEAD`` (a round that does not walk would read them all)."""
     if vendor == "postgresql":
         pytest.skip("PostgreSQL walks the keys in its round's statement")
     from django.test.utils import CaptureQueriesContext
@@ -558,6 +559,12 @@ def test_a_round_that_walks_kept_keys_reads_their_slots_with_the_windows(mode, v
     slot_reads = [q["sql"] for q in captured if "slot_no, CASE WHEN" in q["sql"]]
     assert len(slot_reads) == 1, slot_reads
     assert set(ids(claimed)) | set(ids(Task.objects.filter(worker_id="w2"))) >= {t.id for t in b}
+    from django_rdbtasks.db import ready_reads
+
+    monkeypatch.setattr(ready_reads, "KEPT_SLOTS_READ_AHEAD", 1)  # "a" and "b" are two
+    with CaptureQueriesContext(connection) as captured:
+        exchange("w4", want=10, mode=mode)
+    assert len([q for q in captured if "slot_no, CASE WHEN" in q["sql"]]) == 2
 
 
 @db

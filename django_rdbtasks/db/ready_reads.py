@@ -55,6 +55,10 @@ EXPIRED, FRESH, DEFERRED, WINDOW = "expired", "fresh", "deferred", "window"
 #: a key new to the queue, whose first rows lie behind the window and no
 #: kept walk knows, is found by the next walk, this much later at most.
 KEYS_KEPT_SECONDS = 0.25
+#: At most this many kept keys have their slots read with the window's
+#: (``ReadyReads.read``): a round that does not walk reads them for nothing,
+#: and a queue of thousands of keys would pay that at every round.
+KEPT_SLOTS_READ_AHEAD = 100
 
 
 @dataclass(slots=True)
@@ -243,6 +247,8 @@ class ReadyReads:
         for i in windows:
             for key, (count, _) in (self.walked.get(queues[i]) or {}).items():
                 kept[key] = max(kept.get(key, 0), count)
+        if len(kept) > KEPT_SLOTS_READ_AHEAD:
+            kept = {}
         offered, walk, state = self._offer(cursor, windows, limit, held, kept)
         for i in windows:
             if i in walk:
