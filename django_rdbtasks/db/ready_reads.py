@@ -291,7 +291,8 @@ class ReadyReads:
                 if c.limit_key is not None:
                     counts[c.limit_key] = max(counts.get(c.limit_key, 0), c.limit_count or 0)
                     periods[c.limit_key] = c.limit_period or 0.0
-        asked = dict(also or {})
+        # (A window without limited rows offers every row: no walk follows.)
+        asked = dict(also or {}) if counts else {}
         for limited, count in counts.items():
             asked[limited] = max(asked.get(limited, 0), count)
         state = self.limits.slot_state(cursor, asked) if asked else {}
