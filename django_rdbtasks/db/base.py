@@ -256,14 +256,12 @@ class Dialect(Spelling):
             f"SELECT {columns} FROM {self.table} WHERE id IN ({marks}) {self.row_lock_sql}",
             [i for i, _ in claims],
         )
-        # (Without has_children read, every row reads as having dependants.)
-        read = {
-            self.decode_id(row[0]): bool(row[-1] if childless is not None else True)
-            for row in cursor.fetchall()
-        }
-        locked = {i for i, _ in claims if self.decode_id(i) in read}
+        rows = cursor.fetchall()
+        got = {self.decode_id(row[0]) for row in rows}
+        locked = {i for i, _ in claims if self.decode_id(i) in got}
         if childless is not None:
-            childless.update(i for i in locked if not read[self.decode_id(i)])
+            without = {self.decode_id(row[0]) for row in rows if not row[1]}
+            childless.update(i for i in locked if self.decode_id(i) in without)
         rest = [(i, v) for i, v in claims if i not in locked]
         if not rest:
             return locked, set()
