@@ -98,6 +98,32 @@ def test_the_signals_are_still_sent_and_other_senders_records_still_written(capl
     assert record.getMessage() == (f"Task id={result.id} path=tests.testapp.tasks.add state=READY")
 
 
+def test_the_frameworks_records_are_not_even_made_while_the_worker_sends(caplog) -> None:
+    """Making a record (its caller's lookup, its clock) cost more than dropping it:
+    the worker's sends make none of the framework's receivers' records."""
+    log_everything(caplog)
+    made: list[str] = []
+    factory = logging.getLogRecordFactory()
+
+    def counting(*args, **kwargs) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        if record.name == FRAMEWORK_LOGGER:
+            made.append(record.getMessage())
+        return record
+
+    logging.setLogRecordFactory(counting)
+    try:
+        result = tasks.add.enqueue(1, 2)
+        drain()
+        assert [m for m in made if "state=" in m] == []
+        framework_signals.task_started.send(sender=type(self_backend()), task_result=result)
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert [m for m in made if "state=" in m] == [
+        f"Task id={result.id} path=tests.testapp.tasks.add state=READY"
+    ]
+
+
 def self_backend():
     return tasks.add.get_backend()
 

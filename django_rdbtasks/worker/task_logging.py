@@ -10,50 +10,66 @@ task, two of them out of reach of ``runworkers --log-level``, since they are
 the framework's logger's, which Django's default logging sends to the console
 at INFO whatever the root logger's level.
 
-So while a worker sends those two signals, a filter on the framework's loggers
-drops the records of the framework's two receivers, and nothing else: not the
-records of the same receivers for a task run elsewhere in the process (an
-``ImmediateBackend``'s), nor the ``enqueued`` records, nor anything a project's
-own receiver logs there. The worker's line (logger ``django_rdbtasks.worker``,
-``worker/reporting.py``) carries what they said: the task's id, path and state,
-and for a failure the exception with its traceback, at ERROR, so that an error
-tracker still gets exactly one event per failure, with the task's own stack.
+So in a worker process those two receivers are connected through a guard
+that does not call them while this thread's worker is sending the signal:
+their records are never made (making a record, with its caller's lookup, was
+the larger part of what logging cost a task on Django 6.1: docs/benchmarks.md,
+"Per-task CPU: the framework's records not even made"). Nothing else
+changes: the same receivers still log the signals anything else in the process
+sends (an ``ImmediateBackend`` running a task in a request), the ``enqueued``
+records stay, and so does anything a project's own receiver logs there. A
+project that disconnected one of the two receivers keeps it disconnected. The
+worker's line (logger ``django_rdbtasks.worker``, ``worker/reporting.py``)
+carries what they said: the task's id, path and state, and for a failure the
+exception with its traceback, at ERROR, so that an error tracker still gets
+exactly one event per failure, with the task's own stack.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
-#: The framework's loggers: Django 6.1's and the backport's.
-FRAMEWORK_LOGGERS = ("django.tasks", "django_tasks")
-#: The framework's receivers whose records the worker's line replaces.
-REPLACED_RECEIVERS = frozenset({"log_task_started", "log_task_finished"})
+from ..compat import framework_signals
+
+#: The framework's receivers whose records the worker's line replaces, by signal.
+REPLACED_RECEIVERS = {"task_started": "log_task_started", "task_finished": "log_task_finished"}
 
 _sending = threading.local()
+_install_lock = threading.Lock()
 
 
-class ToldByTheWorker(logging.Filter):
-    """Drops the framework's per-task records while this thread's worker sends a signal."""
+class UnlessTheWorkerSends:
+    """A framework receiver, called for every sender but this thread's worker."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(_sending, "active", False) and record.funcName in REPLACED_RECEIVERS)
+    def __init__(self, receiver: Callable[..., Any]) -> None:
+        self.receiver = receiver
 
-
-_filter = ToldByTheWorker()
+    def __call__(self, sender: Any, **kwargs: Any) -> Any:
+        if getattr(_sending, "active", False):
+            return None
+        return self.receiver(sender, **kwargs)
 
 
 def install() -> None:
-    """Put the filter on the framework's loggers (once per process; idempotent)."""
-    for name in FRAMEWORK_LOGGERS:
-        logger = logging.getLogger(name)
-        if _filter not in logger.filters:
-            logger.addFilter(_filter)
+    """Guard the framework's two receivers (once per process; idempotent)."""
+    with _install_lock:
+        for signal_name, receiver_name in REPLACED_RECEIVERS.items():
+            signal = getattr(framework_signals, signal_name)
+            receiver = getattr(framework_signals, receiver_name, None)
+            # Disconnected already: guarded by an earlier call, or by the project.
+            if receiver is None or not signal.disconnect(receiver):
+                continue
+            signal.connect(
+                UnlessTheWorkerSends(receiver),
+                weak=False,
+                dispatch_uid=f"django_rdbtasks.worker.{receiver_name}",
+            )
 
 
 def send_signal(backend: Any, name: str, result: Any) -> None:
-    """``backend.send_signal(name, result)``, its framework records dropped (see above)."""
+    """``backend.send_signal(name, result)``, without the framework's records (see above)."""
     _sending.active = True
     try:
         backend.send_signal(name, result)
