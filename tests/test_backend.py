@@ -26,6 +26,7 @@ from django_rdbtasks.compat import (
 from django_rdbtasks.exceptions import ArgumentsNotJSON
 from django_rdbtasks.models import Task
 from django_rdbtasks.worker import Worker
+from django_rdbtasks.worker.listener import parse_ready
 from tests.conftest import ROOT, listen_connection
 from tests.testapp import backport_tasks, tasks
 from tests.testapp.models import Invoice
@@ -375,7 +376,7 @@ def test_notify_is_delivered_on_commit_only(vendor):
     with psycopg.connect(
         **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
     ) as listener:
-        listener.execute("LISTEN rdbtasks")
+        listener.execute("LISTEN rdbtasks_ready")
         received = []
 
         def listen():
@@ -388,9 +389,13 @@ def test_notify_is_delivered_on_commit_only(vendor):
         thread = threading.Thread(target=listen)
         thread.start()
         with transaction.atomic():
-            tasks.send_email.enqueue("x@example.com")
+            result = tasks.send_email.enqueue("x@example.com")
         thread.join()
-    assert received == ["emails"]
+    # The queue, the priority, and the transaction's start, which no row it
+    # wrote runs before (db/frontier.py).
+    [(queue, priority, start)] = [parse_ready(payload) for payload in received]
+    assert (queue, priority) == ("emails", 10)
+    assert start <= Task.objects.get(pk=result.id).run_after
 
 
 # -- run_after reads back as the producer asked (issue 10) -----------------------------
@@ -494,13 +499,20 @@ def test_bulk_enqueue_wakes_each_queue_once_on_commit(vendor):
     with psycopg.connect(
         **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
     ) as listener:
-        listener.execute("LISTEN rdbtasks")
+        listener.execute("LISTEN rdbtasks_ready")
         with transaction.atomic():
             bulk_enqueue(tasks.add, [((1, 1), {})] * 3)
             bulk_enqueue(tasks.send_email, [(("x@example.com",), {})] * 3)
             assert list(listener.notifies(timeout=0.2)) == []  # nothing before the commit
         payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
-    assert sorted(payloads) == ["default", "emails"]
+    ready = [parse_ready(payload) for payload in payloads]
+    assert sorted((queue, priority) for queue, priority, _ in ready) == [
+        ("default", 0),
+        ("emails", 10),
+    ]
+    # One transaction: one start, before every row it wrote.
+    assert len({start for _, _, start in ready}) == 1
+    assert ready[0][2] <= Task.objects.order_by("run_after").first().run_after
 
 
 # -- results -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def is_enqueue(sql: str) -> bool:
-    return "rdbtasks_enqueue_v1(" in sql or "INSERT INTO" in sql
+    return "rdbtasks_enqueue_v2(" in sql or "INSERT INTO" in sql
 
 
 def enqueue_cursors(count: int) -> list:
@@ -75,7 +75,7 @@ def test_the_enqueue_is_logged_like_any_query_and_is_one_statement_on_postgresql
     if vendor == "postgresql":
         # One round trip outside a transaction: the row and its NOTIFY, by
         # the function (PL/pgSQL's plan) since a logged query is never prepared.
-        assert len(statements) == 1 and "rdbtasks_enqueue_v1(" in statements[0], statements
+        assert len(statements) == 1 and "rdbtasks_enqueue_v2(" in statements[0], statements
 
 
 def test_errors_on_the_kept_cursor_are_djangos_and_the_connection_stays_usable():

@@ -20,6 +20,7 @@ from django_rdbtasks.db.rows import ClaimRequest, NewBatch, Outcome, new_ids
 from django_rdbtasks.models import Task, uuid7
 from django_rdbtasks.models.ready import READY_DEFERRED, READY_FRESH
 from django_rdbtasks.states import ClaimMode, OutcomeKind
+from django_rdbtasks.worker.listener import parse_ready
 from tests.conftest import listen_connection
 from tests.testapp import tasks
 
@@ -284,7 +285,7 @@ def test_a_claim_skips_a_row_another_session_holds_locked_and_never_waits(vendor
 
 # -- PostgreSQL's enqueue function (migration 0005) ---------------------------------------
 
-ENQUEUE_MIGRATION = importlib.import_module("django_rdbtasks.migrations.0005_enqueue_function")
+ENQUEUE_MIGRATION = importlib.import_module("django_rdbtasks.migrations.0017_enqueue_function_v2")
 #: Columns an enqueue decides; the rest are the clock's, the id, or left NULL.
 ENQUEUED_COLUMNS = [
     field.attname
@@ -358,12 +359,12 @@ def test_without_the_enqueue_function_an_enqueue_inserts_the_row_and_still_notif
         with psycopg.connect(
             **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
         ) as listener:
-            listener.execute("LISTEN rdbtasks")
+            listener.execute("LISTEN rdbtasks_ready")
             with CaptureQueriesContext(connection) as queries:
                 result = tasks.send_email.enqueue("x@example.com")
                 tasks.send_email.enqueue("y@example.com")
             payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
-        assert payloads == ["emails", "emails"]
+        assert [parse_ready(p)[:2] for p in payloads] == [("emails", 10), ("emails", 10)]
         statements = [q["sql"] for q in queries.captured_queries]
         # Looked up once, then plain INSERTs.
         assert sum("to_regprocedure" in sql for sql in statements) == 1, statements

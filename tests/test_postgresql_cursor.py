@@ -10,6 +10,7 @@ from django.db import DatabaseError, connections
 from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks.db import dialect_for
+from django_rdbtasks.db.frontier import ReadFrontier
 from django_rdbtasks.db.postgresql.cursor import worker_cursor
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
@@ -273,13 +274,37 @@ def assert_every_read_of_the_table_is_bounded(wrapper) -> None:
                 assert kind == "Tid Scan" or "Index Cond" in node, (cte, node)
 
 
+def listening_frontier() -> ReadFrontier:
+    """A lane's frontier as a worker that listens has it (db/frontier.py)."""
+    frontier = ReadFrontier()
+    frontier.listening(True)
+    return frontier
+
+
+def announce(frontier: ReadFrontier | None) -> None:
+    """What an enqueue's notifications tell a lane's frontier, for rows the test
+    wrote itself (behind the frontier, as a producer's long transaction does)."""
+    if frontier is None:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT queue_name, priority, min(run_after) FROM {Task._meta.db_table} "
+            "WHERE status = 'READY' GROUP BY queue_name, priority"
+        )
+        for queue, priority, start in cursor.fetchall():
+            frontier.lower(queue, priority, start)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("bounded", [False, True], ids=["from-the-head", "from-the-frontier"])
 @pytest.mark.parametrize("mode", [ClaimMode.OPTIMISTIC, ClaimMode.SKIP_LOCKED])
-def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
+def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode, bounded):
     """The lean round's one plan is made on the table as it is at the round's second
     run, and kept: made on an empty table, it must still read a 300,000-row backlog
     a LIMIT at a time, not by a sequential scan and a sort (tests/test_db_plans.py
-    holds rounds planned at each run to the same bound)."""
+    holds rounds planned at each run to the same bound). The same for the round
+    that reads from a lane's frontier (its full reads and its bounded ones are
+    one statement)."""
     from django.db import transaction
 
     from tests.test_db_plans import (
@@ -293,7 +318,8 @@ def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
         statistics_frozen,
     )
 
-    request = ClaimRequest(["default"], WANT, "w", 60.0, mode)
+    frontier = listening_frontier() if bounded else None
+    request = ClaimRequest(["default"], WANT, "w", 60.0, mode, frontier=frontier)
 
     def rounds(store, wrapper):
         statistics_forgotten()
@@ -304,6 +330,7 @@ def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
             insert_rows(WANT, TaskStatus.READY)
             held = claim_some("w", mode)
             insert_rows(BACKLOG, TaskStatus.READY)
+            announce(frontier)
             assert_every_read_of_the_table_is_bounded(wrapper)
             with transaction.atomic(using=store.alias):
                 result = store.exchange(held, "w", request)
@@ -311,6 +338,8 @@ def test_a_plan_made_on_an_empty_table_reads_a_backlog_by_its_indexes(mode):
                 plans = prepared_rounds(wrapper)
                 transaction.set_rollback(True, using=store.alias)
         assert len(result.claimed) == WANT and set(result.written) == {str(o.id) for o in held}
+        if frontier is not None:  # the round read from it, and moved it
+            assert [(q, p) for q, p, _ in result.fresh_from] == [("default", 0)]
         assert len(plans) == 1 and plans[0][0] >= 3 and plans[0][1] == 0, plans
         assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
 

@@ -215,6 +215,29 @@ def _postgresql(d: Any) -> Iterator[Statement]:
             (OutcomeKind.SUCCESS,), False, True, ClaimMode.OPTIMISTIC, ClaimForm.LEAN, moved
         ),
     )
+    for mode in ClaimMode:
+        yield Statement(
+            f"round_claim_lean_{mode.value.replace('-', '_')}_bounded",
+            f"The lean claim, {mode.value}, read from the lane's frontier (db/frontier.py): "
+            "the fresh rows per queue and priority (``fq``) and the expired leases per "
+            "queue from where the last read stopped, and where the next may start "
+            "(the ``r`` and ``l`` rows).",
+            d.round.statement((), False, True, mode, ClaimForm.LEAN, bounded=True),
+        )
+    yield Statement(
+        "round_success_then_claim_lean_optimistic_bounded",
+        "The common round of a worker that listens: a success written and moved, "
+        "then the lean claim read from the lane's frontier.",
+        d.round.statement(
+            (OutcomeKind.SUCCESS,),
+            False,
+            True,
+            ClaimMode.OPTIMISTIC,
+            ClaimForm.LEAN,
+            moved,
+            bounded=True,
+        ),
+    )
     yield Statement(
         "round_success_frees_slot_then_claim_window_optimistic",
         "A limited task's success frees its slot, which the claim of the window "

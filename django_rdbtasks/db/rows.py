@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..states import ClaimMode, OutcomeKind, TaskStatus
+from .frontier import ReadFrontier
 
 #: Columns a claim hands to the worker, in this order.
 CLAIM_COLUMNS = (
@@ -184,6 +185,9 @@ class ClaimRequest:
     #: start a period apart at least, however late within it each started:
     #: the limit holds on the starts, not only on the claims (docs/limits.md).
     start_within: float = RATE_START_WITHIN
+    #: The lane's read frontier (PostgreSQL, a worker that listens; db/frontier.py):
+    #: the lean claim reads its fresh rows and expired leases from there.
+    frontier: ReadFrontier | None = None
 
 
 @dataclass(slots=True)
@@ -221,6 +225,10 @@ class Exchange:
     #: back (PostgreSQL: those whose keys have READY rows waiting): the worker
     #: wakes as many waiting claimers (PostgreSQL tells every process: postgresql/limited.py).
     freed: int = 0
+    #: Where a bounded claim's next read may start (db/frontier.py): per queue
+    #: and priority for the fresh rows, per queue for the expired leases.
+    fresh_from: list[tuple[str, int, dt.datetime]] = field(default_factory=list)
+    leases_from: list[tuple[str, dt.datetime]] = field(default_factory=list)
 
 
 #: Columns an enqueue writes; the rest keep their database default (NULL).

@@ -17,11 +17,13 @@ one.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 
+from ..db.frontier import ReadFrontier
 from ..db.rows import RATE_START_WITHIN, ClaimedRow, Outcome
 from .execution import Running
 
@@ -161,6 +163,26 @@ class Wake(threading.Event):
             self._freed = min(self._freed + count, max(1, len(self._lanes)))
             self._slot_freed.notify(count)
 
+    def lower(self, queue: str, priority: int, start: dt.datetime) -> None:
+        """Rows of ``queue`` committed by a transaction begun at ``start``: every
+        lane's next read of them starts there at the latest (db/frontier.py)."""
+        for lane in self._lanes:
+            if lane.frontier is not None:
+                lane.frontier.lower(queue, priority, start)
+
+    def reread(self) -> None:
+        """Rows may have been made that no notification announced: every lane's
+        next claim reads from the head (db/frontier.py)."""
+        for lane in self._lanes:
+            if lane.frontier is not None:
+                lane.frontier.reread()
+
+    def listening(self, connected: bool) -> None:
+        """The listener's connection is up, or down (notifications are lost meanwhile)."""
+        for lane in self._lanes:
+            if lane.frontier is not None:
+                lane.frontier.listening(connected)
+
     def wait_for_slot(self, timeout: float) -> None:
         """Until a limit's slot comes free, the wake-up is set, or ``timeout``."""
         with self._slot_freed:
@@ -171,9 +193,11 @@ class Wake(threading.Event):
 
 
 class Lane:
-    def __init__(self, index: int, worker_id: str) -> None:
+    def __init__(self, index: int, worker_id: str, frontier: ReadFrontier | None = None) -> None:
         self.index = index
         self.worker_id = worker_id
+        #: Where the round thread's claims read from (a worker that listens; db/frontier.py).
+        self.frontier = frontier
         self.lock = threading.Lock()
         #: Notified whenever tasks are queued, taken or finished.
         self._changed = threading.Condition(self.lock)

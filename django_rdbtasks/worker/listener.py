@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from collections.abc import Iterable
@@ -10,11 +11,26 @@ from typing import Any
 from django.db import connections
 
 from ..db import dialect_for
-from ..db.postgresql.channels import NOTIFY_CHANNEL, SLOT_CHANNEL
+from ..db.postgresql.channels import NOTIFY_CHANNEL, READY_CHANNEL, SLOT_CHANNEL
 from ..retrying import Backoff
 from .lanes import Wake
 
 logger = logging.getLogger("django_rdbtasks.worker")
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def parse_ready(payload: str) -> tuple[str, int, dt.datetime] | None:
+    """``READY_CHANNEL``'s payload (postgresql/channels.py) as (queue, priority,
+    start); None if it is not one."""
+    parts = payload.split("|", 2)
+    if len(parts) != 3:
+        return None
+    try:
+        priority, micros = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return parts[2], priority, _EPOCH + dt.timedelta(microseconds=micros)
 
 
 class Listener(threading.Thread):
@@ -53,8 +69,26 @@ class Listener(threading.Thread):
         raw = wrapper.get_new_connection(params)
         raw.autocommit = True
         raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        raw.execute(f"LISTEN {READY_CHANNEL}")
         raw.execute(f"LISTEN {SLOT_CHANNEL}")
         return raw
+
+    def received(self, channel: str, payload: str) -> None:
+        """One notification: wake the round threads it concerns."""
+        if channel == READY_CHANNEL:
+            ready = parse_ready(payload)
+            if ready is None or ready[0] not in self.queues:
+                return
+            # Lowered before the wake-up: the round it starts reads from there.
+            self.wake.lower(*ready)
+            self.wake.set()
+        elif payload not in self.queues:
+            return
+        elif channel == SLOT_CHANNEL:
+            self.wake.slot_freed()
+        else:
+            self.wake.reread()
+            self.wake.set()
 
     def run(self) -> None:
         backoff = Backoff()
@@ -66,22 +100,20 @@ class Listener(threading.Thread):
                 self.halt.wait(backoff.next_delay())
                 continue
             backoff.reset()
+            # Anything enqueued while we were not listening is found by a
+            # read from the head (db/frontier.py), at once.
+            self.wake.listening(True)
             self.ready.set()
-            # Anything enqueued while we were not listening is found by polling.
             self.wake.set()
             try:
                 while not self.halt.is_set():
                     for notify in raw.notifies(timeout=0.5):
-                        if notify.payload not in self.queues:
-                            continue
-                        if notify.channel == SLOT_CHANNEL:
-                            self.wake.slot_freed()
-                        else:
-                            self.wake.set()
+                        self.received(notify.channel, notify.payload)
             except Exception as exc:
                 if not self.halt.is_set():
                     logger.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:
+                self.wake.listening(False)
                 try:
                     raw.close()
                 except Exception:

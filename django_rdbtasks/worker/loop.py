@@ -28,6 +28,7 @@ from django.utils.crypto import get_random_string
 from ..backend import RDBTaskBackend
 from ..compat import task_backends
 from ..db import dialect_for
+from ..db.frontier import ReadFrontier
 from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
@@ -208,7 +209,16 @@ class Worker:
                 logger.error("%s", refusal)
                 registry.deregister(done=0, failed=0)
                 return 2
-        lanes = [Lane(i, f"{self.name}:{i}:{get_random_string(6)}") for i in range(self.threads)]
+        # A lane's claims read from its frontier only where notifications
+        # announce the rows committed behind it (db/frontier.py).
+        lanes = [
+            Lane(
+                i,
+                f"{self.name}:{i}:{get_random_string(6)}",
+                ReadFrontier() if self.listen else None,
+            )
+            for i in range(self.threads)
+        ]
         self.wake.watch(lanes)
         background = self._background_threads()
         keeper = LeaseKeeper(
@@ -487,6 +497,11 @@ class Worker:
                 and not self._retries_pending(store)
                 and not self._held_back_by_limits(store)
             ):
+                if lane.frontier is not None and not lane.frontier.last_read_full:
+                    # Found nothing from its frontier: a burst ends on a claim
+                    # that read from the head (a notification may be on its way).
+                    lane.frontier.reread()
+                    continue
                 break
             else:
                 self.wake.wait(self.poll_interval)
@@ -521,7 +536,13 @@ class Worker:
         allowance = lane.start_allowance
         request = (
             ClaimRequest(
-                self.queues, want, lane.worker_id, self.lease, self.mode, allowance.seconds()
+                self.queues,
+                want,
+                lane.worker_id,
+                self.lease,
+                self.mode,
+                allowance.seconds(),
+                lane.frontier,
             )
             if want > 0 and not self.stopping.is_set()
             else None
@@ -530,6 +551,8 @@ class Worker:
         def reconnect() -> None:
             store.close()
             lane.connections_lost = True  # the runner's too (_run_lane)
+            if lane.frontier is not None:
+                lane.frontier.forget()
 
         sent = 0.0
 

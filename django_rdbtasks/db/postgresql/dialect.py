@@ -33,18 +33,24 @@ from ..base import (
     Outcome,
     candidate_count,
 )
+from ..frontier import FrontierRead
 from ..storable_outcomes import make_storable
 from ..tables import Tables
 from .channels import SLOT_CHANNEL
 from .cursor import worker_cursor
 from .finished import FinishedRows, insert_moved, returning_written
 from .inserts import PostgreSQLInserts
-from .parameters import outcome_json, outcomes_json, parameter
+from .parameters import array_literal, outcome_json, outcomes_json, parameter
 from .round import OUTCOME_VALUES, ClaimForm, RoundSQL, compile_named, outcome_rows
 from .sessions import PostgreSQLSessionBounds
 
 #: Where the previous holder's columns start in a row of the exchange's answer.
 _PREVIOUS = 1 + len(CLAIM_COLUMNS)
+#: Where a frontier row (``r``, ``l``: round.py's ``frontier_rows``) has its queue,
+#: priority and start.
+_QUEUE, _PRIORITY, _START = (
+    1 + CLAIM_COLUMNS.index(column) for column in ("queue_name", "priority", "run_after")
+)
 #: How long the claims of a set of queues keep the walk form after a round
 #: last needed it (``PostgreSQLDialect.next_form``).
 WALK_KEPT_SECONDS = 5.0
@@ -174,10 +180,20 @@ class PostgreSQLDialect(Dialect):
         queues = tuple(request.queues) if request is not None else ()
         form = self.claim_forms.get(queues, ClaimForm.LEAN) if claim else ClaimForm.LEAN
         mode = self.read_mode(request, queues)
-        result, raced = self._round(cursor, outcomes, worker_id, request, form, mode)
+        # The lean form reads from the lane's frontier (db/frontier.py); a
+        # pinned clock (tests) can write rows its notifications do not cover.
+        frontier = request.frontier if claim and request is not None else None
+        read = (
+            frontier.take(queues)
+            if frontier is not None and form == ClaimForm.LEAN and not self.clock_pinned
+            else None
+        )
+        result, raced = self._round(cursor, outcomes, worker_id, request, form, mode, read)
         if not claim:
             return result
         assert request is not None
+        if read is not None and frontier is not None:
+            frontier.advance(read, result.fresh_from, result.leases_from)
         self.note_contention(request, queues, mode, result, raced)
         while True:
             # What this statement needed: a form that did not suffice claimed
@@ -231,8 +247,10 @@ class PostgreSQLDialect(Dialect):
         request: ClaimRequest | None,
         form: ClaimForm,
         mode: ClaimMode | None,
+        read: FrontierRead | None = None,
     ) -> tuple[Exchange, bool]:
-        """One statement; and whether its claim lost races for rows (not for slots)."""
+        """One statement; and whether its claim lost races for rows (not for slots).
+        ``read``: the lean form's reads start at the lane's frontier."""
         by_kind: dict[OutcomeKind, list[Outcome]] = {}
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
@@ -244,11 +262,12 @@ class PostgreSQLDialect(Dialect):
         ended = sorted(self.limits.ended(ordered))
         frees = bool(ended)
         moves = bool(kinds) and self.finished.moves(cursor)
-        key = (kinds, frees, claim, mode, form, moves)
+        bounded = read is not None and claim and form == ClaimForm.LEAN
+        key = (kinds, frees, claim, mode, form, bounded, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
             moving = self.finished.columns if moves else None
-            statement = self.round.statement(kinds, frees, claim, mode, form, moving)
+            statement = self.round.statement(kinds, frees, claim, mode, form, moving, bounded)
             compiled = self._exchange_sql[key] = compile_named(statement)
             self.preparable_rounds.add(compiled[0])
         sql, names = compiled
@@ -272,6 +291,10 @@ class PostgreSQLDialect(Dialect):
                 start_within=request.start_within,
             )
             values["queues"] = list(request.queues)
+            if bounded:
+                assert read is not None
+                for name, value in read.parameters().items():
+                    values[name] = array_literal(value) if isinstance(value, list) else value
         cursor.execute(sql, [parameter(values[name]) for name in names])
         result = Exchange()
         seen = lost = 0
@@ -294,6 +317,10 @@ class PostgreSQLDialect(Dialect):
                 result.missing.append((limit_key, int(count), float(period or 0)))
             elif marker == "f":
                 result.freed = int(row[2])
+            elif marker == "r":
+                result.fresh_from.append((row[_QUEUE], int(row[_PRIORITY]), row[_START]))
+            elif marker == "l":
+                result.leases_from.append((row[_QUEUE], row[_START]))
             else:
                 seen = row[2]
                 flags = set((row[3] or "").split(","))

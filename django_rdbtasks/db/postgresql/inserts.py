@@ -4,7 +4,7 @@ One row (a request enqueues one task) is one round trip, with the NOTIFY
 PostgreSQL delivers at commit in the same statement. Where the enqueue's cursor
 keeps its statements prepared in the session (``preparing.py``), it is a plain
 INSERT, planned once per session. Where it cannot (behind a pooler, or while
-queries are logged), it is a call of ``rdbtasks_enqueue_v1`` (migration 0005),
+queries are logged), it is a call of ``rdbtasks_enqueue_v2`` (migration 0017),
 whose INSERT PL/pgSQL plans once per session instead. The prepared INSERT costs
 the server about a tenth less than the prepared call (the backend's own CPU,
 96.5 against 106.9 µs a task: PL/pgSQL sets its expressions up again in every
@@ -37,13 +37,15 @@ from ...states import TaskStatus
 from ..cursors import copy_in, driver_cursor
 from ..inserts import TaskInserts
 from ..rows import INSERT_COLUMNS, NewBatch, NewTask
-from .channels import NOTIFY_CHANNEL
+from .channels import NOTIFY_CHANNEL, READY_CHANNEL, ready_payload
 from .preparing import prepares, preparing_cursor_class
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-#: The function one enqueue calls (created by migration 0005; a change to its
-#: columns is a new version in a new migration, never an edit of this one).
-ENQUEUE_FUNCTION = "rdbtasks_enqueue_v1"
+#: The function one enqueue calls (created by migration 0017; a change to it is
+#: a new version in a new migration, never an edit of an old one: ``v1`` of
+#: migration 0005 notified the old channel, and stays for the previous
+#: release's web processes).
+ENQUEUE_FUNCTION = "rdbtasks_enqueue_v2"
 ENQUEUE_SIGNATURE = (
     f"{ENQUEUE_FUNCTION}(uuid, text, text, text, integer, jsonb, jsonb, integer, "
     "timestamptz, text, text, text, integer, text, jsonb, boolean)"
@@ -138,7 +140,8 @@ class PostgreSQLInserts(TaskInserts):
             "FROM jsonb_array_elements(%s::jsonb) AS r(v), n), "
             # NOTIFY in the same statement: an enqueue outside a transaction
             # is one round trip. PostgreSQL delivers it at commit.
-            f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) q) "
+            f"notified AS (SELECT pg_notify('{READY_CHANNEL}', {ready_payload('x.q', 'x.p')}) "
+            "FROM unnest(%s::text[], %s::int[]) AS x(q, p)) "
             "SELECT n.now, (SELECT count(*) FROM notified) FROM n"
         )
 
@@ -157,7 +160,8 @@ class PostgreSQLInserts(TaskInserts):
         return {
             False: one_row,
             # Delivered by PostgreSQL at commit, still in the one round trip.
-            True: f"{one_row}, pg_notify('{NOTIFY_CHANNEL}', queue_name)::text",
+            True: f"{one_row}, "
+            f"pg_notify('{READY_CHANNEL}', {ready_payload('queue_name', 'priority')})::text",
         }
 
     @functools.cached_property
@@ -167,7 +171,10 @@ class PostgreSQLInserts(TaskInserts):
         return {
             False: read,
             True: read.replace(
-                " FROM ", f", pg_notify('{NOTIFY_CHANNEL}', queue_name)::text FROM ", 1
+                " FROM ",
+                f", pg_notify('{READY_CHANNEL}', {ready_payload('queue_name', 'priority')})"
+                "::text FROM ",
+                1,
             ),
         }
 
@@ -209,8 +216,11 @@ class PostgreSQLInserts(TaskInserts):
             # translate, and Django's wrapper makes a new function per call.
             row = driver_cursor(cursor).fetchone()
             return _EPOCH + dt.timedelta(microseconds=row[0])
-        queues = sorted({t.queue_name for t in tasks}) if notify else []
-        cursor.execute(self.insert_sql, [self._batch_json(tasks), queues])
+        pairs = sorted({(t.queue_name, t.priority) for t in tasks}) if notify else []
+        cursor.execute(
+            self.insert_sql,
+            [self._batch_json(tasks), [q for q, _ in pairs], [p for _, p in pairs]],
+        )
         return cursor.fetchone()[0]
 
     def insert_batch(

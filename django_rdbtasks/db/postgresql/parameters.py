@@ -29,6 +29,24 @@ def parameter(value: Any) -> Any:
     return value
 
 
+def array_literal(values: Sequence[Any]) -> str:
+    """Any values as one array literal, each element quoted (cast in the SQL).
+
+    Sent as text whether empty or not: psycopg prepares a statement per types
+    of its parameters, and an empty list and a list of text or timestamps
+    would be three statements where one is meant.
+    """
+    quoted = (
+        '"'
+        + (v.isoformat() if hasattr(v, "isoformat") else str(v))
+        .replace("\\", "\\\\")
+        .replace('"', '\\"')
+        + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
+
+
 #: One encoder for every outcome: ``json.dumps`` with arguments makes a new one a call.
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 

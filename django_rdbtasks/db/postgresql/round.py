@@ -116,6 +116,13 @@ _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_cou
 #: row and reads its own. (The limited reads' CTEs spell the same: limited.py.)
 _ROW_COLS = f"{_COLS}, ctid AS at"
 _NAMED = re.compile(r"%\((\w+)\)s")
+#: Where a queue's (``q.name``) expired leases are read from (``lf.start``): the
+#: lane's frontier (db/frontier.py), or from the head for a queue it has none of.
+LEASES_FROM = (
+    "SELECT COALESCE(max(a.start), '-infinity'::timestamptz) AS start FROM "
+    "unnest(%(lease_queues)s::text[], %(lease_from)s::timestamptz[]) AS a(queue, start) "
+    "WHERE a.queue = q.name"
+)
 
 
 class ClaimForm(enum.IntEnum):
@@ -213,13 +220,17 @@ class RoundSQL:
         mode: ClaimMode | None,
         form: ClaimForm,
         moves: Mapping[str, str] | None = None,
+        bounded: bool = False,
     ) -> str:
         """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
         then claim in ``form`` if ``claim``. Rows come back marked: ``c``
         claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
         key missing slots. With ``moves`` (the columns a moved row is copied by),
         the rows of the outcomes that end a task move to the table of finished
-        rows (finished.py)."""
+        rows (finished.py). ``bounded`` (the lean form only): the fresh rows and
+        the expired leases are read from the lane's read frontier
+        (db/frontier.py), and where the next read may start comes back, per
+        queue and priority (``r``) and per queue (``l``)."""
         t = self.t
         lock = MOVING_LOCK if moves is not None else LOCK
         ctes: list[str] = [MINE.format(table=t, lock=lock)] if kinds else []
@@ -271,7 +282,8 @@ class RoundSQL:
                 selects.append(told)
             return f"WITH {', '.join(ctes)} {' UNION ALL '.join(selects)}"
         mode = mode or ClaimMode.OPTIMISTIC
-        claim_ctes, seen, flags, details, missing = self.claim_ctes(mode, form, frees)
+        bounded = bounded and form == ClaimForm.LEAN
+        claim_ctes, seen, flags, details, missing = self.claim_ctes(mode, form, frees, bounded)
         ctes += claim_ctes
         if frees:
             # After ``go``: a slot it took back is not freed (one statement
@@ -302,6 +314,8 @@ class RoundSQL:
         if frees:
             # How many slots it freed that READY rows wait for (each told, limited.py).
             parts.append(f"{told}, {', '.join(['NULL'] * (width - 1))}")
+        if bounded:
+            parts += self.frontier_rows(width)
         if missing:
             # Keys whose slots are missing (a new key, a raised limit): the
             # worker makes them after the round (db/limits.py, make_slots).
@@ -315,7 +329,7 @@ class RoundSQL:
     # -- the claim -----------------------------------------------------------------------
 
     def claim_ctes(
-        self, mode: ClaimMode, form: ClaimForm, frees: bool
+        self, mode: ClaimMode, form: ClaimForm, frees: bool, bounded: bool = False
     ) -> tuple[list[str], str, str, str, str]:
         """The CTEs ending in ``go`` (the rows to claim), and four SQL expressions:
         how many runnable rows were seen, the flags (``limited`` rows are
@@ -356,15 +370,24 @@ class RoundSQL:
         # Each read a range of its index in the index's order with a LIMIT:
         # its cost is the limit's, never a backlog's (another queue's expired
         # leases, a full key's READY rows).
-        reads = [
-            _per_queue(
-                f"SELECT {_ROW_COLS}, 0 AS reclaim, priority, run_after FROM {t} AS t "
-                f"WHERE {expired}{not_finishing}{free}{gate} "
-                f"ORDER BY lease_expires_at LIMIT {part}{lock}"
-            ),
-            _per_queue(self.fresh_rows(part, lock, gate)),
-            _per_queue(self.deferred_by_priority(part, lock, gate)),
-        ]
+        expired_rows = (
+            f"SELECT {_ROW_COLS}, 0 AS reclaim, priority, run_after FROM {t} AS t "
+            f"WHERE {expired}{not_finishing}{free}{gate}"
+        )
+        if bounded:
+            ctes.append(self.frontier_cte())
+            reads = [
+                f"SELECT r.* FROM {QUEUES} CROSS JOIN LATERAL ({LEASES_FROM}) AS lf "
+                f"CROSS JOIN LATERAL ({expired_rows} AND lease_expires_at >= lf.start "
+                f"ORDER BY lease_expires_at LIMIT {part}{lock}) AS r",
+                _per_queue(self.fresh_rows_bounded(part, lock, gate)),
+            ]
+        else:
+            reads = [
+                _per_queue(f"{expired_rows} ORDER BY lease_expires_at LIMIT {part}{lock}"),
+                _per_queue(self.fresh_rows(part, lock, gate)),
+            ]
+        reads.append(_per_queue(self.deferred_by_priority(part, lock, gate)))
         missing, walk, held, details = "", "false", "false", "NULL::jsonb"
         if not lean:
             limited_ctes, limited_reads, missing, held, wait = self.limited.reads(
@@ -462,6 +485,95 @@ class RoundSQL:
             f"AND run_after <= {self.now}{gate} "
             f"ORDER BY {ready_order()} LIMIT {part}{lock}"
         )
+
+    # -- the read frontier (db/frontier.py) --------------------------------------------
+
+    def fresh_ready(self, queue: str) -> str:
+        """The condition of ``queue``'s fresh READY rows (the ``ready_fresh`` index's)."""
+        return f"status = '{READY}' AND queue_name = {queue} AND {FRESH}"
+
+    def frontier_cte(self) -> str:
+        """``fq``: the (queue, priority) pairs whose fresh rows are read, each from
+        where the lane's frontier says (``start``).
+
+        The pairs come as arrays; with ``discover`` (a full read) each queue's
+        priorities are found as well, one index descent each (the walk of
+        ``deferred_by_priority``), and read from their start. Under a pinned
+        snapshot those descents visit every dead entry at a priority's head,
+        as a read from the head does: a full read costs what every read did
+        before the frontier, and is made once in ``FULL_READ_SECONDS``.
+        """
+        t, ready = self.t, self.fresh_ready("q.name")
+        walk = (
+            f"WITH RECURSIVE pr(p) AS (SELECT max(priority) FROM {t} WHERE {ready} "
+            f"UNION ALL SELECT (SELECT max(priority) FROM {t} WHERE {ready} "
+            "AND priority < pr.p) FROM pr WHERE pr.p IS NOT NULL) SELECT p FROM pr "
+            "WHERE p IS NOT NULL"
+        )
+        return (
+            "fq AS MATERIALIZED (SELECT f.queue, f.priority, min(f.start) AS start FROM ("
+            "SELECT * FROM unnest(%(fresh_queues)s::text[], %(fresh_priorities)s::int[], "
+            "%(fresh_from)s::timestamptz[]) AS a(queue, priority, start) UNION ALL "
+            f"SELECT q.name, w.p, '-infinity'::timestamptz FROM {QUEUES} "
+            f"CROSS JOIN LATERAL ({walk}) AS w WHERE %(discover)s) AS f "
+            "GROUP BY f.queue, f.priority)"
+        )
+
+    def fresh_rows_bounded(self, part: str, lock: str, gate: str) -> str:
+        """``fresh_rows`` from the frontier: per (queue, priority) of ``fq``, a range
+        of ``ready_fresh`` that starts at the pair's ``start`` (an index condition on
+        all three columns), merged in claim order. Nothing before ``start`` is read:
+        under a pinned snapshot, the dead entries of the rows claimed since the pin
+        (which no scan may mark dead) are behind it."""
+        return (
+            f"SELECT b.* FROM fq CROSS JOIN LATERAL (SELECT {_ROW_COLS}, 1 AS reclaim, "
+            f"priority, run_after FROM {self.t} WHERE {self.fresh_ready('q.name')} "
+            f"AND priority = fq.priority AND run_after >= fq.start AND run_after <= {self.now}"
+            f"{gate} ORDER BY run_after LIMIT {part}{lock}) AS b WHERE fq.queue = q.name "
+            f"ORDER BY {ready_order('b')} LIMIT {part}"
+        )
+
+    def frontier_rows(self, width: int) -> list[str]:
+        """Where the next bounded read may start: ``r`` rows (queue, priority, start)
+        and ``l`` rows (queue, start), in the columns of ``queue_name``,
+        ``priority`` and ``run_after``.
+
+        The start is the first row from the last start that this statement did
+        not claim, read without a lock (so a row another session holds is not
+        passed: it may stay READY), or the statement's clock when there is none.
+        Every row before it was claimed here, or before: a row that commits
+        later with an earlier key is a late commit, which its producer's
+        notification brings back (db/frontier.py has the argument, and the
+        expired leases' own).
+        """
+        t, now = self.t, self.now
+        column = {name: i for i, name in enumerate(CLAIM_COLUMNS)}
+
+        def row(marker: str, queue: str, priority: str, start: str) -> str:
+            values = ["NULL"] * (width + 1)
+            values[column["queue_name"]] = queue
+            values[column["priority"]] = priority
+            values[column["run_after"]] = start
+            return f"SELECT '{marker}', {', '.join(values)}"
+
+        not_claimed = "id NOT IN (SELECT id FROM claimed)"
+        first_fresh = (
+            f"(SELECT run_after FROM {t} WHERE {self.fresh_ready('fq.queue')} "
+            f"AND priority = fq.priority AND run_after >= fq.start AND run_after <= {now} "
+            f"AND {not_claimed} ORDER BY run_after LIMIT 1)"
+        )
+        first_expired = (
+            f"(SELECT lease_expires_at FROM {t} WHERE status = '{RUNNING}' "
+            f"AND queue_name = q.name AND lease_expires_at >= lf.start "
+            f"AND lease_expires_at <= {now} AND {not_claimed} "
+            "ORDER BY lease_expires_at LIMIT 1)"
+        )
+        return [
+            row("r", "fq.queue", "fq.priority", f"COALESCE({first_fresh}, {now})") + " FROM fq",
+            row("l", "q.name", "NULL", f"COALESCE({first_expired}, {now})")
+            + " FROM unnest(%(queues)s::text[]) AS q(name) "
+            + f"CROSS JOIN LATERAL ({LEASES_FROM}) AS lf",
+        ]
 
     def deferred_by_priority(self, part: str, lock: str, gate: str) -> str:
         """The queue's (``q.name``) first ``part`` due deferred READY rows, in claim order.
