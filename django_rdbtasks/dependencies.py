@@ -295,13 +295,14 @@ def release_dependants(using: str, succeeded: Sequence[Any]) -> None:
     for count, children in by_count.items():
         rows.among(children, TaskStatus.WAITING).update(waiting_on=F("waiting_on") - count)
     ready = rows.among(set(links), TaskStatus.WAITING).filter(waiting_on=0)
-    queues = set(ready.values_list("queue_name", flat=True))
+    pairs = set(ready.values_list("queue_name", "priority"))
     # A child enqueued with run_after keeps it: released early, it still waits.
+    # Either way its run_after is this statement's clock or later (notify_ready).
     run_after = Coalesce(Greatest(F("requested_run_after"), DbNow()), DbNow())
     if ready.update(status=TaskStatus.READY, run_after=run_after, version=F("version") + 1):
         connection = connections[using]
         with connection.cursor() as cursor:
-            dialect_for(connection).notify(cursor, queues)
+            dialect_for(connection).notify_ready(cursor, pairs)
 
 
 def end_dependants(using: str, failed: Sequence[Any]) -> None:

@@ -341,3 +341,43 @@ def test_a_task_committed_behind_the_frontier_is_claimed_once_its_notification_a
         halt.set()
         if listener.is_alive():
             listener.join(5)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("transactional_db")
+def test_a_dependant_released_at_a_priority_the_lane_never_saw_is_claimed_from_the_frontier():
+    """A parent's success releases its dependant, at a priority no read of the lane
+    has found: the release announces (queue, priority, start) on ``rdbtasks_ready``,
+    so the lane's next claim reads it from its frontier, not from the head."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the read frontier is PostgreSQL's")
+    from django_rdbtasks.dependencies import enqueue_after
+    from django_rdbtasks.worker.lanes import Lane, Wake
+    from django_rdbtasks.worker.listener import Listener
+
+    frontier = ReadFrontier(full_every=60.0)
+    wake, halt = Wake(), threading.Event()
+    wake.watch([Lane(0, "w", frontier)])
+    listener = Listener("default", ["default"], wake, halt)
+    request = ClaimRequest(["default"], 10, "w", 30.0, frontier=frontier)
+    parent = tasks.step.enqueue("a")
+    child = enqueue_after([parent], tasks.step.using(priority=5), "b")
+
+    def rounds(store):
+        listener.start()
+        assert listener.ready.wait(10)
+        [row] = store.exchange([], "w", request).claimed  # from the head: the parent
+        assert row.id == parent.id and frontier.last_read_full
+        assert ("default", 5) not in frontier.fresh
+        wake.clear()
+        written = store.exchange(succeeded([row]), "w", None).written
+        assert list(written) == [parent.id]
+        assert wake.wait(10)  # the release's notification
+        [released] = store.exchange([], "w", request).claimed
+        assert released.id == child.id and not frontier.last_read_full
+
+    try:
+        on_a_lane(rounds)
+    finally:
+        halt.set()
+        listener.join(5)

@@ -198,6 +198,10 @@ class Dialect(Spelling):
         """Wake idle workers of these queues once the transaction commits."""
         self.inserts.notify(cursor, queue_names)
 
+    def notify_ready(self, cursor: Any, pairs: Iterable[tuple[str, int]]) -> None:
+        """Wake idle workers for rows made READY, by (queue, priority) (``TaskInserts``)."""
+        self.inserts.notify_ready(cursor, pairs)
+
     def worker_cursor(self, connection: Any, *, prepare: bool = True) -> Any:
         """A cursor for the worker's own statements on ``connection``, used in a ``with``.
 

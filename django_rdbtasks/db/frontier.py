@@ -21,8 +21,9 @@ Why nothing READY is left behind the frontier:
   them READY (db/ready_arms.py), so never earlier than their transaction's
   start. A row that commits after a read whose frontier passed its
   ``run_after`` (a producer's transaction that was open during the read) is
-  announced at its commit: every enqueue notifies ``(queue, priority, its
-  transaction's start)`` on ``READY_CHANNEL`` (postgresql/channels.py), and the
+  announced at its commit: every enqueue, dependant released and task given
+  back notifies ``(queue, priority, its transaction's start)`` on
+  ``READY_CHANNEL`` (postgresql/channels.py, ``notify_ready``), and the
   listener lowers each lane's frontier to it (``lower``) before the lane's next
   round reads. A row someone holds locked while READY is seen by the unlocked
   read and stops the frontier there.
@@ -33,8 +34,8 @@ Why nothing READY is left behind the frontier:
 - Anything else that makes fresh rows or may have been missed calls for a
   full read, from the head, with each queue's priorities found again
   (``reread``): a notification on the old channel (a producer of an older
-  release, the SQL function ``rdbtasks_enqueue_v1``, a dependant released, a
-  requeue), the listener's connection made again (what was sent meanwhile is
+  release, the SQL function ``rdbtasks_enqueue_v1``, a requeue, a queue
+  resumed), the listener's connection made again (what was sent meanwhile is
   lost), the lane's connection made again, and a round that failed. And once
   every ``FULL_READ_SECONDS`` whatever happened: the safety net, which also
   bounds what a mistake here could cost to that delay.
@@ -49,7 +50,7 @@ import datetime as dt
 import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 #: The longest a lane reads from its frontier before it reads from the head
@@ -87,7 +88,7 @@ class ReadFrontier:
     reads and advances it; the listener's thread lowers it or asks for a full read."""
 
     def __init__(
-        self, full_every: float = FULL_READ_SECONDS, *, clock: object = time.monotonic
+        self, full_every: float = FULL_READ_SECONDS, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.full_every = full_every
         self._clock = clock
@@ -134,7 +135,7 @@ class ReadFrontier:
     def take(self, queues: Sequence[str]) -> FrontierRead:
         """Where this round reads from. The notified starts are folded in now: a
         round that does not get as far as ``advance`` leaves them in force."""
-        now = self._clock()  # type: ignore[operator]
+        now = self._clock()
         with self._lock:
             for key, start in self._lowered.items():
                 known = self.fresh.get(key)

@@ -40,6 +40,13 @@ class TaskInserts:
         """Wake idle workers of these queues once the transaction commits (here
         nothing: the workers of these databases poll)."""
 
+    def notify_ready(self, cursor: Any, pairs: Iterable[tuple[str, int]]) -> None:
+        """The same for rows this transaction made READY, by (queue, priority),
+        each with a ``run_after`` at or after the transaction's start: where
+        workers read from a frontier (PostgreSQL, db/frontier.py), they lower it
+        to that start instead of reading from the head."""
+        self.notify(cursor, {queue for queue, _ in pairs})
+
     def new_cursor(self, connection: Any, *, prepare: bool = False) -> Any:
         """A driver cursor for the enqueue's statements, kept for the connection's life.
 

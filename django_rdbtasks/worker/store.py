@@ -312,14 +312,17 @@ class ClaimStore:
 
     def _wake_others(self, outcomes: Sequence[Outcome], written: dict[Any, bool | None]) -> None:
         """Tasks given back unstarted are runnable now: wake idle workers (PostgreSQL)."""
-        queues = {
-            o.row.queue_name
+        # Each claimed before (``started_at`` set): deferred rows, which no
+        # frontier passes (db/frontier.py); their pairs wake without a read
+        # from the head.
+        pairs = {
+            (o.row.queue_name, o.row.priority)
             for o in outcomes
             if o.kind == OutcomeKind.RELEASE and o.row is not None and o.id in written
         }
-        if queues:
+        if pairs:
             with self.cursor() as cursor:
-                self.dialect.notify(cursor, queues)
+                self.dialect.notify_ready(cursor, pairs)
 
     def _follow_up(
         self, outcomes: Sequence[Outcome], written: dict[Any, bool | None], worker_id: str

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-#: Rows that became READY, for workers to look again from their frontier's
-#: start: the payload the queue (``NOTIFY_CHANNEL``'s old form, sent by what is
-#: not an enqueue of this release: ``rdbtasks_enqueue_v1``, dependants
-#: released, requeues, a queue resumed, producers of an older release). A
-#: worker's lanes read from the head after one (db/frontier.py).
+#: Rows that became READY, the payload their queue: what ``READY_CHANNEL`` does
+#: not announce (requeues, a queue resumed, ``rdbtasks_enqueue_v1`` and the
+#: rest of an older release). A worker's lanes read from the head after one
+#: (db/frontier.py).
 NOTIFY_CHANNEL = "rdbtasks"
-#: Rows an enqueue made READY: ``priority|start|queue``, where ``start`` is the
+#: Rows an enqueue (or a dependant's release, a task given back: ``notify_ready``)
+#: made READY: ``priority|start|queue``, where ``start`` is the
 #: enqueuing transaction's start in microseconds since the epoch (one less:
 #: a start only ever lowers a frontier). Every fresh row it wrote has a
 #: ``run_after`` at or after it (db/frontier.py). PostgreSQL sends equal

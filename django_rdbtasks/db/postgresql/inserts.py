@@ -293,6 +293,15 @@ class PostgreSQLInserts(TaskInserts):
         for queue_name in sorted(set(queue_names)):
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])
 
+    def notify_ready(self, cursor: Any, pairs: Iterable[tuple[str, int]]) -> None:
+        pairs = sorted(set(pairs))
+        if pairs:
+            cursor.execute(
+                f"SELECT pg_notify('{READY_CHANNEL}', {ready_payload('x.q', 'x.p')}) "
+                "FROM unnest(%s::text[], %s::int[]) AS x(q, p)",
+                [[q for q, _ in pairs], [p for _, p in pairs]],
+            )
+
     def enqueue_function_exists(self, cursor: Any) -> bool:
         settings = self.d.connection.settings_dict
         key = (settings["NAME"], settings["HOST"], settings["PORT"])
