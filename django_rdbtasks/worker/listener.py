@@ -103,8 +103,8 @@ class Listener(threading.Thread):
             # Anything enqueued while we were not listening is found by a
             # read from the head (db/frontier.py), at once.
             self.wake.listening(True)
-            self.ready.set()
             self.wake.set()
+            self.ready.set()
             try:
                 while not self.halt.is_set():
                     for notify in raw.notifies(timeout=0.5):
