@@ -163,25 +163,25 @@ class Wake(threading.Event):
             self._freed = min(self._freed + count, max(1, len(self._lanes)))
             self._slot_freed.notify(count)
 
+    def _frontiers(self) -> list[ReadFrontier]:
+        return [lane.frontier for lane in self._lanes if lane.frontier is not None]
+
     def lower(self, queue: str, priority: int, start: dt.datetime) -> None:
         """Rows of ``queue`` committed by a transaction begun at ``start``: every
         lane's next read of them starts there at the latest (db/frontier.py)."""
-        for lane in self._lanes:
-            if lane.frontier is not None:
-                lane.frontier.lower(queue, priority, start)
+        for frontier in self._frontiers():
+            frontier.lower(queue, priority, start)
 
     def reread(self) -> None:
         """Rows may have been made that no notification announced: every lane's
         next claim reads from the head (db/frontier.py)."""
-        for lane in self._lanes:
-            if lane.frontier is not None:
-                lane.frontier.reread()
+        for frontier in self._frontiers():
+            frontier.reread()
 
     def listening(self, connected: bool) -> None:
         """The listener's connection is up, or down (notifications are lost meanwhile)."""
-        for lane in self._lanes:
-            if lane.frontier is not None:
-                lane.frontier.listening(connected)
+        for frontier in self._frontiers():
+            frontier.listening(connected)
 
     def wait_for_slot(self, timeout: float) -> None:
         """Until a limit's slot comes free, the wake-up is set, or ``timeout``."""

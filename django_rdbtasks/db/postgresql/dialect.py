@@ -262,7 +262,7 @@ class PostgreSQLDialect(Dialect):
         ended = sorted(self.limits.ended(ordered))
         frees = bool(ended)
         moves = bool(kinds) and self.finished.moves(cursor)
-        bounded = read is not None and claim and form == ClaimForm.LEAN
+        bounded = read is not None  # given only to a lean claim (``exchange``)
         key = (kinds, frees, claim, mode, form, bounded, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
@@ -291,8 +291,7 @@ class PostgreSQLDialect(Dialect):
                 start_within=request.start_within,
             )
             values["queues"] = list(request.queues)
-            if bounded:
-                assert read is not None
+            if read is not None:
                 for name, value in read.parameters().items():
                     values[name] = array_literal(value) if isinstance(value, list) else value
         cursor.execute(sql, [parameter(values[name]) for name in names])
