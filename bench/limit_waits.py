@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=2, help="runworkers --processes")
     parser.add_argument("--threads", type=int, default=10, help="runworkers --threads")
     parser.add_argument("--mode", default="optimistic", help="runworkers --mode")
+    parser.add_argument(
+        "--started-first",
+        action="store_true",
+        help="mixed: the workers run (idle) before the tasks are enqueued, as a deployment's "
+        "do, instead of burst workers started on the backlog",
+    )
     parser.add_argument("--window", type=float, default=20.0, help="full: seconds measured")
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
     parser.add_argument("--pg-port", default=os.environ.get("PGPORT", "5432"))
@@ -150,18 +156,40 @@ def claims(log: Path) -> tuple[int, int]:
 
 
 def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
-    """Enqueue ``batches`` in one transaction, drain them with burst workers, read the runs."""
+    """Enqueue ``batches`` in one transaction, drain them with burst workers, read the runs.
+
+    With ``--started-first`` the workers run first (their sessions open, idle) and
+    are stopped once every task has run."""
     fresh_database(args)
-    enqueue_in_one_transaction(args, batches)
     log = LOGS / f"{name}.log"
-    # Backends come and go with the workers: CPU read while they live (sampled).
-    before_xacts = server_counters(args)[1]
-    process = workers(args, burst=True, log=log)
     cpu_seen: dict[int, float] = {}
-    while process.poll() is None:
-        sample_backends(args, cpu_seen)
-        time.sleep(0.05)
-    after_xacts = server_counters(args)[1]
+    if args.started_first:
+        process = workers(args, burst=False, log=log)
+        wait_for_sessions(args, args.processes * args.threads)
+        time.sleep(1)  # their first rounds (found nothing) are behind them
+        cpu_before = dict(cpu_seen)
+        sample_backends(args, cpu_before)
+        before_xacts = server_counters(args)[1]
+        enqueue_in_one_transaction(args, batches)
+        expected = sum(len(calls) for _, calls in batches)
+        with connect(args, args.database) as conn:
+            while conn.execute("SELECT count(*) FROM bench_runs").fetchone()[0] < expected:
+                sample_backends(args, cpu_seen)
+                time.sleep(0.05)
+        after_xacts = server_counters(args)[1]
+        process.terminate()
+        process.wait(90)
+        # Only what the backends spent from the enqueue on.
+        cpu_seen = {pid: cpu - cpu_before.get(pid, 0.0) for pid, cpu in cpu_seen.items()}
+    else:
+        enqueue_in_one_transaction(args, batches)
+        # Backends come and go with the workers: CPU read while they live (sampled).
+        before_xacts = server_counters(args)[1]
+        process = workers(args, burst=True, log=log)
+        while process.poll() is None:
+            sample_backends(args, cpu_seen)
+            time.sleep(0.05)
+        after_xacts = server_counters(args)[1]
     with connect(args, args.database) as conn:
         runs = conn.execute("SELECT kind, n, started, finished FROM bench_runs").fetchall()
     drop_database(args)
@@ -173,6 +201,20 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
         "claimed": claimed,
         "claim_statements": statements,
     }
+
+
+def wait_for_sessions(args: argparse.Namespace, count: int, timeout: float = 60) -> None:
+    """Until at least ``count`` sessions are open on the database."""
+    deadline = time.monotonic() + timeout
+    with connect(args, "postgres") as conn:
+        while time.monotonic() < deadline:
+            (open_now,) = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [args.database]
+            ).fetchone()
+            if open_now >= count:
+                return
+            time.sleep(0.1)
+    raise SystemExit(f"the workers did not open {count} sessions in {timeout:.0f} s")
 
 
 def sample_backends(args: argparse.Namespace, seen: dict[int, float]) -> None:

@@ -9,6 +9,7 @@ from django_rdbtasks.states import OutcomeKind
 from django_rdbtasks.worker.lanes import (
     FLUSH_AFTER,
     HANDBACK_AFTER,
+    IN_ORDER_WITHIN,
     TAKEOVER_HANDBACK_AFTER,
     ClaimAhead,
     Lane,
@@ -18,7 +19,7 @@ from django_rdbtasks.worker.lanes import (
 NOW = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
 
 
-def row(n, priority=0):
+def row(n, priority=0, limit_key=None):
     return ClaimedRow(
         id=n,
         version=1,
@@ -35,6 +36,7 @@ def row(n, priority=0):
         claimed_at=NOW,
         run_after=NOW + dt.timedelta(seconds=n),
         history=[],
+        limit_key=limit_key,
     )
 
 
@@ -76,6 +78,56 @@ def test_nothing_is_claimed_behind_a_task_that_runs_long_or_one_at_a_time():
     one = ClaimAhead(1)
     assert one.to_claim(1, 0.0) == 0
     assert one.to_claim(0, 0.0) == 1
+
+
+def test_claims_ahead_are_sized_by_the_pace_of_tasks_without_a_limit():
+    """Issue 42's mix: 40 ms limited tasks and 5 ms ones without a limit. Claimed in
+    order (nothing in flight), one at a time, as the slowest say; claimed ahead
+    (rows without a limit only), as many as 50 ms of those."""
+    ahead = ClaimAhead()
+    for _ in range(3):
+        ahead.observe(0.040, limited=True)
+        ahead.observe(0.005)
+    assert ahead.want() == 1 and ahead.to_claim(0, 0.0) == 1
+    assert ahead.want_ahead() == 10
+    assert ahead.to_claim(1, 0.001) == 9
+    assert ahead.to_claim(8, 0.001) == 0  # more than three quarters still to run
+
+
+def test_nothing_is_claimed_ahead_while_the_lane_holds_a_limited_task():
+    """Its slot's next task is claimed by the round that ends it (the hand-over),
+    which a claim ahead would leave to another lane."""
+    ahead = ClaimAhead()
+    for _ in range(3):
+        ahead.observe(0.005)
+    assert ahead.to_claim(1, 0.001, holds_limited=False) > 0
+    assert ahead.to_claim(1, 0.001, holds_limited=True) == 0
+    lane = Lane(0, "w")
+    lane.add([row(1)])
+    assert not lane.holds_limited()
+    lane.add([row(2, limit_key="concurrency:tenant:a")])
+    assert lane.holds_limited()  # queued, not yet running
+    first = lane.take_next()
+    lane.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    assert lane.take_next().row.limit_key is not None and lane.holds_limited()
+
+
+def test_a_lane_that_passed_limited_rows_over_claims_in_order_again_soon():
+    """A limited row with a free slot that claims ahead passed over waits at most
+    about ``IN_ORDER_WITHIN`` for a busy lane to claim in order."""
+    ahead = ClaimAhead()
+    for _ in range(3):
+        ahead.observe(0.005)
+    ahead.claimed(ahead=False, passed_limited=False, now=100.0)
+    ahead.claimed(ahead=True, passed_limited=True, now=100.05)
+    assert ahead.to_claim(1, 0.001, now=100.1) > 0
+    assert ahead.to_claim(1, 0.001, now=100.0 + IN_ORDER_WITHIN + 0.01) == 0
+    assert ahead.to_claim(0, 0.0, now=100.3) == ahead.want()  # dry: in order
+    ahead.claimed(ahead=False, passed_limited=False, now=100.3)
+    assert ahead.to_claim(1, 0.001, now=100.35) > 0
+    # Claims ahead that passed nothing over (no limited rows there) go on.
+    ahead.claimed(ahead=True, passed_limited=False, now=105.0)
+    assert ahead.to_claim(1, 0.001, now=105.0) > 0
 
 
 def test_a_fixed_batch_is_kept():

@@ -692,6 +692,46 @@ def test_a_round_of_queues_without_limited_rows_takes_no_slot_step(mode, vendor)
     assert slot_table not in statements[0]
 
 
+# -- claims ahead of a running task (rows without a limit only) ---------------------------
+
+
+def claim_ahead(worker_id, want, mode):
+    """A round of a lane whose runner still runs a task (``ClaimRequest.ahead``)."""
+    dialect = dialect_for(connection)
+    request = ClaimRequest(["default"], want, worker_id, 30.0, mode, ahead=True)
+    with transaction.atomic(), connection.cursor() as cursor:
+        return dialect.exchange(cursor, [], worker_id, request)
+
+
+@db
+def test_a_claim_ahead_takes_no_limited_row_even_one_that_comes_first(mode):
+    """Behind a running task a lane claims only rows without a limit: a limited row
+    claimed there would hold its key's slot idle behind the body. The limited
+    rows, first in order and with free slots, stay READY for a lane that claims
+    in order."""
+    make_slots([("concurrency:tenant:a", 3, 0.0)])
+    first = tasks.per_tenant.using(priority=5).enqueue("a", 0)
+    limited = [tasks.per_tenant.using(priority=5).enqueue("a", 0) for _ in range(2)]
+    free = [tasks.add.enqueue(1, 2) for _ in range(3)]
+    # In order: the limited row first (the claims learn that limited rows are there).
+    assert ids(exchange("w1", want=1, mode=mode).claimed) == [first.id]
+    result = claim_ahead("w1", 5, mode)
+    assert sorted(ids(result.claimed)) == sorted(t.id for t in free)
+    assert result.passed_limited
+    assert Task.objects.filter(id__in=[t.id for t in limited], status="READY").count() == 2
+    # In order again: the limited rows, which had their slots all along.
+    assert sorted(ids(exchange("w1", want=5, mode=mode).claimed)) == sorted(t.id for t in limited)
+
+
+@db
+def test_a_claim_ahead_where_no_limited_row_is_the_plain_claim(mode):
+    for _ in range(3):
+        tasks.add.enqueue(1, 2)
+    exchange("w1", want=1, mode=mode)
+    result = claim_ahead("w1", 5, mode)
+    assert len(result.claimed) == 2 and not result.passed_limited
+
+
 # -- enqueues never wait on each other -------------------------------------------------
 
 

@@ -101,6 +101,9 @@ class Dialect(Spelling):
         #: Per set of queues: until when (``time.monotonic``) optimistic
         #: claims read with SKIP LOCKED, since one lost races (``read_mode``).
         self.locked_reads_until: dict[tuple[str, ...], float] = {}
+        #: Per set of queues: whether the last claim that read in order found
+        #: limited rows there (a claim ahead then reads the others only).
+        self.limited_in: dict[tuple[str, ...], bool] = {}
 
     def encode_outcome(self, outcome: Outcome, limits: StorageLimits) -> None:
         """Encode ``outcome`` for the round ahead, as every database stores it.
@@ -124,6 +127,7 @@ class Dialect(Spelling):
         their forms; elsewhere the keys their walks found), so that the next claim
         starts as a new process's would."""
         self.locked_reads_until.clear()
+        self.limited_in.clear()
         self.ready.walked.clear()
 
     def reads_locked(self) -> bool:
@@ -447,10 +451,20 @@ class Dialect(Spelling):
         # rows that find no slot, leave room to fill it. (A locked read holds
         # the rows it read and does not claim until the round commits.)
         count = candidate_count(request.want)
-        if mode == ClaimMode.SKIP_LOCKED:
-            read = self.locked_candidates(cursor, request.queues, count, result)
+        lock = self.row_lock_sql if mode == ClaimMode.SKIP_LOCKED else ""
+        if request.ahead and self.limited_in.get(queues, False):
+            # Behind a running task, where limited rows are: rows without a
+            # limit only (ClaimRequest.ahead).
+            read = self.ready.read_unlimited(cursor, request.queues, count, lock=lock)
+            result.passed_limited = True
         else:
-            read = self.candidates(cursor, request.queues, count, result)
+            if mode == ClaimMode.SKIP_LOCKED:
+                read = self.locked_candidates(cursor, request.queues, count, result)
+            else:
+                read = self.candidates(cursor, request.queues, count, result)
+            self.limited_in[queues] = (
+                result.held or bool(result.missing) or any(c.limit_key is not None for c in read)
+            )
         read = [c for c in read if c.id not in excluded]
         # The limited rows take their keys' free slots before the batch is cut:
         # one that finds none (its key full meanwhile) is passed over, and the

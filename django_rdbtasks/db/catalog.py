@@ -239,6 +239,22 @@ def _postgresql(d: Any) -> Iterator[Statement]:
         ),
     )
     yield Statement(
+        "round_success_then_claim_ahead_optimistic",
+        "A lane's round behind a task it still runs, where its queues hold limited "
+        "rows: a success written and moved, then rows without a limit only, in the "
+        "lean form's reads (a limited row claimed ahead would hold its slot idle; "
+        "rows.ClaimRequest.ahead).",
+        d.round.statement(
+            (OutcomeKind.SUCCESS,),
+            False,
+            True,
+            ClaimMode.OPTIMISTIC,
+            ClaimForm.LEAN,
+            moved,
+            ahead=True,
+        ),
+    )
+    yield Statement(
         "round_success_frees_slot_then_claim_window_optimistic",
         "A limited task's success frees its slot, which the claim of the window "
         "form may hand over to the key's next task (postgresql/limited.py).",
@@ -379,6 +395,14 @@ def _portable(d: Any) -> Iterator[Statement]:
             f"claim_lock_unchanged_{i}",
             "Of the candidates read, those still at the version read, locked, skipping "
             "rows others hold (the optimistic claim never waits).",
+            sql,
+        )
+    for i, sql in enumerate(_recorded(lambda c: d.ready.read_unlimited(c, QUEUES, 5))):
+        yield Statement(
+            f"claim_ahead_read_{i}",
+            "A claim behind a task the lane still runs: per queue, the expired leases and "
+            "READY rows without a limit, each its index's range (no slot read, no key "
+            "walked; rows.ClaimRequest.ahead).",
             sql,
         )
     if d.has_row_locks:

@@ -267,6 +267,33 @@ class ReadyReads:
                 rows.append(row.candidate)
         return rows[:limit]
 
+    def read_unlimited(
+        self, cursor: Any, queues: Sequence[str], limit: int, *, lock: str = ""
+    ) -> list[Candidate]:
+        """Up to ``limit`` runnable rows of ``queues`` without a limit, in claim order:
+        a claim ahead of a running task (``ClaimRequest.ahead``), which takes no
+        limited row. No slot is read, no key walked: per queue its expired
+        leases without a limit and its READY rows without one, each a range of
+        an index with a LIMIT."""
+        parts: list[tuple[str, list[Any]]] = []
+        for queue in queues:
+            parts.append((self.unlimited_expired_sql(), [queue, limit]))
+            if self.split:
+                parts += [(self.part_sql(kind), [queue, limit]) for kind in (FRESH, DEFERRED)]
+            else:
+                parts.append((self.unlimited_sql(), [queue, limit]))
+        found = sorted(self._read_parts(cursor, parts, lock), key=lambda r: r.order)
+        return [r.candidate for r in found[:limit]]
+
+    def unlimited_expired_sql(self) -> str:
+        """A queue's expired leases of tasks without a limit (``%s``: the queue, how many)."""
+        return self._select(
+            f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= "
+            f"{self.d.now_sql} AND limit_key IS NULL",
+            "lease_expires_at",
+            0,
+        )
+
     def _offer(
         self,
         cursor: Any,

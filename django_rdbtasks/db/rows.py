@@ -188,6 +188,9 @@ class ClaimRequest:
     #: The lane's read frontier (PostgreSQL, a worker that listens; db/frontier.py):
     #: the lean claim reads its fresh rows and expired leases from there.
     frontier: ReadFrontier | None = None
+    #: Claimed behind a running task: rows without a limit only. A limited row
+    #: claimed ahead would hold its key's slot while it waits behind a body.
+    ahead: bool = False
 
 
 @dataclass(slots=True)
@@ -229,6 +232,9 @@ class Exchange:
     #: and priority for the fresh rows, per queue for the expired leases.
     fresh_from: list[tuple[str, int, dt.datetime]] = field(default_factory=list)
     leases_from: list[tuple[str, dt.datetime]] = field(default_factory=list)
+    #: A claim ahead (``ClaimRequest.ahead``) took rows without a limit only where
+    #: its queues hold limited rows: it may have passed over some with a free slot.
+    passed_limited: bool = False
 
 
 #: Columns an enqueue writes; the rest keep their database default (NULL).

@@ -42,6 +42,11 @@ BUSY_RETRY = 0.1
 #: at three quarters drained 15 to 20 % more a second (docs/benchmarks.md,
 #: 2026-11-27 18:54). Long tasks are unaffected: one at a time either way.
 REFILL_AT = 0.75
+#: How long a lane may go on claiming ahead past limited rows (rows without a
+#: limit only, ``ClaimRequest.ahead``) before it lets its runner go dry and
+#: claims in order again: the bound on how long a limited row whose key has a
+#: free slot waits for a busy lane to come round (docs/limits.md).
+IN_ORDER_WITHIN = 0.2
 
 
 class ClaimAhead:
@@ -62,15 +67,37 @@ class ClaimAhead:
         self.fixed = fixed
         self.budget = budget
         self.most = most
-        #: Exponentially weighted mean of recent run times, in seconds.
-        self.pace = budget
+        #: Exponentially weighted mean of recent run times, in seconds (the
+        #: first run sets it).
+        self.pace: float | None = None
+        #: The same of the tasks without a limit only: what a claim ahead may take.
+        self.pace_unlimited: float | None = None
+        #: When the lane last claimed in order (with nothing in flight), and
+        #: whether its claims ahead since passed limited rows over.
+        self.in_order_at = 0.0
+        self.passing_limited = False
 
     def want(self) -> int:
+        return self._fits(self.pace)
+
+    def want_ahead(self) -> int:
+        """How many to hold when claiming behind a running task: rows without a limit only."""
+        return self._fits(self.pace_unlimited)
+
+    def _fits(self, pace: float | None) -> int:
         if self.fixed is not None:
             return self.fixed
-        return max(1, min(self.most, int(self.budget / max(self.pace, 1e-6))))
+        if pace is None:
+            return 1
+        return max(1, min(self.most, int(self.budget / max(pace, 1e-6))))
 
-    def to_claim(self, in_flight: int, running_for: float) -> int:
+    def to_claim(
+        self,
+        in_flight: int,
+        running_for: float,
+        holds_limited: bool = False,
+        now: float = 0.0,
+    ) -> int:
         """How many to claim now: topped up to ``want()`` once down to ``REFILL_AT`` of it.
 
         ``in_flight``: the lane's tasks claimed and not finished; ``running_for``:
@@ -79,19 +106,44 @@ class ClaimAhead:
         behind it, and a claim would only be handed back too. And with one
         wanted at a time (tasks are long), only once the runner is free: a task
         claimed behind a long one just waits.
+
+        A claim behind a running task (``in_flight``) is a claim *ahead*: it
+        takes rows without a limit only (``ClaimRequest.ahead``), sized by the
+        pace of those alone, and none while the lane holds a limited task
+        (its slot's next task is claimed by the round that ends it, the
+        hand-over). Where that passed limited rows over, the lane claims in
+        order again once ``IN_ORDER_WITHIN`` has gone by (``holds_limited``:
+        a task it holds has a limit; ``now``: the monotonic clock).
         """
-        target = self.want()
-        if in_flight > target * REFILL_AT:
+        if not in_flight:
+            return self.want()
+        if holds_limited or running_for >= HANDBACK_AFTER:
             return 0
-        if in_flight and (target == 1 or running_for >= HANDBACK_AFTER):
+        if self.passing_limited and now - self.in_order_at > IN_ORDER_WITHIN:
+            return 0
+        target = self.want_ahead()
+        if target == 1 or in_flight > target * REFILL_AT:
             return 0
         return target - in_flight
 
-    def observe(self, duration: float) -> None:
-        if duration > self.pace:
-            self.pace = duration  # slow down at once
-        else:
-            self.pace = 0.8 * self.pace + 0.2 * duration
+    def claimed(self, ahead: bool, passed_limited: bool, now: float) -> None:
+        """A claim was made: ``ahead`` of a running task or in order; ``passed_limited``:
+        it took rows without a limit only where limited rows are."""
+        if not ahead:
+            self.in_order_at, self.passing_limited = now, False
+        elif passed_limited:
+            self.passing_limited = True
+
+    def observe(self, duration: float, limited: bool = False) -> None:
+        self.pace = self._paced(self.pace, duration)
+        if not limited:
+            self.pace_unlimited = self._paced(self.pace_unlimited, duration)
+
+    @staticmethod
+    def _paced(pace: float | None, duration: float) -> float:
+        if pace is None or duration > pace:
+            return duration  # slow down at once
+        return 0.8 * pace + 0.2 * duration
 
 
 class StartAllowance:
@@ -265,6 +317,13 @@ class Lane:
         """How long the running task has run (0 when none runs)."""
         with self.lock:
             return now - self._current_since if self._current is not None else 0.0
+
+    def holds_limited(self) -> bool:
+        """Whether a task it holds (running or queued) has a limit's slot."""
+        with self.lock:
+            if self._current is not None and self._current.row.limit_key is not None:
+                return True
+            return any(r.row.limit_key is not None for r in self._queue)
 
     def idle(self) -> bool:
         """Nothing queued, nothing running, nothing finished to write."""

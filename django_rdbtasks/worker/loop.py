@@ -425,7 +425,7 @@ class Worker:
                     lane.finish(executor.release(running), running)
                     continue
                 outcome = executor.run(running)
-                ahead.observe(outcome.duration)
+                ahead.observe(outcome.duration, running.row.limit_key is not None)
                 # Encoded here, not in the round thread; made storable first.
                 dialect.encode_outcome(outcome, limits)
                 lane.finish(outcome, running)
@@ -461,7 +461,9 @@ class Worker:
             self.wake.clear()
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
             handing_back = lane.handing_back()
-            exchange = self._round(lane, store, reporter, want)
+            behind = lane.in_flight() > 0
+            exchange = self._round(lane, store, reporter, want, behind)
+            ahead.claimed(behind, exchange.passed_limited, time.monotonic())
             self.budget.give_back(want - len(exchange.claimed))
             if exchange.claimed:
                 lane.add(exchange.claimed)
@@ -515,7 +517,8 @@ class Worker:
 
     def _refill(self, lane: Lane, ahead: ClaimAhead) -> int:
         """How many to claim now (``ClaimAhead.to_claim``)."""
-        return ahead.to_claim(lane.in_flight(), lane.running_for(time.monotonic()))
+        now = time.monotonic()
+        return ahead.to_claim(lane.in_flight(), lane.running_for(now), lane.holds_limited(), now)
 
     def _wait_busy(self, lane: Lane, generation: int) -> None:
         """The runner is busy and the queue had nothing more: until it is idle, or a wake-up."""
@@ -529,8 +532,11 @@ class Worker:
                 return
             generation = lane.generation
 
-    def _round(self, lane: Lane, store: ClaimStore, reporter: Reporter, want: int) -> Exchange:
-        """Write what the lane finished and claim ``want`` more; retried through outages."""
+    def _round(
+        self, lane: Lane, store: ClaimStore, reporter: Reporter, want: int, behind: bool = False
+    ) -> Exchange:
+        """Write what the lane finished and claim ``want`` more; retried through outages.
+        ``behind``: claimed behind a task the lane holds (``ClaimRequest.ahead``)."""
         finished = lane.take_finished()
         outcomes = [outcome for outcome, _ in finished]
         allowance = lane.start_allowance
@@ -543,6 +549,7 @@ class Worker:
                 self.mode,
                 allowance.seconds(),
                 lane.frontier,
+                ahead=behind,
             )
             if want > 0 and not self.stopping.is_set()
             else None

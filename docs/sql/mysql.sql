@@ -283,6 +283,95 @@ LIMIT %s
 FOR
 UPDATE SKIP LOCKED;
 
+-- name: claim_ahead_read_0
+-- A claim behind a task the lane still runs: per queue, the expired leases and READY rows without
+-- a limit, each its index's range (no slot read, no key walked; rows.ClaimRequest.ahead).
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          0 AS reclaim,
+          priority,
+          run_after
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= UTC_TIMESTAMP(6)
+     AND limit_key IS NULL
+   ORDER BY lease_expires_at
+   LIMIT %s) AS k0
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND run_after <= UTC_TIMESTAMP(6)
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s) AS k1
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          0 AS reclaim,
+          priority,
+          run_after
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= UTC_TIMESTAMP(6)
+     AND limit_key IS NULL
+   ORDER BY lease_expires_at
+   LIMIT %s) AS k2
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND run_after <= UTC_TIMESTAMP(6)
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s) AS k3;
+
 -- name: claim_first_read_skip_locked_0
 -- The first read in the skip-locked mode: each part locks what it reads.
 (SELECT id,

@@ -4616,6 +4616,436 @@ CROSS JOIN LATERAL
      (queue, start)
    WHERE a.queue = q.name) AS lf;
 
+-- name: round_success_then_claim_ahead_optimistic
+-- A lane's round behind a task it still runs, where its queues hold limited rows: a success
+-- written and moved, then rows without a limit only, in the lean form's reads (a limited row
+-- claimed ahead would hold its slot idle; rows.ClaimRequest.ahead).
+WITH mine AS MATERIALIZED
+  (SELECT id,
+          ctid AS at
+   FROM ONLY "django_rdbtasks_task"
+   WHERE id = ANY(ARRAY
+                    (SELECT unnest(%(ids)s::uuid[])))
+     FOR
+     UPDATE SKIP LOCKED), d0 AS
+  (DELETE
+   FROM ONLY "django_rdbtasks_task" AS t USING
+     (SELECT c.*,
+             m.at
+      FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
+      JOIN mine AS m ON m.id = c.id) AS c
+   WHERE t.ctid = c.at
+     AND t.id IS NOT DISTINCT
+     FROM c.id
+     AND t.version = c.version
+     AND (CASE
+              WHEN t.status = 'RUNNING' THEN t.worker_id
+          END) = %(worker)s
+     AND NOT t.has_children RETURNING t."id",
+                                      t."task_path",
+                                      t."queue_name",
+                                      t."backend_name",
+                                      t."priority",
+                                      t."args",
+                                      t."kwargs",
+                                      ('SUCCESSFUL')::varchar(16) AS "status",
+                                      (t.version + 1)::bigint AS "version",
+                                      t."worker_id",
+                                      (NULL)::timestamp with time zone AS "lease_expires_at",
+                                                                          t."attempts",
+                                                                          t."max_attempts",
+                                                                          t."enqueued_at",
+                                                                          t."run_after",
+                                                                          t."requested_run_after",
+                                                                          t."started_at",
+                                                                          t."last_attempted_at",
+                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
+                                                                                                                               (c.rv)::jsonb AS "return_value",
+                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+                                                                                                                               t."cancel_requested",
+                                                                                                                               t."progress",
+                                                                                                                               t."progress_message",
+                                                                                                                               t."checkpoint",
+                                                                                                                               t."waiting_on",
+                                                                                                                               t."on_parent_failure",
+                                                                                                                               t."has_children",
+                                                                                                                               t."job_name",
+                                                                                                                               t."dedup_key",
+                                                                                                                               t."trace_context",
+                                                                                                                               t."limit_key",
+                                                                                                                               t."limit_count",
+                                                                                                                               t."limit_period"),
+                          h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+   FROM d0),
+                          busy AS
+  (SELECT t.id
+   FROM
+     (SELECT *
+      FROM unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS u(id, version)
+      WHERE u.id NOT IN
+          (SELECT id
+           FROM mine)) AS b
+   CROSS JOIN LATERAL
+     (SELECT id
+      FROM ONLY "django_rdbtasks_task" AS t
+      WHERE t.id = b.id
+        AND t.version = b.version
+        AND (CASE
+                 WHEN t.status = 'RUNNING' THEN t.worker_id
+             END) = %(worker)s
+        OFFSET 0) AS t),
+                          lim AS MATERIALIZED
+  (SELECT EXISTS
+     (SELECT 1
+      FROM
+        (SELECT u.name
+         FROM unnest(%(queues)s::text[]) AS u(name)
+         WHERE NOT EXISTS
+             (SELECT 1
+              FROM django_rdbtasks_pausedqueue AS p
+              WHERE p.queue_name = u.name)) AS q(name)
+      CROSS JOIN LATERAL
+        (SELECT 1
+         FROM ONLY "django_rdbtasks_task"
+         WHERE status = 'READY'
+           AND queue_name = q.name
+           AND limit_key IS NOT NULL
+         LIMIT 1) AS x) AS limited), pool AS MATERIALIZED
+  (SELECT *
+   FROM (
+           (SELECT r.*
+            FROM
+              (SELECT u.name
+               FROM unnest(%(queues)s::text[]) AS u(name)
+               WHERE NOT EXISTS
+                   (SELECT 1
+                    FROM django_rdbtasks_pausedqueue AS p
+                    WHERE p.queue_name = u.name)) AS q(name)
+            CROSS JOIN LATERAL
+              (SELECT id,
+                      version,
+                      status,
+                      worker_id,
+                      last_attempted_at,
+                      limit_key,
+                      limit_count,
+                      limit_period,
+                      ctid AS at,
+                      0 AS reclaim,
+                      priority,
+                      run_after
+               FROM ONLY "django_rdbtasks_task" AS t
+               WHERE status = 'RUNNING'
+                 AND queue_name = q.name
+                 AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                 AND limit_key IS NULL
+               ORDER BY lease_expires_at
+               LIMIT %(pool)s) AS r)
+         UNION ALL
+           (SELECT r.*
+            FROM
+              (SELECT u.name
+               FROM unnest(%(queues)s::text[]) AS u(name)
+               WHERE NOT EXISTS
+                   (SELECT 1
+                    FROM django_rdbtasks_pausedqueue AS p
+                    WHERE p.queue_name = u.name)) AS q(name)
+            CROSS JOIN LATERAL
+              (SELECT id,
+                      version,
+                      status,
+                      worker_id,
+                      last_attempted_at,
+                      limit_key,
+                      limit_count,
+                      limit_period,
+                      ctid AS at,
+                      1 AS reclaim,
+                      priority,
+                      run_after
+               FROM ONLY "django_rdbtasks_task"
+               WHERE status = 'READY'
+                 AND queue_name = q.name
+                 AND limit_key IS NULL
+                 AND requested_run_after IS NULL
+                 AND started_at IS NULL
+                 AND run_after <= STATEMENT_TIMESTAMP()
+               ORDER BY priority DESC,
+                        run_after
+               LIMIT %(pool)s) AS r)
+         UNION ALL
+           (SELECT r.*
+            FROM
+              (SELECT u.name
+               FROM unnest(%(queues)s::text[]) AS u(name)
+               WHERE NOT EXISTS
+                   (SELECT 1
+                    FROM django_rdbtasks_pausedqueue AS p
+                    WHERE p.queue_name = u.name)) AS q(name)
+            CROSS JOIN LATERAL
+              (WITH RECURSIVE pr(p) AS
+                 (SELECT max(priority)
+                  FROM ONLY "django_rdbtasks_task"
+                  WHERE status = 'READY'
+                    AND queue_name = q.name
+                    AND limit_key IS NULL
+                    AND (requested_run_after IS NOT NULL
+                         OR started_at IS NOT NULL)
+                  UNION ALL SELECT
+                    (SELECT max(priority)
+                     FROM ONLY "django_rdbtasks_task"
+                     WHERE status = 'READY'
+                       AND queue_name = q.name
+                       AND limit_key IS NULL
+                       AND (requested_run_after IS NOT NULL
+                            OR started_at IS NOT NULL)
+                       AND priority < pr.p)
+                  FROM pr
+                  WHERE pr.p IS NOT NULL) SELECT d.*
+               FROM pr
+               CROSS JOIN LATERAL
+                 (SELECT id,
+                         version,
+                         status,
+                         worker_id,
+                         last_attempted_at,
+                         limit_key,
+                         limit_count,
+                         limit_period,
+                         ctid AS at,
+                         1 AS reclaim,
+                         priority,
+                         run_after
+                  FROM ONLY "django_rdbtasks_task"
+                  WHERE status = 'READY'
+                    AND queue_name = q.name
+                    AND limit_key IS NULL
+                    AND (requested_run_after IS NOT NULL
+                         OR started_at IS NOT NULL)
+                    AND priority = pr.p
+                    AND run_after <= STATEMENT_TIMESTAMP()
+                  ORDER BY run_after
+                  LIMIT %(pool)s) AS d
+               ORDER BY d.priority DESC,
+                        d.run_after
+               LIMIT %(pool)s) AS r)) u
+   ORDER BY reclaim,
+            priority DESC,
+            run_after
+   LIMIT %(pool)s), go AS
+  (SELECT t.id,
+          t.version,
+          t.status,
+          t.worker_id,
+          t.last_attempted_at,
+          t.limit_key,
+          t.limit_count,
+          t.limit_period,
+          t.at,
+          p.reclaim,
+          p.priority,
+          p.run_after
+   FROM
+     (SELECT *
+      FROM pool
+      WHERE id NOT IN
+          (SELECT unnest(%(finishing)s::uuid[]))
+      ORDER BY reclaim,
+               priority DESC,
+               run_after) AS p
+   CROSS JOIN LATERAL
+     (SELECT id,
+             version,
+             status,
+             worker_id,
+             last_attempted_at,
+             limit_key,
+             limit_count,
+             limit_period,
+             ctid AS at
+      FROM ONLY "django_rdbtasks_task"
+      WHERE id = p.id
+        AND version = p.version
+        AND (CASE status
+                 WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
+                 WHEN 'RUNNING' THEN lease_expires_at <= STATEMENT_TIMESTAMP()
+                 ELSE FALSE
+             END)
+        FOR
+        UPDATE SKIP LOCKED) AS t
+   WHERE NOT (false)
+   LIMIT %(want)s), claimed AS
+  (UPDATE ONLY "django_rdbtasks_task" AS t
+   SET status = 'RUNNING',
+       version = t.version + 1,
+                 worker_id = %(claimer)s,
+                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+                 attempts = t.attempts + 1,
+                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+                 last_attempted_at = STATEMENT_TIMESTAMP()
+   FROM go
+   WHERE t.ctid = ANY(ARRAY
+                        (SELECT at
+                         FROM go))
+     AND t.ctid = go.at
+     AND t.id IS NOT DISTINCT
+     FROM go.id
+     AND t.version = go.version RETURNING t.id,
+                                          t.version,
+                                          t.task_path,
+                                          t.args,
+                                          t.kwargs,
+                                          t.attempts,
+                                          t.max_attempts,
+                                          t.queue_name,
+                                          t.backend_name,
+                                          t.priority,
+                                          t.enqueued_at,
+                                          t.started_at,
+                                          t.last_attempted_at,
+                                          t.run_after,
+                                          t.history,
+                                          t.job_name,
+                                          t.checkpoint,
+                                          t.requested_run_after,
+                                          t.trace_context,
+                                          t.limit_key,
+                                          t.limit_period,
+                                          go.status AS prev_status,
+                                          go.worker_id AS prev_worker,
+                                          go.last_attempted_at AS prev_attempted)
+SELECT 'c',
+       claimed.*
+FROM claimed
+UNION ALL
+SELECT 'd',
+       id,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL
+FROM d0
+UNION ALL
+SELECT 'b',
+       id,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL
+FROM busy
+UNION ALL
+SELECT 'p',
+       NULL,
+
+  (SELECT count(*)
+   FROM pool)::bigint,
+       concat_ws(',', CASE
+                          WHEN
+                                 (SELECT limited
+                                  FROM lim)
+                               OR EXISTS
+                                 (SELECT 1
+                                  FROM pool
+                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+                      END, CASE
+                               WHEN false THEN 'walk'
+                           END, CASE
+                                    WHEN false THEN 'held'
+                                END),
+       NULL::jsonb,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL;
+
 -- name: round_success_frees_slot_then_claim_window_optimistic
 -- A limited task's success frees its slot, which the claim of the window form may hand over to the
 -- key's next task (postgresql/limited.py).

@@ -363,6 +363,147 @@ WHERE id = %s
            WHEN status = 'RUNNING' THEN worker_id
        END) = %s;
 
+-- name: claim_ahead_read_0
+-- A claim behind a task the lane still runs: per queue, the expired leases and READY rows without
+-- a limit, each its index's range (no slot read, no key walked; rows.ClaimRequest.ahead).
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          0 AS reclaim,
+          priority,
+          run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+     AND limit_key IS NULL
+   ORDER BY lease_expires_at
+   LIMIT %s) AS k0
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND requested_run_after IS NULL
+     AND started_at IS NULL
+     AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s) AS k1
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND (requested_run_after IS NOT NULL
+          OR started_at IS NOT NULL)
+     AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s) AS k2
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          0 AS reclaim,
+          priority,
+          run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+     AND limit_key IS NULL
+   ORDER BY lease_expires_at
+   LIMIT %s) AS k3
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND requested_run_after IS NULL
+     AND started_at IS NULL
+     AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s) AS k4
+UNION ALL
+SELECT *
+FROM
+  (SELECT id,
+          version,
+          status,
+          worker_id,
+          last_attempted_at,
+          limit_key,
+          limit_count,
+          limit_period,
+          1 AS reclaim,
+          priority,
+          run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND (requested_run_after IS NOT NULL
+          OR started_at IS NOT NULL)
+     AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+   ORDER BY priority DESC,
+            run_after
+   LIMIT %s) AS k5;
+
 -- name: finish_0
 -- Outcomes written outside a round (finish).
 UPDATE "django_rdbtasks_task"

@@ -188,6 +188,15 @@ class PostgreSQLDialect(Dialect):
             if frontier is not None and form == ClaimForm.LEAN and not self.clock_pinned
             else None
         )
+        if claim and request is not None and request.ahead and form != ClaimForm.LEAN:
+            # Behind a running task, where limited rows are: the rows without
+            # a limit only, in the lean form's statement (rows.ClaimRequest.ahead).
+            result, raced = self._round(
+                cursor, outcomes, worker_id, request, ClaimForm.LEAN, mode, ahead=True
+            )
+            self.note_contention(request, queues, mode, result, raced)
+            result.passed_limited = True
+            return result
         result, raced = self._round(cursor, outcomes, worker_id, request, form, mode, read)
         if not claim:
             return result
@@ -248,6 +257,7 @@ class PostgreSQLDialect(Dialect):
         form: ClaimForm,
         mode: ClaimMode | None,
         read: FrontierRead | None = None,
+        ahead: bool = False,
     ) -> tuple[Exchange, bool]:
         """One statement; and whether its claim lost races for rows (not for slots).
         ``read``: the lean form's reads start at the lane's frontier."""
@@ -263,11 +273,13 @@ class PostgreSQLDialect(Dialect):
         frees = bool(ended)
         moves = bool(kinds) and self.finished.moves(cursor)
         bounded = read is not None  # given only to a lean claim (``exchange``)
-        key = (kinds, frees, claim, mode, form, bounded, moves)
+        key = (kinds, frees, claim, mode, form, bounded, ahead, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
             moving = self.finished.columns if moves else None
-            statement = self.round.statement(kinds, frees, claim, mode, form, moving, bounded)
+            statement = self.round.statement(
+                kinds, frees, claim, mode, form, moving, bounded, ahead
+            )
             compiled = self._exchange_sql[key] = compile_named(statement)
             self.preparable_rounds.add(compiled[0])
         sql, names = compiled

@@ -221,6 +221,7 @@ class RoundSQL:
         form: ClaimForm,
         moves: Mapping[str, str] | None = None,
         bounded: bool = False,
+        ahead: bool = False,
     ) -> str:
         """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
         then claim in ``form`` if ``claim``. Rows come back marked: ``c``
@@ -283,7 +284,9 @@ class RoundSQL:
             return f"WITH {', '.join(ctes)} {' UNION ALL '.join(selects)}"
         mode = mode or ClaimMode.OPTIMISTIC
         bounded = bounded and form == ClaimForm.LEAN
-        claim_ctes, seen, flags, details, missing = self.claim_ctes(mode, form, frees, bounded)
+        claim_ctes, seen, flags, details, missing = self.claim_ctes(
+            mode, form, frees, bounded, ahead
+        )
         ctes += claim_ctes
         if frees:
             # After ``go``: a slot it took back is not freed (one statement
@@ -329,7 +332,12 @@ class RoundSQL:
     # -- the claim -----------------------------------------------------------------------
 
     def claim_ctes(
-        self, mode: ClaimMode, form: ClaimForm, frees: bool, bounded: bool = False
+        self,
+        mode: ClaimMode,
+        form: ClaimForm,
+        frees: bool,
+        bounded: bool = False,
+        ahead: bool = False,
     ) -> tuple[list[str], str, str, str, str]:
         """The CTEs ending in ``go`` (the rows to claim), and four SQL expressions:
         how many runnable rows were seen, the flags (``limited`` rows are
@@ -360,12 +368,16 @@ class RoundSQL:
             "AND queue_name = q.name AND limit_key IS NOT NULL LIMIT 1) AS x) AS limited)"
         ]
         # Lean: nothing is read when limited rows are there (the next form runs).
-        gate = " AND NOT (SELECT limited FROM lim)" if lean else ""
+        # Ahead (a claim behind a running task, lean form only): the rows
+        # without a limit, whatever limited rows are there.
+        gate = " AND NOT (SELECT limited FROM lim)" if lean and not ahead else ""
         # Skip-locked: an expired lease of a row this round is finishing is ours.
         not_finishing = f" AND id NOT IN ({FINISHING})" if skip_locked else ""
         # An expired lease of a limited task takes a slot: the lean form does
         # not claim it (it holds, below), the others only where a slot is free.
         free = "" if lean else f" AND {self.limits.available('t')}"
+        if ahead:
+            free = " AND limit_key IS NULL"
         expired = f"status = '{RUNNING}' AND queue_name = q.name AND lease_expires_at <= {now}"
         # Each read a range of its index in the index's order with a LIMIT:
         # its cost is the limit's, never a backlog's (another queue's expired
@@ -401,7 +413,9 @@ class RoundSQL:
         # The lean form does not claim an expired lease of a limited task (it
         # takes a slot), the window form does not claim while a window is
         # filled: the next form claims, in order.
-        if lean:
+        if ahead:
+            hold = "false"
+        elif lean:
             hold = f"EXISTS (SELECT 1 FROM {rows} WHERE limit_key IS NOT NULL)"
         elif form == ClaimForm.WINDOW:
             hold = walk
