@@ -1085,6 +1085,17 @@ def test_tasks_behind_full_keys_start_as_if_those_were_not_there(run_workers, ve
     assert claimed >= limited + unlimited
     # Most claim statements claimed something (the issue saw 0.25 tasks a transaction).
     assert claimed / statements >= 0.5, (claimed, statements)
+    # What the issue measures, as bench/limit_waits.py reports it (pytest -s shows it).
+    free_starts = sorted((s - first).total_seconds() for _, s, _ in free_spans)
+    a = min(s for _, s, _ in limited_spans)
+    b = max(s for _, s, _ in limited_spans)
+    busy = sum(max(0.0, (min(f, b) - max(s, a)).total_seconds()) for _, s, f in limited_spans)
+    print(
+        f"issue 42 ({vendor}, {mode}): unlimited start p90 {quantile(free_spans, 0.9):.2f} s, "
+        f"{(len(free_starts) - 1) / (free_starts[-1] - free_starts[0]):.0f} a second; "
+        f"limited bodies at once {busy / (b - a).total_seconds():.1f} of 15; "
+        f"{claimed / statements:.2f} tasks a claim statement"
+    )
 
 
 def waiting_round_threads_claims(run_workers, holders, backlog, seconds):

@@ -264,6 +264,8 @@ class Lane:
         #: (the tasks') before it runs the next task. A plain flag.
         self.connections_lost = False
         self._queue: deque[Running] = deque()
+        #: A task with a limit was claimed since the lane last held nothing (``holds_limited``).
+        self._holds_limited = False
         self._current: Running | None = None
         self._current_since = 0.0
         self._finished: list[tuple[Outcome, Running]] = []
@@ -303,6 +305,8 @@ class Lane:
         priority claimed later still runs first.
         """
         with self.lock:
+            if not self._holds_limited:
+                self._holds_limited = any(row.limit_key is not None for row in rows)
             waiting = [*self._queue, *(Running(row, self.worker_id) for row in rows)]
             waiting.sort(key=_claim_order)
             self._queue = deque(waiting)
@@ -319,11 +323,13 @@ class Lane:
             return now - self._current_since if self._current is not None else 0.0
 
     def holds_limited(self) -> bool:
-        """Whether a task it holds (running or queued) has a limit's slot."""
+        """Whether it may hold a task with a limit's slot: one was claimed since the
+        lane last held nothing (kept so, not counted, as tasks leave the queue
+        by several ways; the lane runs dry before it claims ahead again)."""
         with self.lock:
-            if self._current is not None and self._current.row.limit_key is not None:
-                return True
-            return any(r.row.limit_key is not None for r in self._queue)
+            if self._holds_limited and not self._queue and self._current is None:
+                self._holds_limited = False
+            return self._holds_limited
 
     def idle(self) -> bool:
         """Nothing queued, nothing running, nothing finished to write."""
