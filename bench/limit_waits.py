@@ -16,7 +16,10 @@ records its run): the unlimited tasks' start delays (deciles, seconds after
 the first body started), their drain rate beside the rate alone, how many
 limited bodies ran at once on average while their backlog lasted (of the 15
 the limits allow), the server's CPU and transactions per task, and the tasks
-claimed per claim statement (from the workers' log).
+claimed per claim statement (from the workers' log). With ``--started-first``
+the workers run (idle, their sessions open) before the tasks are enqueued, as
+a deployment's do, and are stopped once every body has run: the drain without
+the workers' start-up in it.
 
 **full**: the same workers with every key full, 15 holders sleeping through
 the window and a backlog of READY rows of their keys behind them, beside the
