@@ -36,6 +36,7 @@ from ..models import Task
 from ..states import ClaimMode, OutcomeKind, TaskStatus
 from .dialects import DIALECTS, model_tables
 from .postgresql import cleanup as pg_cleanup
+from .postgresql import index_bloat as pg_index_bloat
 from .postgresql import schema as pg_schema
 from .postgresql.finished import FINISHED_TABLE, move_back_sql, move_finished_sql
 from .postgresql.pruning import Link, delete_batch_sql
@@ -367,6 +368,37 @@ def _postgresql_outside_rounds(d: Any, moved: dict[str, str]) -> Iterator[Statem
             f"rdbtasks cleanup: {name.lower().replace('_', ' ')} (postgresql/cleanup.py).",
             getattr(pg_cleanup, f"PG_{name}"),
         )
+    yield from _index_rebuild()
+
+
+def _index_rebuild() -> Iterator[Statement]:
+    """The scheduler's rebuild of the indexes a held-back cleanup grew (index_rebuild.py)."""
+    index = '"rdbtasks_task_ready_fresh"'
+    for name, comment, sql in (
+        (
+            "rebuild_grown_indexes",
+            "The task table's btree indexes many times what its live rows need.",
+            pg_index_bloat.PG_GROWN_INDEXES,
+        ),
+        (
+            "rebuild_oldest_snapshot",
+            "How long the oldest transaction of another session has held back the cleanup: "
+            "no rebuild while it is long.",
+            pg_index_bloat.PG_OLDEST_SNAPSHOT,
+        ),
+        ("rebuild_index", "One grown index rebuilt.", pg_index_bloat.rebuild_sql(index)),
+        (
+            "rebuild_leftovers",
+            "The invalid indexes a failed rebuild left behind.",
+            pg_index_bloat.PG_REBUILD_LEFTOVERS,
+        ),
+        (
+            "rebuild_drop_leftover",
+            "One such leftover dropped.",
+            pg_index_bloat.drop_leftover_sql('"rdbtasks_task_ready_fresh_ccnew"'),
+        ),
+    ):
+        yield Statement(name, comment, sql)
 
 
 def _portable(d: Any) -> Iterator[Statement]:

@@ -20,6 +20,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import DECLARE_EVERY, RETENTION, project_settings
+from ..index_rebuild import IndexRebuilder
 from ..jobs import (
     JobSpec,
     fire_due_jobs,
@@ -76,6 +77,7 @@ class Scheduler:
         self._synced = False
         self._next_declaration = time.monotonic()
         self._next_retention = time.monotonic()
+        self.indexes = IndexRebuilder(database)
 
     def run(self, *, install_signals: bool = True) -> int:
         if install_signals and threading.current_thread() is threading.main_thread():
@@ -134,8 +136,9 @@ class Scheduler:
     def _apply_retention(self) -> bool:
         """Apply RDBTASKS_RETENTION for a while, then move some rows finished in
         place to the finished rows' table (PostgreSQL: finished_rows.py, a
-        bounded number each time, whatever is left); whether retention stopped
-        with rows left."""
+        bounded number each time, whatever is left) and rebuild the task
+        table's indexes a held-back cleanup grew (index_rebuild.py); whether
+        retention stopped with rows left."""
         from ..finished_rows import move_by_schedule
 
         incomplete = False
@@ -147,6 +150,7 @@ class Scheduler:
             result = prune_by_setting(using=self.database, time_budget=self.retention_budget)
             incomplete = result is not None and result.incomplete
         move_by_schedule(self.database)
+        self.indexes.step()
         return incomplete
 
     def stop(self) -> None:

@@ -7050,6 +7050,61 @@ OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')
 FROM pg_roles
 WHERE rolname = current_user;
 
+-- name: rebuild_grown_indexes
+-- The task table's btree indexes many times what its live rows need.
+-- rdbtasks_grown_indexes
+
+SELECT c.relname,
+       pg_relation_size(c.oid)
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_am AS am ON am.oid = c.relam
+WHERE i.indrelid = %(table)s::regclass
+  AND am.amname = 'btree'
+  AND i.indisvalid
+  AND pg_relation_size(c.oid) > %(slack)s + %(factor)s * %(entry)s * coalesce(
+                                                                                (SELECT greatest(n_live_tup, 0)
+                                                                                 FROM pg_stat_user_tables
+                                                                                 WHERE relid = %(table)s::regclass), 0)
+ORDER BY 2 DESC;
+
+-- name: rebuild_oldest_snapshot
+-- How long the oldest transaction of another session has held back the cleanup: no rebuild while
+-- it is long.
+-- rdbtasks_oldest_snapshot
+
+SELECT coalesce(max(EXTRACT(EPOCH
+                            FROM statement_timestamp() - coalesce(xact_start, query_start))), 0)
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND pid <> pg_backend_pid()
+  AND backend_type NOT IN ('walsender',
+                           'autovacuum worker')
+  AND (backend_xid IS NOT NULL
+       OR backend_xmin IS NOT NULL);
+
+-- name: rebuild_index
+-- One grown index rebuilt.
+-- rdbtasks_rebuild_index
+REINDEX INDEX CONCURRENTLY "rdbtasks_task_ready_fresh";
+
+-- name: rebuild_leftovers
+-- The invalid indexes a failed rebuild left behind.
+-- rdbtasks_rebuild_leftovers
+
+SELECT c.relname
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE i.indrelid = %(table)s::regclass
+  AND NOT i.indisvalid
+  AND c.relname ~ '_ccnew[0-9]*$';
+
+-- name: rebuild_drop_leftover
+-- One such leftover dropped.
+-- rdbtasks_drop_rebuild_leftover
+
+DROP INDEX CONCURRENTLY IF EXISTS "rdbtasks_task_ready_fresh_ccnew";
+
 -- name: save_progress_0
 -- A running task's progress, fenced.
 UPDATE ONLY "django_rdbtasks_task"
