@@ -529,8 +529,10 @@ def render(vendor: str) -> str:
     ]
     for statement in statements(vendor):
         # Laid out only: keywords and names as written (a column named like a
-        # keyword, ``version``, stays as it is).
-        text = sqlparse.format(statement.sql, reindent=True)
+        # keyword, ``version``, stays as it is). A column a line, indented by
+        # its depth (aligned under the keyword, a RETURNING's columns began
+        # 500 columns in).
+        text = sqlparse.format(statement.sql, reindent=True, indent_columns=True)
         comment = "\n".join(f"-- {line}" for line in textwrap.wrap(statement.comment, 96))
         parts.append(f"-- name: {statement.name}\n{comment}\n{text.strip()};\n")
     return "\n".join(parts)

@@ -5,20 +5,22 @@
 -- name: claim_first_read
 -- The claim's first read, for two queues: per queue, expired leases, then READY rows by priority
 -- (fresh, deferred, limited: each its index's range), one UNION ALL (ready_reads.py).
-SELECT p0.*,
-       0 AS part
+SELECT
+  p0.*,
+  0 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -34,20 +36,22 @@ FROM
    ORDER BY lease_expires_at
    LIMIT %s) AS p0
 UNION ALL
-SELECT p1.*,
-       1 AS part
+SELECT
+  p1.*,
+  1 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -63,64 +67,73 @@ FROM
    ORDER BY lease_expires_at
    LIMIT %s) AS p1
 UNION ALL
-SELECT p2.*,
-       2 AS part
+SELECT
+  p2.*,
+  2 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND run_after <= UTC_TIMESTAMP(6)
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p2
 UNION ALL
-SELECT p3.*,
-       3 AS part
+SELECT
+  p3.*,
+  3 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND run_after <= UTC_TIMESTAMP(6)
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p3;
 
 -- name: claim_compare_and_set
 -- The claim itself for three candidates: version + 1 where each is still at the version read
 -- (optimistic locking).
 UPDATE `django_rdbtasks_task`
-SET status = 'RUNNING',
-    version = version + 1,
-                        worker_id = %s,
-                        lease_expires_at = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
-                        attempts = attempts + 1,
-                        started_at = COALESCE(started_at, UTC_TIMESTAMP(6)),
-                        last_attempted_at = UTC_TIMESTAMP(6)
-WHERE id IN (%s,
-             %s,
-             %s)
+SET
+  status = 'RUNNING',
+  version = version +
+  1,
+  worker_id = %s,
+  lease_expires_at = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
+  attempts = attempts + 1,
+  started_at = COALESCE(started_at, UTC_TIMESTAMP(6)),
+  last_attempted_at = UTC_TIMESTAMP(6)
+WHERE id IN (
+               %s,
+               %s,
+               %s)
   AND (CASE status
            WHEN 'READY' THEN run_after <= UTC_TIMESTAMP(6)
            WHEN 'RUNNING' THEN lease_expires_at <= UTC_TIMESTAMP(6)
@@ -136,12 +149,14 @@ WHERE id IN (%s,
 -- name: outcome_success
 -- A success outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'SUCCESSFUL',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        return_value = %s,
-                        finished_at = UTC_TIMESTAMP(6),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'SUCCESSFUL',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  return_value = %s,
+  finished_at = UTC_TIMESTAMP(6),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -151,11 +166,13 @@ WHERE id = %s
 -- name: outcome_failure
 -- A failure outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'FAILED',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        finished_at = UTC_TIMESTAMP(6),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'FAILED',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  finished_at = UTC_TIMESTAMP(6),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -165,12 +182,14 @@ WHERE id = %s
 -- name: outcome_retry
 -- A retry outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        run_after = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  run_after = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -180,11 +199,13 @@ WHERE id = %s
 -- name: outcome_release
 -- A release outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        attempts = attempts - 1
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  attempts = attempts - 1
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -194,12 +215,14 @@ WHERE id = %s
 -- name: outcome_postpone
 -- A postpone outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        attempts = attempts - 1,
-                        run_after = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  attempts = attempts - 1,
+  run_after = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -209,13 +232,15 @@ WHERE id = %s
 -- name: outcome_handover
 -- A handover outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        attempts = attempts - 1,
-                        run_after = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  attempts = attempts - 1,
+  run_after = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -225,12 +250,14 @@ WHERE id = %s
 -- name: outcome_abandon
 -- A abandon outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'FAILED',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        attempts = attempts - 1,
-                        finished_at = UTC_TIMESTAMP(6),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'FAILED',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  attempts = attempts - 1,
+  finished_at = UTC_TIMESTAMP(6),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -240,11 +267,13 @@ WHERE id = %s
 -- name: outcome_cancelled
 -- A cancelled outcome written, fenced by the claim (id, version, holder).
 UPDATE `django_rdbtasks_task`
-SET status = 'CANCELLED',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        finished_at = UTC_TIMESTAMP(6),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'CANCELLED',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  finished_at = UTC_TIMESTAMP(6),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -264,8 +293,9 @@ WHERE id = %s
 -- name: claim_lock_unchanged_0
 -- Of the candidates read, those still at the version read, locked, skipping rows others hold (the
 -- optimistic claim never waits).
-SELECT id,
-       version
+SELECT
+  id,
+  version
 FROM `django_rdbtasks_task`
 WHERE id IN (%s)
   AND (CASE status
@@ -273,12 +303,13 @@ WHERE id IN (%s)
            WHEN 'RUNNING' THEN lease_expires_at <= UTC_TIMESTAMP(6)
            ELSE FALSE
        END)
-ORDER BY CASE
-             WHEN status = 'RUNNING' THEN 0
-             ELSE 1
-         END,
-         priority DESC,
-         run_after
+ORDER BY
+  CASE
+      WHEN status = 'RUNNING' THEN 0
+      ELSE 1
+  END,
+  priority DESC,
+  run_after
 LIMIT %s
 FOR
 UPDATE SKIP LOCKED;
@@ -288,17 +319,18 @@ UPDATE SKIP LOCKED;
 -- a limit, each its index's range (no slot read, no key walked; rows.ClaimRequest.ahead).
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -309,39 +341,42 @@ FROM
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND limit_key IS NULL
      AND run_after <= UTC_TIMESTAMP(6)
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS k1
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -352,40 +387,43 @@ FROM
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND limit_key IS NULL
      AND run_after <= UTC_TIMESTAMP(6)
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS k3;
 
 -- name: claim_first_read_skip_locked_0
 -- The first read in the skip-locked mode: each part locks what it reads.
-(SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after,
-          0 AS part
+(SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after,
+     0 AS part
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -402,18 +440,19 @@ FROM
    LIMIT %s
    FOR UPDATE SKIP LOCKED)
 UNION ALL
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after,
-          1 AS part
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after,
+     1 AS part
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -430,57 +469,63 @@ UNION ALL
    LIMIT %s
    FOR UPDATE SKIP LOCKED)
 UNION ALL
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after,
-          2 AS part
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after,
+     2 AS part
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND run_after <= UTC_TIMESTAMP(6)
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s
    FOR UPDATE SKIP LOCKED)
 UNION ALL
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after,
-          3 AS part
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after,
+     3 AS part
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND run_after <= UTC_TIMESTAMP(6)
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s
    FOR UPDATE SKIP LOCKED);
 
 -- name: finish_0
 -- Outcomes written outside a round (finish).
 UPDATE `django_rdbtasks_task`
-SET status = 'SUCCESSFUL',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        return_value = %s,
-                        finished_at = UTC_TIMESTAMP(6),
-                        history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
+SET
+  status = 'SUCCESSFUL',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  return_value = %s,
+  finished_at = UTC_TIMESTAMP(6),
+  history = JSON_ARRAY_APPEND(history, '$', JSON_EXTRACT(%s, '$'))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -525,9 +570,10 @@ WHERE holder_id IN (%s)
 
 -- name: renew_3
 -- The heartbeat, step by step.
-SELECT id,
-       version,
-       cancel_requested
+SELECT
+  id,
+  version,
+  cancel_requested
 FROM `django_rdbtasks_task`
 WHERE (CASE
            WHEN status = 'RUNNING' THEN worker_id
@@ -542,100 +588,110 @@ FROM `django_rdbtasks_pausedqueue`;
 -- name: claim_slot_state_0
 -- The slots of the keys a window found (up to 500 keys a statement): how many exist, which are
 -- free now, when the others come free, by the database's clock.
-SELECT s.`key`,
-       s.slot_no,
-       CASE
-           WHEN (s.free_at IS NULL
-                 OR s.free_at <= UTC_TIMESTAMP(6)) THEN 1
-           ELSE 0
-       END,
-       s.free_at,
-       UTC_TIMESTAMP(6)
+SELECT
+  s.`key`,
+  s.slot_no,
+  CASE
+      WHEN (s.free_at IS NULL
+            OR s.free_at <= UTC_TIMESTAMP(6)) THEN 1
+      ELSE 0
+  END,
+  s.free_at,
+  UTC_TIMESTAMP(6)
 FROM `django_rdbtasks_limitslot` s
 WHERE s.`key` IN (%s);
 
 -- name: claim_walk_first_key
 -- A queue whose window full keys filled is walked: its first key with READY rows, one index
 -- descent (ready_reads.py, step 3).
-SELECT limit_key,
-       limit_count,
-       limit_period
+SELECT
+  limit_key,
+  limit_count,
+  limit_period
 FROM `django_rdbtasks_task`
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key IS NOT NULL
-ORDER BY limit_key,
-         priority DESC,
-         run_after
+ORDER BY
+  limit_key,
+  priority DESC,
+  run_after
 LIMIT 1;
 
 -- name: claim_walk_next_key
 -- The walk's next key after the last, one index descent a key however many rows the last holds
 -- (run in a loop: these databases run no recursive loose scan).
-SELECT limit_key,
-       limit_count,
-       limit_period
+SELECT
+  limit_key,
+  limit_count,
+  limit_period
 FROM `django_rdbtasks_task`
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key > %s
-ORDER BY limit_key,
-         priority DESC,
-         run_after
+ORDER BY
+  limit_key,
+  priority DESC,
+  run_after
 LIMIT 1;
 
 -- name: claim_walk_key_rows
 -- A walked key with free slots read for as many rows as it has free (several keys are one UNION
 -- ALL of this, up to 100 a statement).
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       1 AS reclaim,
-       priority,
-       run_after
+SELECT
+  id,
+  version,
+  status,
+  worker_id,
+  last_attempted_at,
+  limit_key,
+  limit_count,
+  limit_period,
+  1 AS reclaim,
+  priority,
+  run_after
 FROM `django_rdbtasks_task` AS t
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key = %s
   AND run_after <= UTC_TIMESTAMP(6)
-ORDER BY priority DESC,
-         run_after
+ORDER BY
+  priority DESC,
+  run_after
 LIMIT %s;
 
 -- name: claim_walk_unlimited_rows
 -- Where one window holds every kind (no partial indexes), a walked queue's rows without a limit,
 -- read apart.
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       1 AS reclaim,
-       priority,
-       run_after
+SELECT
+  id,
+  version,
+  status,
+  worker_id,
+  last_attempted_at,
+  limit_key,
+  limit_count,
+  limit_period,
+  1 AS reclaim,
+  priority,
+  run_after
 FROM `django_rdbtasks_task` AS t
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key IS NULL
   AND run_after <= UTC_TIMESTAMP(6)
-ORDER BY priority DESC,
-         run_after
+ORDER BY
+  priority DESC,
+  run_after
 LIMIT %s;
 
 -- name: save_progress_0
 -- A running task's progress, fenced.
 UPDATE `django_rdbtasks_task`
-SET progress = %s,
-    progress_message = %s,
-    checkpoint = COALESCE(%s, checkpoint)
+SET
+  progress = %s,
+  progress_message = %s,
+  checkpoint = COALESCE(%s, checkpoint)
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -652,8 +708,9 @@ WHERE id IN (%s)
 
 -- name: lock_outcome_rows_0
 -- The rows of outcomes about to be written, and whether their tasks have dependants to settle.
-SELECT id,
-       has_children
+SELECT
+  id,
+  has_children
 FROM `django_rdbtasks_task`
 WHERE id IN (%s)
   FOR

@@ -33,18 +33,19 @@ WITH lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -64,18 +65,19 @@ WITH lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      1 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 1 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task"
                WHERE status = 'READY'
                  AND queue_name = q.name
@@ -86,8 +88,9 @@ WITH lim AS MATERIALIZED
                  AND NOT
                    (SELECT limited
                     FROM lim)
-               ORDER BY priority DESC,
-                        run_after
+               ORDER BY
+                 priority DESC,
+                 run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -120,18 +123,19 @@ WITH lim AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -145,43 +149,48 @@ WITH lim AS MATERIALIZED
                        FROM lim)
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -198,13 +207,15 @@ WITH lim AS MATERIALIZED
                  WHERE limit_key IS NOT NULL))
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -212,73 +223,76 @@ WITH lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL;
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL;
 
 -- name: round_claim_window_optimistic
 -- A round that only claims, in the window form, optimistic: the outcomes' CTEs are absent, the
@@ -300,8 +314,9 @@ WITH lim AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), la AS MATERIALIZED
-  (SELECT q.name AS queue,
-          r.*
+  (SELECT
+     q.name AS queue,
+     r.*
    FROM
      (SELECT u.name
       FROM unnest(%(queues)s::text[]) AS u(name)
@@ -310,60 +325,68 @@ WITH lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
         AND limit_key IS NOT NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(pool)s) AS r), ka AS MATERIALIZED
-  (SELECT k.limit_key,
-          k.n,
-          k.period,
-          k.rows,
-          c.have,
-          c.free,
-          c.next_at
+  (SELECT
+     k.limit_key,
+     k.n,
+     k.period,
+     k.rows,
+     c.have,
+     c.free,
+     c.next_at
    FROM
-     (SELECT limit_key,
-             max(limit_count) AS n,
-             max(limit_period) AS period,
-             count(*) AS rows
+     (SELECT
+        limit_key,
+        max(limit_count) AS n,
+        max(limit_period) AS period,
+        count(*) AS rows
       FROM la
       GROUP BY limit_key) AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE (s.free_at IS NULL
-                                     OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE ((s.free_at IS NULL
-                                            OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE (s.free_at IS NULL
+                                OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
+        min(s.free_at) FILTER (
+                               WHERE ((s.free_at IS NULL
+                                       OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.n) AS c), lr AS
+        AND s.slot_no < k.n) AS c),
+  lr AS
   (SELECT a.*
    FROM
-     (SELECT la.*,
-             row_number() OVER (PARTITION BY la.queue, la.limit_key
-                                ORDER BY la.priority DESC, la.run_after) AS rn
+     (SELECT
+        la.*,
+        row_number() OVER (PARTITION BY la.queue, la.limit_key
+                           ORDER BY la.priority DESC, la.run_after) AS rn
       FROM la) AS a
    JOIN ka ON ka.limit_key = a.limit_key
    WHERE a.rn <= ka.free),
-                                    nb AS MATERIALIZED
-  (SELECT q.name AS queue,
+  nb AS MATERIALIZED
+  (SELECT
+     q.name AS queue,
 
      (SELECT count(*)
       FROM la
@@ -390,18 +413,19 @@ WITH lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -426,18 +450,19 @@ WITH lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      1 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 1 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task"
                WHERE status = 'READY'
                  AND queue_name = q.name
@@ -445,8 +470,9 @@ WITH lim AS MATERIALIZED
                  AND requested_run_after IS NULL
                  AND started_at IS NULL
                  AND run_after <= STATEMENT_TIMESTAMP()
-               ORDER BY priority DESC,
-                        run_after
+               ORDER BY
+                 priority DESC,
+                 run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -479,18 +505,19 @@ WITH lim AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -501,26 +528,29 @@ WITH lim AS MATERIALIZED
                     AND run_after <= STATEMENT_TIMESTAMP()
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
-           (SELECT id,
-                   version,
-                   status,
-                   worker_id,
-                   last_attempted_at,
-                   limit_key,
-                   limit_count,
-                   limit_period,
-                   at,
-                   1 AS reclaim,
-                   priority,
-                   run_after
+           (SELECT
+              id,
+              version,
+              status,
+              worker_id,
+              last_attempted_at,
+              limit_key,
+              limit_count,
+              limit_period,
+              at,
+              1 AS reclaim,
+              priority,
+              run_after
             FROM lr)) u), lf AS MATERIALIZED
-  (SELECT o.*,
-          row_number() OVER (PARTITION BY o.limit_key
-                             ORDER BY reclaim, priority DESC, run_after) AS rn
+  (SELECT
+     o.*,
+     row_number() OVER (PARTITION BY o.limit_key
+                        ORDER BY reclaim, priority DESC, run_after) AS rn
    FROM
      (SELECT *
       FROM offer
@@ -531,25 +561,30 @@ WITH lim AS MATERIALIZED
                    (SELECT 1
                     FROM nb
                     WHERE walk))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after
-      LIMIT %(pool)s) AS o), lk AS
-  (SELECT limit_key,
-          max(limit_count) AS n,
-          count(*) AS rows
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after
+      LIMIT %(pool)s) AS o),
+  lk AS
+  (SELECT
+     limit_key,
+     max(limit_count) AS n,
+     count(*) AS rows
    FROM lf
    GROUP BY limit_key),
-                             sf AS MATERIALIZED
-  (SELECT x.id,
-          x."key",
-          row_number() OVER (PARTITION BY x."key"
-                             ORDER BY x.slot_no) AS rn
+  sf AS MATERIALIZED
+  (SELECT
+     x.id,
+     x."key",
+     row_number() OVER (PARTITION BY x."key"
+                        ORDER BY x.slot_no) AS rn
    FROM lk
    CROSS JOIN LATERAL
-     (SELECT s.id,
-             s."key",
-             s.slot_no
+     (SELECT
+        s.id,
+        s."key",
+        s.slot_no
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = lk.limit_key
         AND s.slot_no < lk.n
@@ -557,67 +592,74 @@ WITH lim AS MATERIALIZED
              OR s.free_at <= STATEMENT_TIMESTAMP())
       ORDER BY s.slot_no
       LIMIT lk.rows
-      FOR UPDATE OF s SKIP LOCKED) AS x), ok AS
-  (SELECT offer.*,
-          NULL::bigint AS slot_id
+      FOR UPDATE OF s SKIP LOCKED) AS x),
+  ok AS
+  (SELECT
+     offer.*,
+     NULL::bigint AS slot_id
    FROM offer
    WHERE limit_key IS NULL
-   UNION ALL SELECT lf.id,
-                    lf.version,
-                    lf.status,
-                    lf.worker_id,
-                    lf.last_attempted_at,
-                    lf.limit_key,
-                    lf.limit_count,
-                    lf.limit_period,
-                    lf.at,
-                    lf.reclaim,
-                    lf.priority,
-                    lf.run_after,
-                    sf.id
+   UNION ALL SELECT
+     lf.id,
+     lf.version,
+     lf.status,
+     lf.worker_id,
+     lf.last_attempted_at,
+     lf.limit_key,
+     lf.limit_count,
+     lf.limit_period,
+     lf.at,
+     lf.reclaim,
+     lf.priority,
+     lf.run_after,
+     sf.id
    FROM lf
    JOIN sf ON sf."key" = lf.limit_key
    AND sf.rn = lf.rn),
-                                          pool AS MATERIALIZED
+  pool AS MATERIALIZED
   (SELECT *
    FROM
      (SELECT *
       FROM ok) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after,
-          p.slot_id
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after,
+     p.slot_id
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -632,32 +674,37 @@ WITH lim AS MATERIALIZED
                 (SELECT 1
                  FROM nb
                  WHERE walk))
-   LIMIT %(want)s), taken AS
+   LIMIT %(want)s),
+  taken AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET holder_id = CASE
-                       WHEN go.limit_period > 0 THEN NULL
-                       ELSE go.id
-                   END,
-                   holder_version = CASE
-                                        WHEN go.limit_period > 0 THEN NULL
-                                        ELSE go.version + 1
-                                    END,
-                                    last_started_at = STATEMENT_TIMESTAMP(),
-                                    free_at = STATEMENT_TIMESTAMP() + CASE
-                                                                          WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
-                                                                          ELSE %(lease)s
-                                                                      END * INTERVAL '1 second'
+   SET holder_id =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.id
+     END,
+     holder_version =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.version + 1
+     END,
+     last_started_at = STATEMENT_TIMESTAMP(),
+     free_at = STATEMENT_TIMESTAMP() + CASE
+                                           WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
+                                           ELSE %(lease)s
+                                       END * INTERVAL '1 second'
    FROM go
    WHERE s.id = go.slot_id),
-                    claimed AS
+  claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -665,142 +712,148 @@ WITH lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM
+                               (SELECT u.name
+                                FROM unnest(%(queues)s::text[]) AS u(name)
+                                WHERE NOT EXISTS
+                                    (SELECT 1
+                                     FROM django_rdbtasks_pausedqueue AS p
+                                     WHERE p.queue_name = u.name)) AS q(name)
+                             CROSS JOIN LATERAL
+                               (SELECT limit_key
+                                FROM ONLY "django_rdbtasks_task"
+                                WHERE status = 'RUNNING'
+                                  AND queue_name = q.name
+                                  AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                                ORDER BY lease_expires_at
+                                LIMIT %(pool)s) AS x
+                             WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN EXISTS
                                  (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM
-                                    (SELECT u.name
-                                     FROM unnest(%(queues)s::text[]) AS u(name)
-                                     WHERE NOT EXISTS
-                                         (SELECT 1
-                                          FROM django_rdbtasks_pausedqueue AS p
-                                          WHERE p.queue_name = u.name)) AS q(name)
-                                  CROSS JOIN LATERAL
-                                    (SELECT limit_key
-                                     FROM ONLY "django_rdbtasks_task"
-                                     WHERE status = 'RUNNING'
-                                       AND queue_name = q.name
-                                       AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                                     ORDER BY lease_expires_at
-                                     LIMIT %(pool)s) AS x
-                                  WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                                  FROM nb
+                                  WHERE walk) THEN 'walk'
                       END, CASE
                                WHEN EXISTS
-                                      (SELECT 1
-                                       FROM nb
-                                       WHERE walk) THEN 'walk'
-                           END, CASE
-                                    WHEN EXISTS
-                                           (SELECT next_at
-                                            FROM ka
-                                            WHERE free < rows) THEN 'held'
-                                END),
-       jsonb_build_object('wait',
-                            (SELECT EXTRACT(EPOCH
-                                            FROM min(next_at) - STATEMENT_TIMESTAMP())
-                             FROM
-                               (SELECT next_at
-                                FROM ka
-                                WHERE free < rows) AS h), 'lost',
-                            (SELECT count(*)
-                             FROM lf) -
-                            (SELECT count(*)
-                             FROM sf)),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                                      (SELECT next_at
+                                       FROM ka
+                                       WHERE free < rows) THEN 'held'
+                           END),
+  jsonb_build_object('wait',
+                       (SELECT EXTRACT(EPOCH
+                                       FROM min(next_at) - STATEMENT_TIMESTAMP())
+                        FROM
+                          (SELECT next_at
+                           FROM ka
+                           WHERE free < rows) AS h), 'lost',
+                       (SELECT count(*)
+                        FROM lf) -
+                       (SELECT count(*)
+                        FROM sf)),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'm',
-       NULL,
-       NULL,
-       NULL,
-       jsonb_build_array(limit_key, n, period),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'm',
+  NULL,
+  NULL,
+  NULL,
+  jsonb_build_array(limit_key, n, period),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM
-  (SELECT DISTINCT limit_key,
-                   n,
-                   period
+  (SELECT DISTINCT
+     limit_key,
+     n,
+     period
    FROM
-     (SELECT limit_key,
-             n,
-             period,
-             have
+     (SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM ka) AS k
    WHERE have < n) AS m;
 
@@ -824,8 +877,9 @@ WITH RECURSIVE lim AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), la AS MATERIALIZED
-  (SELECT q.name AS queue,
-          r.*
+  (SELECT
+     q.name AS queue,
+     r.*
    FROM
      (SELECT u.name
       FROM unnest(%(queues)s::text[]) AS u(name)
@@ -834,60 +888,68 @@ WITH RECURSIVE lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
         AND limit_key IS NOT NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(pool)s) AS r), ka AS MATERIALIZED
-  (SELECT k.limit_key,
-          k.n,
-          k.period,
-          k.rows,
-          c.have,
-          c.free,
-          c.next_at
+  (SELECT
+     k.limit_key,
+     k.n,
+     k.period,
+     k.rows,
+     c.have,
+     c.free,
+     c.next_at
    FROM
-     (SELECT limit_key,
-             max(limit_count) AS n,
-             max(limit_period) AS period,
-             count(*) AS rows
+     (SELECT
+        limit_key,
+        max(limit_count) AS n,
+        max(limit_period) AS period,
+        count(*) AS rows
       FROM la
       GROUP BY limit_key) AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE (s.free_at IS NULL
-                                     OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE ((s.free_at IS NULL
-                                            OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE (s.free_at IS NULL
+                                OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
+        min(s.free_at) FILTER (
+                               WHERE ((s.free_at IS NULL
+                                       OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.n) AS c), lr AS
+        AND s.slot_no < k.n) AS c),
+  lr AS
   (SELECT a.*
    FROM
-     (SELECT la.*,
-             row_number() OVER (PARTITION BY la.queue, la.limit_key
-                                ORDER BY la.priority DESC, la.run_after) AS rn
+     (SELECT
+        la.*,
+        row_number() OVER (PARTITION BY la.queue, la.limit_key
+                           ORDER BY la.priority DESC, la.run_after) AS rn
       FROM la) AS a
    JOIN ka ON ka.limit_key = a.limit_key
    WHERE a.rn <= ka.free),
-                                    nb AS MATERIALIZED
-  (SELECT q.name AS queue,
+  nb AS MATERIALIZED
+  (SELECT
+     q.name AS queue,
 
      (SELECT count(*)
       FROM la
@@ -902,85 +964,97 @@ WITH RECURSIVE lim AS MATERIALIZED
       WHERE NOT EXISTS
           (SELECT 1
            FROM django_rdbtasks_pausedqueue AS p
-           WHERE p.queue_name = u.name)) AS q(name)), kk AS
+           WHERE p.queue_name = u.name)) AS q(name)),
+  kk AS
   (
-     (SELECT nb.queue,
-             f.*
+     (SELECT
+        nb.queue,
+        f.*
       FROM nb
       CROSS JOIN LATERAL
-        (SELECT limit_key,
-                limit_count,
-                limit_period
+        (SELECT
+           limit_key,
+           limit_count,
+           limit_period
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = nb.queue
            AND limit_key IS NOT NULL
-         ORDER BY limit_key,
-                  priority DESC,
-                  run_after
+         ORDER BY
+           limit_key,
+           priority DESC,
+           run_after
          LIMIT 1) AS f
       WHERE nb.walk)
-   UNION ALL SELECT k.queue,
-                    n.*
+   UNION ALL SELECT
+     k.queue,
+     n.*
    FROM kk AS k
    CROSS JOIN LATERAL
-     (SELECT limit_key,
-             limit_count,
-             limit_period
+     (SELECT
+        limit_key,
+        limit_count,
+        limit_period
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = k.queue
         AND limit_key IS NOT NULL
         AND limit_key > k.limit_key
-      ORDER BY limit_key,
-               priority DESC,
-               run_after
+      ORDER BY
+        limit_key,
+        priority DESC,
+        run_after
       LIMIT 1) AS n),
-                                                      kb AS MATERIALIZED
-  (SELECT k.queue,
-          k.limit_key,
-          k.limit_count AS n,
-          k.limit_period AS period,
-          c.have,
-          c.free,
-          c.next_at
+  kb AS MATERIALIZED
+  (SELECT
+     k.queue,
+     k.limit_key,
+     k.limit_count AS n,
+     k.limit_period AS period,
+     c.have,
+     c.free,
+     c.next_at
    FROM kk AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE (s.free_at IS NULL
-                                     OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE ((s.free_at IS NULL
-                                            OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE (s.free_at IS NULL
+                                OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
+        min(s.free_at) FILTER (
+                               WHERE ((s.free_at IS NULL
+                                       OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.limit_count) AS c), rb AS
+        AND s.slot_no < k.limit_count) AS c),
+  rb AS
   (SELECT r.*
    FROM kb AS k
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = k.queue
         AND limit_key IS NOT NULL
         AND limit_key = k.limit_key
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT LEAST(k.free, %(pool)s)) AS r
    WHERE k.free > 0),
-                                              offer AS MATERIALIZED
+  offer AS MATERIALIZED
   (SELECT *
    FROM (
            (SELECT r.*
@@ -992,18 +1066,19 @@ WITH RECURSIVE lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -1028,18 +1103,19 @@ WITH RECURSIVE lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      1 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 1 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task"
                WHERE status = 'READY'
                  AND queue_name = q.name
@@ -1047,8 +1123,9 @@ WITH RECURSIVE lim AS MATERIALIZED
                  AND requested_run_after IS NULL
                  AND started_at IS NULL
                  AND run_after <= STATEMENT_TIMESTAMP()
-               ORDER BY priority DESC,
-                        run_after
+               ORDER BY
+                 priority DESC,
+                 run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -1081,18 +1158,19 @@ WITH RECURSIVE lim AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -1103,44 +1181,48 @@ WITH RECURSIVE lim AS MATERIALIZED
                     AND run_after <= STATEMENT_TIMESTAMP()
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
-           (SELECT id,
-                   version,
-                   status,
-                   worker_id,
-                   last_attempted_at,
-                   limit_key,
-                   limit_count,
-                   limit_period,
-                   at,
-                   1 AS reclaim,
-                   priority,
-                   run_after
+           (SELECT
+              id,
+              version,
+              status,
+              worker_id,
+              last_attempted_at,
+              limit_key,
+              limit_count,
+              limit_period,
+              at,
+              1 AS reclaim,
+              priority,
+              run_after
             FROM lr
             WHERE lr.queue IN
                 (SELECT queue
                  FROM nb
                  WHERE NOT walk))
          UNION ALL
-           (SELECT id,
-                   version,
-                   status,
-                   worker_id,
-                   last_attempted_at,
-                   limit_key,
-                   limit_count,
-                   limit_period,
-                   at,
-                   1 AS reclaim,
-                   priority,
-                   run_after
+           (SELECT
+              id,
+              version,
+              status,
+              worker_id,
+              last_attempted_at,
+              limit_key,
+              limit_count,
+              limit_period,
+              at,
+              1 AS reclaim,
+              priority,
+              run_after
             FROM rb)) u), lf AS MATERIALIZED
-  (SELECT o.*,
-          row_number() OVER (PARTITION BY o.limit_key
-                             ORDER BY reclaim, priority DESC, run_after) AS rn
+  (SELECT
+     o.*,
+     row_number() OVER (PARTITION BY o.limit_key
+                        ORDER BY reclaim, priority DESC, run_after) AS rn
    FROM
      (SELECT *
       FROM offer
@@ -1148,25 +1230,30 @@ WITH RECURSIVE lim AS MATERIALIZED
         AND id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
         AND NOT (false)
-      ORDER BY reclaim,
-               priority DESC,
-               run_after
-      LIMIT %(pool)s) AS o), lk AS
-  (SELECT limit_key,
-          max(limit_count) AS n,
-          count(*) AS rows
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after
+      LIMIT %(pool)s) AS o),
+  lk AS
+  (SELECT
+     limit_key,
+     max(limit_count) AS n,
+     count(*) AS rows
    FROM lf
    GROUP BY limit_key),
-                             sf AS MATERIALIZED
-  (SELECT x.id,
-          x."key",
-          row_number() OVER (PARTITION BY x."key"
-                             ORDER BY x.slot_no) AS rn
+  sf AS MATERIALIZED
+  (SELECT
+     x.id,
+     x."key",
+     row_number() OVER (PARTITION BY x."key"
+                        ORDER BY x.slot_no) AS rn
    FROM lk
    CROSS JOIN LATERAL
-     (SELECT s.id,
-             s."key",
-             s.slot_no
+     (SELECT
+        s.id,
+        s."key",
+        s.slot_no
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = lk.limit_key
         AND s.slot_no < lk.n
@@ -1174,67 +1261,74 @@ WITH RECURSIVE lim AS MATERIALIZED
              OR s.free_at <= STATEMENT_TIMESTAMP())
       ORDER BY s.slot_no
       LIMIT lk.rows
-      FOR UPDATE OF s SKIP LOCKED) AS x), ok AS
-  (SELECT offer.*,
-          NULL::bigint AS slot_id
+      FOR UPDATE OF s SKIP LOCKED) AS x),
+  ok AS
+  (SELECT
+     offer.*,
+     NULL::bigint AS slot_id
    FROM offer
    WHERE limit_key IS NULL
-   UNION ALL SELECT lf.id,
-                    lf.version,
-                    lf.status,
-                    lf.worker_id,
-                    lf.last_attempted_at,
-                    lf.limit_key,
-                    lf.limit_count,
-                    lf.limit_period,
-                    lf.at,
-                    lf.reclaim,
-                    lf.priority,
-                    lf.run_after,
-                    sf.id
+   UNION ALL SELECT
+     lf.id,
+     lf.version,
+     lf.status,
+     lf.worker_id,
+     lf.last_attempted_at,
+     lf.limit_key,
+     lf.limit_count,
+     lf.limit_period,
+     lf.at,
+     lf.reclaim,
+     lf.priority,
+     lf.run_after,
+     sf.id
    FROM lf
    JOIN sf ON sf."key" = lf.limit_key
    AND sf.rn = lf.rn),
-                                          pool AS MATERIALIZED
+  pool AS MATERIALIZED
   (SELECT *
    FROM
      (SELECT *
       FROM ok) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after,
-          p.slot_id
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after,
+     p.slot_id
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -1246,32 +1340,37 @@ WITH RECURSIVE lim AS MATERIALIZED
         FOR
         UPDATE SKIP LOCKED) AS t
    WHERE NOT (false)
-   LIMIT %(want)s), taken AS
+   LIMIT %(want)s),
+  taken AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET holder_id = CASE
-                       WHEN go.limit_period > 0 THEN NULL
-                       ELSE go.id
-                   END,
-                   holder_version = CASE
-                                        WHEN go.limit_period > 0 THEN NULL
-                                        ELSE go.version + 1
-                                    END,
-                                    last_started_at = STATEMENT_TIMESTAMP(),
-                                    free_at = STATEMENT_TIMESTAMP() + CASE
-                                                                          WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
-                                                                          ELSE %(lease)s
-                                                                      END * INTERVAL '1 second'
+   SET holder_id =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.id
+     END,
+     holder_version =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.version + 1
+     END,
+     last_started_at = STATEMENT_TIMESTAMP(),
+     free_at = STATEMENT_TIMESTAMP() + CASE
+                                           WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
+                                           ELSE %(lease)s
+                                       END * INTERVAL '1 second'
    FROM go
    WHERE s.id = go.slot_id),
-                    claimed AS
+  claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -1279,153 +1378,160 @@ WITH RECURSIVE lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM
+                               (SELECT u.name
+                                FROM unnest(%(queues)s::text[]) AS u(name)
+                                WHERE NOT EXISTS
+                                    (SELECT 1
+                                     FROM django_rdbtasks_pausedqueue AS p
+                                     WHERE p.queue_name = u.name)) AS q(name)
+                             CROSS JOIN LATERAL
+                               (SELECT limit_key
+                                FROM ONLY "django_rdbtasks_task"
+                                WHERE status = 'RUNNING'
+                                  AND queue_name = q.name
+                                  AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                                ORDER BY lease_expires_at
+                                LIMIT %(pool)s) AS x
+                             WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN EXISTS
                                  (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM
-                                    (SELECT u.name
-                                     FROM unnest(%(queues)s::text[]) AS u(name)
-                                     WHERE NOT EXISTS
-                                         (SELECT 1
-                                          FROM django_rdbtasks_pausedqueue AS p
-                                          WHERE p.queue_name = u.name)) AS q(name)
-                                  CROSS JOIN LATERAL
-                                    (SELECT limit_key
-                                     FROM ONLY "django_rdbtasks_task"
-                                     WHERE status = 'RUNNING'
-                                       AND queue_name = q.name
-                                       AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                                     ORDER BY lease_expires_at
-                                     LIMIT %(pool)s) AS x
-                                  WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                                  FROM nb
+                                  WHERE walk) THEN 'walk'
                       END, CASE
                                WHEN EXISTS
-                                      (SELECT 1
-                                       FROM nb
-                                       WHERE walk) THEN 'walk'
-                           END, CASE
-                                    WHEN EXISTS
-                                           (SELECT next_at
-                                            FROM ka
-                                            WHERE free < rows
-                                            UNION ALL SELECT next_at
-                                            FROM kb
-                                            WHERE free = 0) THEN 'held'
-                                END),
-       jsonb_build_object('wait',
-                            (SELECT EXTRACT(EPOCH
-                                            FROM min(next_at) - STATEMENT_TIMESTAMP())
-                             FROM
-                               (SELECT next_at
-                                FROM ka
-                                WHERE free < rows
-                                UNION ALL SELECT next_at
-                                FROM kb
-                                WHERE free = 0) AS h), 'lost',
-                            (SELECT count(*)
-                             FROM lf) -
-                            (SELECT count(*)
-                             FROM sf)),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                                      (SELECT next_at
+                                       FROM ka
+                                       WHERE free < rows
+                                       UNION ALL SELECT next_at
+                                       FROM kb
+                                       WHERE free = 0) THEN 'held'
+                           END),
+  jsonb_build_object('wait',
+                       (SELECT EXTRACT(EPOCH
+                                       FROM min(next_at) - STATEMENT_TIMESTAMP())
+                        FROM
+                          (SELECT next_at
+                           FROM ka
+                           WHERE free < rows
+                           UNION ALL SELECT next_at
+                           FROM kb
+                           WHERE free = 0) AS h), 'lost',
+                       (SELECT count(*)
+                        FROM lf) -
+                       (SELECT count(*)
+                        FROM sf)),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'm',
-       NULL,
-       NULL,
-       NULL,
-       jsonb_build_array(limit_key, n, period),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'm',
+  NULL,
+  NULL,
+  NULL,
+  jsonb_build_array(limit_key, n, period),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM
-  (SELECT DISTINCT limit_key,
-                   n,
-                   period
+  (SELECT DISTINCT
+     limit_key,
+     n,
+     period
    FROM
-     (SELECT limit_key,
-             n,
-             period,
-             have
+     (SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM ka
-      UNION ALL SELECT limit_key,
-                       n,
-                       period,
-                       have
+      UNION ALL SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM kb) AS k
    WHERE have < n) AS m;
 
@@ -1448,7 +1554,8 @@ WITH lim AS MATERIALIZED
          WHERE status = 'READY'
            AND queue_name = q.name
            AND limit_key IS NOT NULL
-         LIMIT 1) AS x) AS limited), c0 AS
+         LIMIT 1) AS x) AS limited),
+  c0 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -1458,18 +1565,19 @@ WITH lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             0 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        0 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task" AS t
       WHERE status = 'RUNNING'
         AND queue_name = q.name
@@ -1482,7 +1590,7 @@ WITH lim AS MATERIALIZED
       ORDER BY lease_expires_at
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                                     c1 AS
+  c1 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -1492,18 +1600,19 @@ WITH lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             1 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        1 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
@@ -1514,11 +1623,12 @@ WITH lim AS MATERIALIZED
         AND NOT
           (SELECT limited
            FROM lim)
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                                     c2 AS
+  c2 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -1549,18 +1659,19 @@ WITH lim AS MATERIALIZED
          WHERE pr.p IS NOT NULL) SELECT d.*
       FROM pr
       CROSS JOIN LATERAL
-        (SELECT id,
-                version,
-                status,
-                worker_id,
-                last_attempted_at,
-                limit_key,
-                limit_count,
-                limit_period,
-                ctid AS at,
-                1 AS reclaim,
-                priority,
-                run_after
+        (SELECT
+           id,
+           version,
+           status,
+           worker_id,
+           last_attempted_at,
+           limit_key,
+           limit_count,
+           limit_period,
+           ctid AS at,
+           1 AS reclaim,
+           priority,
+           run_after
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = q.name
@@ -1575,13 +1686,14 @@ WITH lim AS MATERIALIZED
          ORDER BY run_after
          LIMIT %(want)s
          FOR UPDATE SKIP LOCKED) AS d
-      ORDER BY d.priority DESC,
-               d.run_after
+      ORDER BY
+        d.priority DESC,
+        d.run_after
       LIMIT %(want)s) AS r),
-                                     ce AS
+  ce AS
   (SELECT *
    FROM c0),
-                                     go AS
+  go AS
   (SELECT *
    FROM
      (SELECT *
@@ -1594,18 +1706,21 @@ WITH lim AS MATERIALIZED
                 (SELECT 1
                  FROM ce
                  WHERE limit_key IS NOT NULL))
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -1613,73 +1728,76 @@ WITH lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM ce)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM ce
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM ce
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL;
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL;
 
 -- name: round_claim_window_skip_locked
 -- A round that only claims, in the window form, skip-locked: the outcomes' CTEs are absent, the
@@ -1701,8 +1819,9 @@ WITH lim AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), la AS MATERIALIZED
-  (SELECT q.name AS queue,
-          r.*
+  (SELECT
+     q.name AS queue,
+     r.*
    FROM
      (SELECT u.name
       FROM unnest(%(queues)s::text[]) AS u(name)
@@ -1711,61 +1830,69 @@ WITH lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
         AND limit_key IS NOT NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r), ka AS MATERIALIZED
-  (SELECT k.limit_key,
-          k.n,
-          k.period,
-          k.rows,
-          c.have,
-          c.free,
-          c.next_at
+  (SELECT
+     k.limit_key,
+     k.n,
+     k.period,
+     k.rows,
+     c.have,
+     c.free,
+     c.next_at
    FROM
-     (SELECT limit_key,
-             max(limit_count) AS n,
-             max(limit_period) AS period,
-             count(*) AS rows
+     (SELECT
+        limit_key,
+        max(limit_count) AS n,
+        max(limit_period) AS period,
+        count(*) AS rows
       FROM la
       GROUP BY limit_key) AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE (s.free_at IS NULL
-                                     OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE ((s.free_at IS NULL
-                                            OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE (s.free_at IS NULL
+                                OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
+        min(s.free_at) FILTER (
+                               WHERE ((s.free_at IS NULL
+                                       OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.n) AS c), lr AS
+        AND s.slot_no < k.n) AS c),
+  lr AS
   (SELECT a.*
    FROM
-     (SELECT la.*,
-             row_number() OVER (PARTITION BY la.queue, la.limit_key
-                                ORDER BY la.priority DESC, la.run_after) AS rn
+     (SELECT
+        la.*,
+        row_number() OVER (PARTITION BY la.queue, la.limit_key
+                           ORDER BY la.priority DESC, la.run_after) AS rn
       FROM la) AS a
    JOIN ka ON ka.limit_key = a.limit_key
    WHERE a.rn <= ka.free),
-                                    nb AS MATERIALIZED
-  (SELECT q.name AS queue,
+  nb AS MATERIALIZED
+  (SELECT
+     q.name AS queue,
 
      (SELECT count(*)
       FROM la
@@ -1780,7 +1907,8 @@ WITH lim AS MATERIALIZED
       WHERE NOT EXISTS
           (SELECT 1
            FROM django_rdbtasks_pausedqueue AS p
-           WHERE p.queue_name = u.name)) AS q(name)), c0 AS
+           WHERE p.queue_name = u.name)) AS q(name)),
+  c0 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -1790,18 +1918,19 @@ WITH lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             0 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        0 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task" AS t
       WHERE status = 'RUNNING'
         AND queue_name = q.name
@@ -1819,7 +1948,7 @@ WITH lim AS MATERIALIZED
       ORDER BY lease_expires_at
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                                                      c1 AS
+  c1 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -1829,18 +1958,19 @@ WITH lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             1 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        1 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
@@ -1848,11 +1978,12 @@ WITH lim AS MATERIALIZED
         AND requested_run_after IS NULL
         AND started_at IS NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                                                      c2 AS
+  c2 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -1883,18 +2014,19 @@ WITH lim AS MATERIALIZED
          WHERE pr.p IS NOT NULL) SELECT d.*
       FROM pr
       CROSS JOIN LATERAL
-        (SELECT id,
-                version,
-                status,
-                worker_id,
-                last_attempted_at,
-                limit_key,
-                limit_count,
-                limit_period,
-                ctid AS at,
-                1 AS reclaim,
-                priority,
-                run_after
+        (SELECT
+           id,
+           version,
+           status,
+           worker_id,
+           last_attempted_at,
+           limit_key,
+           limit_count,
+           limit_period,
+           ctid AS at,
+           1 AS reclaim,
+           priority,
+           run_after
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = q.name
@@ -1906,27 +2038,29 @@ WITH lim AS MATERIALIZED
          ORDER BY run_after
          LIMIT %(want)s
          FOR UPDATE SKIP LOCKED) AS d
-      ORDER BY d.priority DESC,
-               d.run_after
+      ORDER BY
+        d.priority DESC,
+        d.run_after
       LIMIT %(want)s) AS r),
-                                                      c3 AS
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          at,
-          1 AS reclaim,
-          priority,
-          run_after
+  c3 AS
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     at,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM lr),
-                                                      ce AS
+  ce AS
   (SELECT *
    FROM c0),
-                                                      offer AS MATERIALIZED
+  offer AS MATERIALIZED
   (SELECT *
    FROM c0
    UNION ALL SELECT *
@@ -1935,9 +2069,10 @@ WITH lim AS MATERIALIZED
    FROM c2
    UNION ALL SELECT *
    FROM c3), lf AS MATERIALIZED
-  (SELECT o.*,
-          row_number() OVER (PARTITION BY o.limit_key
-                             ORDER BY reclaim, priority DESC, run_after) AS rn
+  (SELECT
+     o.*,
+     row_number() OVER (PARTITION BY o.limit_key
+                        ORDER BY reclaim, priority DESC, run_after) AS rn
    FROM
      (SELECT *
       FROM offer
@@ -1948,25 +2083,30 @@ WITH lim AS MATERIALIZED
                    (SELECT 1
                     FROM nb
                     WHERE walk))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after
-      LIMIT %(want)s) AS o), lk AS
-  (SELECT limit_key,
-          max(limit_count) AS n,
-          count(*) AS rows
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after
+      LIMIT %(want)s) AS o),
+  lk AS
+  (SELECT
+     limit_key,
+     max(limit_count) AS n,
+     count(*) AS rows
    FROM lf
    GROUP BY limit_key),
-                             sf AS MATERIALIZED
-  (SELECT x.id,
-          x."key",
-          row_number() OVER (PARTITION BY x."key"
-                             ORDER BY x.slot_no) AS rn
+  sf AS MATERIALIZED
+  (SELECT
+     x.id,
+     x."key",
+     row_number() OVER (PARTITION BY x."key"
+                        ORDER BY x.slot_no) AS rn
    FROM lk
    CROSS JOIN LATERAL
-     (SELECT s.id,
-             s."key",
-             s.slot_no
+     (SELECT
+        s.id,
+        s."key",
+        s.slot_no
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = lk.limit_key
         AND s.slot_no < lk.n
@@ -1974,28 +2114,31 @@ WITH lim AS MATERIALIZED
              OR s.free_at <= STATEMENT_TIMESTAMP())
       ORDER BY s.slot_no
       LIMIT lk.rows
-      FOR UPDATE OF s SKIP LOCKED) AS x), ok AS
-  (SELECT offer.*,
-          NULL::bigint AS slot_id
+      FOR UPDATE OF s SKIP LOCKED) AS x),
+  ok AS
+  (SELECT
+     offer.*,
+     NULL::bigint AS slot_id
    FROM offer
    WHERE limit_key IS NULL
-   UNION ALL SELECT lf.id,
-                    lf.version,
-                    lf.status,
-                    lf.worker_id,
-                    lf.last_attempted_at,
-                    lf.limit_key,
-                    lf.limit_count,
-                    lf.limit_period,
-                    lf.at,
-                    lf.reclaim,
-                    lf.priority,
-                    lf.run_after,
-                    sf.id
+   UNION ALL SELECT
+     lf.id,
+     lf.version,
+     lf.status,
+     lf.worker_id,
+     lf.last_attempted_at,
+     lf.limit_key,
+     lf.limit_count,
+     lf.limit_period,
+     lf.at,
+     lf.reclaim,
+     lf.priority,
+     lf.run_after,
+     sf.id
    FROM lf
    JOIN sf ON sf."key" = lf.limit_key
    AND sf.rn = lf.rn),
-                                          go AS
+  go AS
   (SELECT *
    FROM
      (SELECT *
@@ -2004,35 +2147,41 @@ WITH lim AS MATERIALIZED
                 (SELECT 1
                  FROM nb
                  WHERE walk))
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
-   LIMIT %(want)s), taken AS
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
+   LIMIT %(want)s),
+  taken AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET holder_id = CASE
-                       WHEN go.limit_period > 0 THEN NULL
-                       ELSE go.id
-                   END,
-                   holder_version = CASE
-                                        WHEN go.limit_period > 0 THEN NULL
-                                        ELSE go.version + 1
-                                    END,
-                                    last_started_at = STATEMENT_TIMESTAMP(),
-                                    free_at = STATEMENT_TIMESTAMP() + CASE
-                                                                          WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
-                                                                          ELSE %(lease)s
-                                                                      END * INTERVAL '1 second'
+   SET holder_id =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.id
+     END,
+     holder_version =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.version + 1
+     END,
+     last_started_at = STATEMENT_TIMESTAMP(),
+     free_at = STATEMENT_TIMESTAMP() + CASE
+                                           WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
+                                           ELSE %(lease)s
+                                       END * INTERVAL '1 second'
    FROM go
    WHERE s.id = go.slot_id),
-                    claimed AS
+  claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -2040,142 +2189,148 @@ WITH lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM ce)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM ce
+                             WHERE limit_key IS NOT NULL)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM
+                               (SELECT u.name
+                                FROM unnest(%(queues)s::text[]) AS u(name)
+                                WHERE NOT EXISTS
+                                    (SELECT 1
+                                     FROM django_rdbtasks_pausedqueue AS p
+                                     WHERE p.queue_name = u.name)) AS q(name)
+                             CROSS JOIN LATERAL
+                               (SELECT limit_key
+                                FROM ONLY "django_rdbtasks_task"
+                                WHERE status = 'RUNNING'
+                                  AND queue_name = q.name
+                                  AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                                ORDER BY lease_expires_at
+                                LIMIT %(want)s) AS x
+                             WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN EXISTS
                                  (SELECT 1
-                                  FROM ce
-                                  WHERE limit_key IS NOT NULL)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM
-                                    (SELECT u.name
-                                     FROM unnest(%(queues)s::text[]) AS u(name)
-                                     WHERE NOT EXISTS
-                                         (SELECT 1
-                                          FROM django_rdbtasks_pausedqueue AS p
-                                          WHERE p.queue_name = u.name)) AS q(name)
-                                  CROSS JOIN LATERAL
-                                    (SELECT limit_key
-                                     FROM ONLY "django_rdbtasks_task"
-                                     WHERE status = 'RUNNING'
-                                       AND queue_name = q.name
-                                       AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                                     ORDER BY lease_expires_at
-                                     LIMIT %(want)s) AS x
-                                  WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                                  FROM nb
+                                  WHERE walk) THEN 'walk'
                       END, CASE
                                WHEN EXISTS
-                                      (SELECT 1
-                                       FROM nb
-                                       WHERE walk) THEN 'walk'
-                           END, CASE
-                                    WHEN EXISTS
-                                           (SELECT next_at
-                                            FROM ka
-                                            WHERE free < rows) THEN 'held'
-                                END),
-       jsonb_build_object('wait',
-                            (SELECT EXTRACT(EPOCH
-                                            FROM min(next_at) - STATEMENT_TIMESTAMP())
-                             FROM
-                               (SELECT next_at
-                                FROM ka
-                                WHERE free < rows) AS h), 'lost',
-                            (SELECT count(*)
-                             FROM lf) -
-                            (SELECT count(*)
-                             FROM sf)),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                                      (SELECT next_at
+                                       FROM ka
+                                       WHERE free < rows) THEN 'held'
+                           END),
+  jsonb_build_object('wait',
+                       (SELECT EXTRACT(EPOCH
+                                       FROM min(next_at) - STATEMENT_TIMESTAMP())
+                        FROM
+                          (SELECT next_at
+                           FROM ka
+                           WHERE free < rows) AS h), 'lost',
+                       (SELECT count(*)
+                        FROM lf) -
+                       (SELECT count(*)
+                        FROM sf)),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'm',
-       NULL,
-       NULL,
-       NULL,
-       jsonb_build_array(limit_key, n, period),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'm',
+  NULL,
+  NULL,
+  NULL,
+  jsonb_build_array(limit_key, n, period),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM
-  (SELECT DISTINCT limit_key,
-                   n,
-                   period
+  (SELECT DISTINCT
+     limit_key,
+     n,
+     period
    FROM
-     (SELECT limit_key,
-             n,
-             period,
-             have
+     (SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM ka) AS k
    WHERE have < n) AS m;
 
@@ -2199,8 +2354,9 @@ WITH RECURSIVE lim AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), la AS MATERIALIZED
-  (SELECT q.name AS queue,
-          r.*
+  (SELECT
+     q.name AS queue,
+     r.*
    FROM
      (SELECT u.name
       FROM unnest(%(queues)s::text[]) AS u(name)
@@ -2209,61 +2365,69 @@ WITH RECURSIVE lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
         AND limit_key IS NOT NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r), ka AS MATERIALIZED
-  (SELECT k.limit_key,
-          k.n,
-          k.period,
-          k.rows,
-          c.have,
-          c.free,
-          c.next_at
+  (SELECT
+     k.limit_key,
+     k.n,
+     k.period,
+     k.rows,
+     c.have,
+     c.free,
+     c.next_at
    FROM
-     (SELECT limit_key,
-             max(limit_count) AS n,
-             max(limit_period) AS period,
-             count(*) AS rows
+     (SELECT
+        limit_key,
+        max(limit_count) AS n,
+        max(limit_period) AS period,
+        count(*) AS rows
       FROM la
       GROUP BY limit_key) AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE (s.free_at IS NULL
-                                     OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE ((s.free_at IS NULL
-                                            OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE (s.free_at IS NULL
+                                OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
+        min(s.free_at) FILTER (
+                               WHERE ((s.free_at IS NULL
+                                       OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.n) AS c), lr AS
+        AND s.slot_no < k.n) AS c),
+  lr AS
   (SELECT a.*
    FROM
-     (SELECT la.*,
-             row_number() OVER (PARTITION BY la.queue, la.limit_key
-                                ORDER BY la.priority DESC, la.run_after) AS rn
+     (SELECT
+        la.*,
+        row_number() OVER (PARTITION BY la.queue, la.limit_key
+                           ORDER BY la.priority DESC, la.run_after) AS rn
       FROM la) AS a
    JOIN ka ON ka.limit_key = a.limit_key
    WHERE a.rn <= ka.free),
-                                    nb AS MATERIALIZED
-  (SELECT q.name AS queue,
+  nb AS MATERIALIZED
+  (SELECT
+     q.name AS queue,
 
      (SELECT count(*)
       FROM la
@@ -2278,86 +2442,98 @@ WITH RECURSIVE lim AS MATERIALIZED
       WHERE NOT EXISTS
           (SELECT 1
            FROM django_rdbtasks_pausedqueue AS p
-           WHERE p.queue_name = u.name)) AS q(name)), kk AS
+           WHERE p.queue_name = u.name)) AS q(name)),
+  kk AS
   (
-     (SELECT nb.queue,
-             f.*
+     (SELECT
+        nb.queue,
+        f.*
       FROM nb
       CROSS JOIN LATERAL
-        (SELECT limit_key,
-                limit_count,
-                limit_period
+        (SELECT
+           limit_key,
+           limit_count,
+           limit_period
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = nb.queue
            AND limit_key IS NOT NULL
-         ORDER BY limit_key,
-                  priority DESC,
-                  run_after
+         ORDER BY
+           limit_key,
+           priority DESC,
+           run_after
          LIMIT 1) AS f
       WHERE nb.walk)
-   UNION ALL SELECT k.queue,
-                    n.*
+   UNION ALL SELECT
+     k.queue,
+     n.*
    FROM kk AS k
    CROSS JOIN LATERAL
-     (SELECT limit_key,
-             limit_count,
-             limit_period
+     (SELECT
+        limit_key,
+        limit_count,
+        limit_period
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = k.queue
         AND limit_key IS NOT NULL
         AND limit_key > k.limit_key
-      ORDER BY limit_key,
-               priority DESC,
-               run_after
+      ORDER BY
+        limit_key,
+        priority DESC,
+        run_after
       LIMIT 1) AS n),
-                                                      kb AS MATERIALIZED
-  (SELECT k.queue,
-          k.limit_key,
-          k.limit_count AS n,
-          k.limit_period AS period,
-          c.have,
-          c.free,
-          c.next_at
+  kb AS MATERIALIZED
+  (SELECT
+     k.queue,
+     k.limit_key,
+     k.limit_count AS n,
+     k.limit_period AS period,
+     c.have,
+     c.free,
+     c.next_at
    FROM kk AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE (s.free_at IS NULL
-                                     OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE ((s.free_at IS NULL
-                                            OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE (s.free_at IS NULL
+                                OR s.free_at <= STATEMENT_TIMESTAMP())) AS free,
+        min(s.free_at) FILTER (
+                               WHERE ((s.free_at IS NULL
+                                       OR s.free_at <= STATEMENT_TIMESTAMP())) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.limit_count) AS c), rb AS
+        AND s.slot_no < k.limit_count) AS c),
+  rb AS
   (SELECT r.*
    FROM kb AS k
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = k.queue
         AND limit_key IS NOT NULL
         AND limit_key = k.limit_key
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT LEAST(k.free, %(want)s)
       FOR UPDATE SKIP LOCKED) AS r
    WHERE k.free > 0),
-                                              c0 AS
+  c0 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -2367,18 +2543,19 @@ WITH RECURSIVE lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             0 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        0 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task" AS t
       WHERE status = 'RUNNING'
         AND queue_name = q.name
@@ -2396,7 +2573,7 @@ WITH RECURSIVE lim AS MATERIALIZED
       ORDER BY lease_expires_at
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                                              c1 AS
+  c1 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -2406,18 +2583,19 @@ WITH RECURSIVE lim AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             1 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        1 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
@@ -2425,11 +2603,12 @@ WITH RECURSIVE lim AS MATERIALIZED
         AND requested_run_after IS NULL
         AND started_at IS NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                                              c2 AS
+  c2 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -2460,18 +2639,19 @@ WITH RECURSIVE lim AS MATERIALIZED
          WHERE pr.p IS NOT NULL) SELECT d.*
       FROM pr
       CROSS JOIN LATERAL
-        (SELECT id,
-                version,
-                status,
-                worker_id,
-                last_attempted_at,
-                limit_key,
-                limit_count,
-                limit_period,
-                ctid AS at,
-                1 AS reclaim,
-                priority,
-                run_after
+        (SELECT
+           id,
+           version,
+           status,
+           worker_id,
+           last_attempted_at,
+           limit_key,
+           limit_count,
+           limit_period,
+           ctid AS at,
+           1 AS reclaim,
+           priority,
+           run_after
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = q.name
@@ -2483,45 +2663,48 @@ WITH RECURSIVE lim AS MATERIALIZED
          ORDER BY run_after
          LIMIT %(want)s
          FOR UPDATE SKIP LOCKED) AS d
-      ORDER BY d.priority DESC,
-               d.run_after
+      ORDER BY
+        d.priority DESC,
+        d.run_after
       LIMIT %(want)s) AS r),
-                                              c3 AS
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          at,
-          1 AS reclaim,
-          priority,
-          run_after
+  c3 AS
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     at,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM lr
    WHERE lr.queue IN
        (SELECT queue
         FROM nb
         WHERE NOT walk)),
-                                              c4 AS
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          at,
-          1 AS reclaim,
-          priority,
-          run_after
+  c4 AS
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     at,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM rb),
-                                              ce AS
+  ce AS
   (SELECT *
    FROM c0),
-                                              offer AS MATERIALIZED
+  offer AS MATERIALIZED
   (SELECT *
    FROM c0
    UNION ALL SELECT *
@@ -2532,9 +2715,10 @@ WITH RECURSIVE lim AS MATERIALIZED
    FROM c3
    UNION ALL SELECT *
    FROM c4), lf AS MATERIALIZED
-  (SELECT o.*,
-          row_number() OVER (PARTITION BY o.limit_key
-                             ORDER BY reclaim, priority DESC, run_after) AS rn
+  (SELECT
+     o.*,
+     row_number() OVER (PARTITION BY o.limit_key
+                        ORDER BY reclaim, priority DESC, run_after) AS rn
    FROM
      (SELECT *
       FROM offer
@@ -2542,25 +2726,30 @@ WITH RECURSIVE lim AS MATERIALIZED
         AND id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
         AND NOT (false)
-      ORDER BY reclaim,
-               priority DESC,
-               run_after
-      LIMIT %(want)s) AS o), lk AS
-  (SELECT limit_key,
-          max(limit_count) AS n,
-          count(*) AS rows
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after
+      LIMIT %(want)s) AS o),
+  lk AS
+  (SELECT
+     limit_key,
+     max(limit_count) AS n,
+     count(*) AS rows
    FROM lf
    GROUP BY limit_key),
-                             sf AS MATERIALIZED
-  (SELECT x.id,
-          x."key",
-          row_number() OVER (PARTITION BY x."key"
-                             ORDER BY x.slot_no) AS rn
+  sf AS MATERIALIZED
+  (SELECT
+     x.id,
+     x."key",
+     row_number() OVER (PARTITION BY x."key"
+                        ORDER BY x.slot_no) AS rn
    FROM lk
    CROSS JOIN LATERAL
-     (SELECT s.id,
-             s."key",
-             s.slot_no
+     (SELECT
+        s.id,
+        s."key",
+        s.slot_no
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = lk.limit_key
         AND s.slot_no < lk.n
@@ -2568,62 +2757,71 @@ WITH RECURSIVE lim AS MATERIALIZED
              OR s.free_at <= STATEMENT_TIMESTAMP())
       ORDER BY s.slot_no
       LIMIT lk.rows
-      FOR UPDATE OF s SKIP LOCKED) AS x), ok AS
-  (SELECT offer.*,
-          NULL::bigint AS slot_id
+      FOR UPDATE OF s SKIP LOCKED) AS x),
+  ok AS
+  (SELECT
+     offer.*,
+     NULL::bigint AS slot_id
    FROM offer
    WHERE limit_key IS NULL
-   UNION ALL SELECT lf.id,
-                    lf.version,
-                    lf.status,
-                    lf.worker_id,
-                    lf.last_attempted_at,
-                    lf.limit_key,
-                    lf.limit_count,
-                    lf.limit_period,
-                    lf.at,
-                    lf.reclaim,
-                    lf.priority,
-                    lf.run_after,
-                    sf.id
+   UNION ALL SELECT
+     lf.id,
+     lf.version,
+     lf.status,
+     lf.worker_id,
+     lf.last_attempted_at,
+     lf.limit_key,
+     lf.limit_count,
+     lf.limit_period,
+     lf.at,
+     lf.reclaim,
+     lf.priority,
+     lf.run_after,
+     sf.id
    FROM lf
    JOIN sf ON sf."key" = lf.limit_key
    AND sf.rn = lf.rn),
-                                          go AS
+  go AS
   (SELECT *
    FROM
      (SELECT *
       FROM ok) u
    WHERE NOT (false)
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
-   LIMIT %(want)s), taken AS
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
+   LIMIT %(want)s),
+  taken AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET holder_id = CASE
-                       WHEN go.limit_period > 0 THEN NULL
-                       ELSE go.id
-                   END,
-                   holder_version = CASE
-                                        WHEN go.limit_period > 0 THEN NULL
-                                        ELSE go.version + 1
-                                    END,
-                                    last_started_at = STATEMENT_TIMESTAMP(),
-                                    free_at = STATEMENT_TIMESTAMP() + CASE
-                                                                          WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
-                                                                          ELSE %(lease)s
-                                                                      END * INTERVAL '1 second'
+   SET holder_id =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.id
+     END,
+     holder_version =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.version + 1
+     END,
+     last_started_at = STATEMENT_TIMESTAMP(),
+     free_at = STATEMENT_TIMESTAMP() + CASE
+                                           WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
+                                           ELSE %(lease)s
+                                       END * INTERVAL '1 second'
    FROM go
    WHERE s.id = go.slot_id),
-                    claimed AS
+  claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -2631,153 +2829,160 @@ WITH RECURSIVE lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM ce)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM ce
+                             WHERE limit_key IS NOT NULL)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM
+                               (SELECT u.name
+                                FROM unnest(%(queues)s::text[]) AS u(name)
+                                WHERE NOT EXISTS
+                                    (SELECT 1
+                                     FROM django_rdbtasks_pausedqueue AS p
+                                     WHERE p.queue_name = u.name)) AS q(name)
+                             CROSS JOIN LATERAL
+                               (SELECT limit_key
+                                FROM ONLY "django_rdbtasks_task"
+                                WHERE status = 'RUNNING'
+                                  AND queue_name = q.name
+                                  AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                                ORDER BY lease_expires_at
+                                LIMIT %(want)s) AS x
+                             WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN EXISTS
                                  (SELECT 1
-                                  FROM ce
-                                  WHERE limit_key IS NOT NULL)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM
-                                    (SELECT u.name
-                                     FROM unnest(%(queues)s::text[]) AS u(name)
-                                     WHERE NOT EXISTS
-                                         (SELECT 1
-                                          FROM django_rdbtasks_pausedqueue AS p
-                                          WHERE p.queue_name = u.name)) AS q(name)
-                                  CROSS JOIN LATERAL
-                                    (SELECT limit_key
-                                     FROM ONLY "django_rdbtasks_task"
-                                     WHERE status = 'RUNNING'
-                                       AND queue_name = q.name
-                                       AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                                     ORDER BY lease_expires_at
-                                     LIMIT %(want)s) AS x
-                                  WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                                  FROM nb
+                                  WHERE walk) THEN 'walk'
                       END, CASE
                                WHEN EXISTS
-                                      (SELECT 1
-                                       FROM nb
-                                       WHERE walk) THEN 'walk'
-                           END, CASE
-                                    WHEN EXISTS
-                                           (SELECT next_at
-                                            FROM ka
-                                            WHERE free < rows
-                                            UNION ALL SELECT next_at
-                                            FROM kb
-                                            WHERE free = 0) THEN 'held'
-                                END),
-       jsonb_build_object('wait',
-                            (SELECT EXTRACT(EPOCH
-                                            FROM min(next_at) - STATEMENT_TIMESTAMP())
-                             FROM
-                               (SELECT next_at
-                                FROM ka
-                                WHERE free < rows
-                                UNION ALL SELECT next_at
-                                FROM kb
-                                WHERE free = 0) AS h), 'lost',
-                            (SELECT count(*)
-                             FROM lf) -
-                            (SELECT count(*)
-                             FROM sf)),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                                      (SELECT next_at
+                                       FROM ka
+                                       WHERE free < rows
+                                       UNION ALL SELECT next_at
+                                       FROM kb
+                                       WHERE free = 0) THEN 'held'
+                           END),
+  jsonb_build_object('wait',
+                       (SELECT EXTRACT(EPOCH
+                                       FROM min(next_at) - STATEMENT_TIMESTAMP())
+                        FROM
+                          (SELECT next_at
+                           FROM ka
+                           WHERE free < rows
+                           UNION ALL SELECT next_at
+                           FROM kb
+                           WHERE free = 0) AS h), 'lost',
+                       (SELECT count(*)
+                        FROM lf) -
+                       (SELECT count(*)
+                        FROM sf)),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'm',
-       NULL,
-       NULL,
-       NULL,
-       jsonb_build_array(limit_key, n, period),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'm',
+  NULL,
+  NULL,
+  NULL,
+  jsonb_build_array(limit_key, n, period),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM
-  (SELECT DISTINCT limit_key,
-                   n,
-                   period
+  (SELECT DISTINCT
+     limit_key,
+     n,
+     period
    FROM
-     (SELECT limit_key,
-             n,
-             period,
-             have
+     (SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM ka
-      UNION ALL SELECT limit_key,
-                       n,
-                       period,
-                       have
+      UNION ALL SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM kb) AS k
    WHERE have < n) AS m;
 
@@ -2785,17 +2990,20 @@ FROM
 -- The common round: a success written and its row moved to the finished table, then the lean
 -- claim, in one statement.
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%(ids)s::uuid[])))
      FOR
-     UPDATE SKIP LOCKED), d0 AS
+     UPDATE SKIP LOCKED),
+  d0 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -2805,77 +3013,81 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('SUCCESSFUL')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               (c.rv)::jsonb AS "return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h0 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d0),
-                          busy AS
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -2892,7 +3104,7 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %(worker)s
         OFFSET 0) AS t),
-                          lim AS MATERIALIZED
+  lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
       FROM
@@ -2920,18 +3132,19 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -2951,18 +3164,19 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      1 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 1 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task"
                WHERE status = 'READY'
                  AND queue_name = q.name
@@ -2973,8 +3187,9 @@ WITH mine AS MATERIALIZED
                  AND NOT
                    (SELECT limited
                     FROM lim)
-               ORDER BY priority DESC,
-                        run_after
+               ORDER BY
+                 priority DESC,
+                 run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -3007,18 +3222,19 @@ WITH mine AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -3032,43 +3248,48 @@ WITH mine AS MATERIALIZED
                        FROM lim)
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -3085,13 +3306,15 @@ WITH mine AS MATERIALIZED
                  WHERE limit_key IS NOT NULL))
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -3099,127 +3322,132 @@ WITH mine AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'd',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'd',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM d0
 UNION ALL
-SELECT 'b',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'b',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM busy
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL;
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL;
 
 -- name: round_claim_lean_optimistic_bounded
 -- The lean claim, optimistic, read from the lane's frontier (db/frontier.py): the fresh rows per
@@ -3242,16 +3470,18 @@ WITH lim AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), fq AS MATERIALIZED
-  (SELECT f.queue,
-          f.priority,
-          min(f.start) AS start
+  (SELECT
+     f.queue,
+     f.priority,
+     min(f.start) AS start
    FROM
      (SELECT *
       FROM unnest(%(fresh_queues)s::text[], %(fresh_priorities)s::int[], %(fresh_from)s::timestamptz[]) AS a
         (queue, priority, start)
-      UNION ALL SELECT q.name,
-                       w.p,
-                       '-infinity'::timestamptz
+      UNION ALL SELECT
+        q.name,
+        w.p,
+        '-infinity'::timestamptz
       FROM
         (SELECT u.name
          FROM unnest(%(queues)s::text[]) AS u(name)
@@ -3282,8 +3512,9 @@ WITH lim AS MATERIALIZED
          FROM pr
          WHERE p IS NOT NULL) AS w
       WHERE %(discover)s) AS f
-   GROUP BY f.queue,
-            f.priority), pool AS MATERIALIZED
+   GROUP BY
+     f.queue,
+     f.priority), pool AS MATERIALIZED
   (SELECT *
    FROM (
            (SELECT r.*
@@ -3300,18 +3531,19 @@ WITH lim AS MATERIALIZED
                  (queue, start)
                WHERE a.queue = q.name) AS lf
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -3335,18 +3567,19 @@ WITH lim AS MATERIALIZED
               (SELECT b.*
                FROM fq
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -3362,8 +3595,9 @@ WITH lim AS MATERIALIZED
                   ORDER BY run_after
                   LIMIT %(pool)s) AS b
                WHERE fq.queue = q.name
-               ORDER BY b.priority DESC,
-                        b.run_after
+               ORDER BY
+                 b.priority DESC,
+                 b.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -3396,18 +3630,19 @@ WITH lim AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -3421,43 +3656,48 @@ WITH lim AS MATERIALIZED
                        FROM lim)
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -3474,13 +3714,15 @@ WITH lim AS MATERIALIZED
                  WHERE limit_key IS NOT NULL))
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -3488,152 +3730,157 @@ WITH lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'r',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       fq.queue,
-       NULL,
-       fq.priority,
-       NULL,
-       NULL,
-       NULL,
-       COALESCE(
-                  (SELECT run_after
-                   FROM ONLY "django_rdbtasks_task"
-                   WHERE status = 'READY'
-                     AND queue_name = fq.queue
-                     AND limit_key IS NULL
-                     AND requested_run_after IS NULL
-                     AND started_at IS NULL
-                     AND priority = fq.priority
-                     AND run_after >= fq.start
-                     AND run_after <= STATEMENT_TIMESTAMP()
-                     AND id NOT IN
-                       (SELECT id
-                        FROM claimed)
-                   ORDER BY run_after
-                   LIMIT 1), STATEMENT_TIMESTAMP()),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'r',
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  fq.queue,
+  NULL,
+  fq.priority,
+  NULL,
+  NULL,
+  NULL,
+  COALESCE(
+             (SELECT run_after
+              FROM ONLY "django_rdbtasks_task"
+              WHERE status = 'READY'
+                AND queue_name = fq.queue
+                AND limit_key IS NULL
+                AND requested_run_after IS NULL
+                AND started_at IS NULL
+                AND priority = fq.priority
+                AND run_after >= fq.start
+                AND run_after <= STATEMENT_TIMESTAMP()
+                AND id NOT IN
+                  (SELECT id
+                   FROM claimed)
+              ORDER BY run_after
+              LIMIT 1), STATEMENT_TIMESTAMP()),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM fq
 UNION ALL
-SELECT 'l',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       q.name,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       COALESCE(
-                  (SELECT lease_expires_at
-                   FROM ONLY "django_rdbtasks_task"
-                   WHERE status = 'RUNNING'
-                     AND queue_name = q.name
-                     AND lease_expires_at >= lf.start
-                     AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                     AND id NOT IN
-                       (SELECT id
-                        FROM claimed)
-                   ORDER BY lease_expires_at
-                   LIMIT 1), STATEMENT_TIMESTAMP()),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'l',
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  q.name,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  COALESCE(
+             (SELECT lease_expires_at
+              FROM ONLY "django_rdbtasks_task"
+              WHERE status = 'RUNNING'
+                AND queue_name = q.name
+                AND lease_expires_at >= lf.start
+                AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                AND id NOT IN
+                  (SELECT id
+                   FROM claimed)
+              ORDER BY lease_expires_at
+              LIMIT 1), STATEMENT_TIMESTAMP()),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL
   (SELECT COALESCE(max(a.start), '-infinity'::timestamptz) AS start
@@ -3662,16 +3909,18 @@ WITH lim AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), fq AS MATERIALIZED
-  (SELECT f.queue,
-          f.priority,
-          min(f.start) AS start
+  (SELECT
+     f.queue,
+     f.priority,
+     min(f.start) AS start
    FROM
      (SELECT *
       FROM unnest(%(fresh_queues)s::text[], %(fresh_priorities)s::int[], %(fresh_from)s::timestamptz[]) AS a
         (queue, priority, start)
-      UNION ALL SELECT q.name,
-                       w.p,
-                       '-infinity'::timestamptz
+      UNION ALL SELECT
+        q.name,
+        w.p,
+        '-infinity'::timestamptz
       FROM
         (SELECT u.name
          FROM unnest(%(queues)s::text[]) AS u(name)
@@ -3702,8 +3951,10 @@ WITH lim AS MATERIALIZED
          FROM pr
          WHERE p IS NOT NULL) AS w
       WHERE %(discover)s) AS f
-   GROUP BY f.queue,
-            f.priority), c0 AS
+   GROUP BY
+     f.queue,
+     f.priority),
+  c0 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -3718,18 +3969,19 @@ WITH lim AS MATERIALIZED
         (queue, start)
       WHERE a.queue = q.name) AS lf
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             0 AS reclaim,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        0 AS reclaim,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task" AS t
       WHERE status = 'RUNNING'
         AND queue_name = q.name
@@ -3743,7 +3995,7 @@ WITH lim AS MATERIALIZED
       ORDER BY lease_expires_at
       LIMIT %(want)s
       FOR UPDATE SKIP LOCKED) AS r),
-                         c1 AS
+  c1 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -3756,18 +4008,19 @@ WITH lim AS MATERIALIZED
      (SELECT b.*
       FROM fq
       CROSS JOIN LATERAL
-        (SELECT id,
-                version,
-                status,
-                worker_id,
-                last_attempted_at,
-                limit_key,
-                limit_count,
-                limit_period,
-                ctid AS at,
-                1 AS reclaim,
-                priority,
-                run_after
+        (SELECT
+           id,
+           version,
+           status,
+           worker_id,
+           last_attempted_at,
+           limit_key,
+           limit_count,
+           limit_period,
+           ctid AS at,
+           1 AS reclaim,
+           priority,
+           run_after
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = q.name
@@ -3784,10 +4037,11 @@ WITH lim AS MATERIALIZED
          LIMIT %(want)s
          FOR UPDATE SKIP LOCKED) AS b
       WHERE fq.queue = q.name
-      ORDER BY b.priority DESC,
-               b.run_after
+      ORDER BY
+        b.priority DESC,
+        b.run_after
       LIMIT %(want)s) AS r),
-                         c2 AS
+  c2 AS
   (SELECT r.*
    FROM
      (SELECT u.name
@@ -3818,18 +4072,19 @@ WITH lim AS MATERIALIZED
          WHERE pr.p IS NOT NULL) SELECT d.*
       FROM pr
       CROSS JOIN LATERAL
-        (SELECT id,
-                version,
-                status,
-                worker_id,
-                last_attempted_at,
-                limit_key,
-                limit_count,
-                limit_period,
-                ctid AS at,
-                1 AS reclaim,
-                priority,
-                run_after
+        (SELECT
+           id,
+           version,
+           status,
+           worker_id,
+           last_attempted_at,
+           limit_key,
+           limit_count,
+           limit_period,
+           ctid AS at,
+           1 AS reclaim,
+           priority,
+           run_after
          FROM ONLY "django_rdbtasks_task"
          WHERE status = 'READY'
            AND queue_name = q.name
@@ -3844,13 +4099,14 @@ WITH lim AS MATERIALIZED
          ORDER BY run_after
          LIMIT %(want)s
          FOR UPDATE SKIP LOCKED) AS d
-      ORDER BY d.priority DESC,
-               d.run_after
+      ORDER BY
+        d.priority DESC,
+        d.run_after
       LIMIT %(want)s) AS r),
-                         ce AS
+  ce AS
   (SELECT *
    FROM c0),
-                         go AS
+  go AS
   (SELECT *
    FROM
      (SELECT *
@@ -3863,18 +4119,21 @@ WITH lim AS MATERIALIZED
                 (SELECT 1
                  FROM ce
                  WHERE limit_key IS NOT NULL))
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -3882,152 +4141,157 @@ WITH lim AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM ce)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM ce
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM ce
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'r',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       fq.queue,
-       NULL,
-       fq.priority,
-       NULL,
-       NULL,
-       NULL,
-       COALESCE(
-                  (SELECT run_after
-                   FROM ONLY "django_rdbtasks_task"
-                   WHERE status = 'READY'
-                     AND queue_name = fq.queue
-                     AND limit_key IS NULL
-                     AND requested_run_after IS NULL
-                     AND started_at IS NULL
-                     AND priority = fq.priority
-                     AND run_after >= fq.start
-                     AND run_after <= STATEMENT_TIMESTAMP()
-                     AND id NOT IN
-                       (SELECT id
-                        FROM claimed)
-                   ORDER BY run_after
-                   LIMIT 1), STATEMENT_TIMESTAMP()),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'r',
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  fq.queue,
+  NULL,
+  fq.priority,
+  NULL,
+  NULL,
+  NULL,
+  COALESCE(
+             (SELECT run_after
+              FROM ONLY "django_rdbtasks_task"
+              WHERE status = 'READY'
+                AND queue_name = fq.queue
+                AND limit_key IS NULL
+                AND requested_run_after IS NULL
+                AND started_at IS NULL
+                AND priority = fq.priority
+                AND run_after >= fq.start
+                AND run_after <= STATEMENT_TIMESTAMP()
+                AND id NOT IN
+                  (SELECT id
+                   FROM claimed)
+              ORDER BY run_after
+              LIMIT 1), STATEMENT_TIMESTAMP()),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM fq
 UNION ALL
-SELECT 'l',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       q.name,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       COALESCE(
-                  (SELECT lease_expires_at
-                   FROM ONLY "django_rdbtasks_task"
-                   WHERE status = 'RUNNING'
-                     AND queue_name = q.name
-                     AND lease_expires_at >= lf.start
-                     AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                     AND id NOT IN
-                       (SELECT id
-                        FROM claimed)
-                   ORDER BY lease_expires_at
-                   LIMIT 1), STATEMENT_TIMESTAMP()),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'l',
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  q.name,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  COALESCE(
+             (SELECT lease_expires_at
+              FROM ONLY "django_rdbtasks_task"
+              WHERE status = 'RUNNING'
+                AND queue_name = q.name
+                AND lease_expires_at >= lf.start
+                AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                AND id NOT IN
+                  (SELECT id
+                   FROM claimed)
+              ORDER BY lease_expires_at
+              LIMIT 1), STATEMENT_TIMESTAMP()),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL
   (SELECT COALESCE(max(a.start), '-infinity'::timestamptz) AS start
@@ -4039,17 +4303,20 @@ CROSS JOIN LATERAL
 -- The common round of a worker that listens: a success written and moved, then the lean claim read
 -- from the lane's frontier.
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%(ids)s::uuid[])))
      FOR
-     UPDATE SKIP LOCKED), d0 AS
+     UPDATE SKIP LOCKED),
+  d0 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -4059,77 +4326,81 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('SUCCESSFUL')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               (c.rv)::jsonb AS "return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h0 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d0),
-                          busy AS
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -4146,7 +4417,7 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %(worker)s
         OFFSET 0) AS t),
-                          lim AS MATERIALIZED
+  lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
       FROM
@@ -4163,16 +4434,18 @@ WITH mine AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), fq AS MATERIALIZED
-  (SELECT f.queue,
-          f.priority,
-          min(f.start) AS start
+  (SELECT
+     f.queue,
+     f.priority,
+     min(f.start) AS start
    FROM
      (SELECT *
       FROM unnest(%(fresh_queues)s::text[], %(fresh_priorities)s::int[], %(fresh_from)s::timestamptz[]) AS a
         (queue, priority, start)
-      UNION ALL SELECT q.name,
-                       w.p,
-                       '-infinity'::timestamptz
+      UNION ALL SELECT
+        q.name,
+        w.p,
+        '-infinity'::timestamptz
       FROM
         (SELECT u.name
          FROM unnest(%(queues)s::text[]) AS u(name)
@@ -4203,8 +4476,9 @@ WITH mine AS MATERIALIZED
          FROM pr
          WHERE p IS NOT NULL) AS w
       WHERE %(discover)s) AS f
-   GROUP BY f.queue,
-            f.priority), pool AS MATERIALIZED
+   GROUP BY
+     f.queue,
+     f.priority), pool AS MATERIALIZED
   (SELECT *
    FROM (
            (SELECT r.*
@@ -4221,18 +4495,19 @@ WITH mine AS MATERIALIZED
                  (queue, start)
                WHERE a.queue = q.name) AS lf
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -4256,18 +4531,19 @@ WITH mine AS MATERIALIZED
               (SELECT b.*
                FROM fq
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -4283,8 +4559,9 @@ WITH mine AS MATERIALIZED
                   ORDER BY run_after
                   LIMIT %(pool)s) AS b
                WHERE fq.queue = q.name
-               ORDER BY b.priority DESC,
-                        b.run_after
+               ORDER BY
+                 b.priority DESC,
+                 b.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -4317,18 +4594,19 @@ WITH mine AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -4342,43 +4620,48 @@ WITH mine AS MATERIALIZED
                        FROM lim)
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -4395,13 +4678,15 @@ WITH mine AS MATERIALIZED
                  WHERE limit_key IS NOT NULL))
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -4409,206 +4694,213 @@ WITH mine AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'd',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'd',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM d0
 UNION ALL
-SELECT 'b',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'b',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM busy
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'r',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       fq.queue,
-       NULL,
-       fq.priority,
-       NULL,
-       NULL,
-       NULL,
-       COALESCE(
-                  (SELECT run_after
-                   FROM ONLY "django_rdbtasks_task"
-                   WHERE status = 'READY'
-                     AND queue_name = fq.queue
-                     AND limit_key IS NULL
-                     AND requested_run_after IS NULL
-                     AND started_at IS NULL
-                     AND priority = fq.priority
-                     AND run_after >= fq.start
-                     AND run_after <= STATEMENT_TIMESTAMP()
-                     AND id NOT IN
-                       (SELECT id
-                        FROM claimed)
-                   ORDER BY run_after
-                   LIMIT 1), STATEMENT_TIMESTAMP()),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'r',
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  fq.queue,
+  NULL,
+  fq.priority,
+  NULL,
+  NULL,
+  NULL,
+  COALESCE(
+             (SELECT run_after
+              FROM ONLY "django_rdbtasks_task"
+              WHERE status = 'READY'
+                AND queue_name = fq.queue
+                AND limit_key IS NULL
+                AND requested_run_after IS NULL
+                AND started_at IS NULL
+                AND priority = fq.priority
+                AND run_after >= fq.start
+                AND run_after <= STATEMENT_TIMESTAMP()
+                AND id NOT IN
+                  (SELECT id
+                   FROM claimed)
+              ORDER BY run_after
+              LIMIT 1), STATEMENT_TIMESTAMP()),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM fq
 UNION ALL
-SELECT 'l',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       q.name,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       COALESCE(
-                  (SELECT lease_expires_at
-                   FROM ONLY "django_rdbtasks_task"
-                   WHERE status = 'RUNNING'
-                     AND queue_name = q.name
-                     AND lease_expires_at >= lf.start
-                     AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                     AND id NOT IN
-                       (SELECT id
-                        FROM claimed)
-                   ORDER BY lease_expires_at
-                   LIMIT 1), STATEMENT_TIMESTAMP()),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'l',
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  q.name,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  COALESCE(
+             (SELECT lease_expires_at
+              FROM ONLY "django_rdbtasks_task"
+              WHERE status = 'RUNNING'
+                AND queue_name = q.name
+                AND lease_expires_at >= lf.start
+                AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                AND id NOT IN
+                  (SELECT id
+                   FROM claimed)
+              ORDER BY lease_expires_at
+              LIMIT 1), STATEMENT_TIMESTAMP()),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL
   (SELECT COALESCE(max(a.start), '-infinity'::timestamptz) AS start
@@ -4621,17 +4913,20 @@ CROSS JOIN LATERAL
 -- written and moved, then rows without a limit only, in the lean form's reads (a limited row
 -- claimed ahead would hold its slot idle; rows.ClaimRequest.ahead).
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%(ids)s::uuid[])))
      FOR
-     UPDATE SKIP LOCKED), d0 AS
+     UPDATE SKIP LOCKED),
+  d0 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -4641,77 +4936,81 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('SUCCESSFUL')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               (c.rv)::jsonb AS "return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h0 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d0),
-                          busy AS
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -4728,7 +5027,7 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %(worker)s
         OFFSET 0) AS t),
-                          lim AS MATERIALIZED
+  lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
       FROM
@@ -4756,18 +5055,19 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -4785,18 +5085,19 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      1 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 1 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task"
                WHERE status = 'READY'
                  AND queue_name = q.name
@@ -4804,8 +5105,9 @@ WITH mine AS MATERIALIZED
                  AND requested_run_after IS NULL
                  AND started_at IS NULL
                  AND run_after <= STATEMENT_TIMESTAMP()
-               ORDER BY priority DESC,
-                        run_after
+               ORDER BY
+                 priority DESC,
+                 run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -4838,18 +5140,19 @@ WITH mine AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -4860,43 +5163,48 @@ WITH mine AS MATERIALIZED
                     AND run_after <= STATEMENT_TIMESTAMP()
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -4910,13 +5218,15 @@ WITH mine AS MATERIALIZED
    WHERE NOT (false)
    LIMIT %(want)s), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -4924,143 +5234,151 @@ WITH mine AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'd',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'd',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM d0
 UNION ALL
-SELECT 'b',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'b',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM busy
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL) THEN 'limited'
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN false THEN 'walk'
                       END, CASE
-                               WHEN false THEN 'walk'
-                           END, CASE
-                                    WHEN false THEN 'held'
-                                END),
-       NULL::jsonb,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL;
+                               WHEN false THEN 'held'
+                           END),
+  NULL::jsonb,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL;
 
 -- name: round_success_frees_slot_then_claim_window_optimistic
 -- A limited task's success frees its slot, which the claim of the window form may hand over to the
 -- key's next task (postgresql/limited.py).
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%(ids)s::uuid[])))
      FOR
-     UPDATE SKIP LOCKED), d0 AS
+     UPDATE SKIP LOCKED),
+  d0 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -5070,77 +5388,81 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('SUCCESSFUL')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               (c.rv)::jsonb AS "return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h0 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d0),
-                          busy AS
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -5157,14 +5479,16 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %(worker)s
         OFFSET 0) AS t),
-                          ended AS MATERIALIZED
-  (SELECT f.id,
-          f.version,
-          w.queue_name
+  ended AS MATERIALIZED
+  (SELECT
+     f.id,
+     f.version,
+     w.queue_name
    FROM unnest(%(ended_ids)s::uuid[], %(ended_versions)s::bigint[]) AS f(id, version)
    JOIN
-     (SELECT id,
-             queue_name
+     (SELECT
+        id,
+        queue_name
       FROM d0) AS w ON w.id = f.id), lim AS MATERIALIZED
   (SELECT EXISTS
      (SELECT 1
@@ -5182,8 +5506,9 @@ WITH mine AS MATERIALIZED
            AND queue_name = q.name
            AND limit_key IS NOT NULL
          LIMIT 1) AS x) AS limited), la AS MATERIALIZED
-  (SELECT q.name AS queue,
-          r.*
+  (SELECT
+     q.name AS queue,
+     r.*
    FROM
      (SELECT u.name
       FROM unnest(%(queues)s::text[]) AS u(name)
@@ -5192,66 +5517,74 @@ WITH mine AS MATERIALIZED
            FROM django_rdbtasks_pausedqueue AS p
            WHERE p.queue_name = u.name)) AS q(name)
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at,
-             priority,
-             run_after
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        priority,
+        run_after
       FROM ONLY "django_rdbtasks_task"
       WHERE status = 'READY'
         AND queue_name = q.name
         AND limit_key IS NOT NULL
         AND run_after <= STATEMENT_TIMESTAMP()
-      ORDER BY priority DESC,
-               run_after
+      ORDER BY
+        priority DESC,
+        run_after
       LIMIT %(pool)s) AS r), ka AS MATERIALIZED
-  (SELECT k.limit_key,
-          k.n,
-          k.period,
-          k.rows,
-          c.have,
-          c.free,
-          c.next_at
+  (SELECT
+     k.limit_key,
+     k.n,
+     k.period,
+     k.rows,
+     c.have,
+     c.free,
+     c.next_at
    FROM
-     (SELECT limit_key,
-             max(limit_count) AS n,
-             max(limit_period) AS period,
-             count(*) AS rows
+     (SELECT
+        limit_key,
+        max(limit_count) AS n,
+        max(limit_period) AS period,
+        count(*) AS rows
       FROM la
       GROUP BY limit_key) AS k
    CROSS JOIN LATERAL
-     (SELECT count(*) AS have,
-             count(*) FILTER (
-                              WHERE ((s.free_at IS NULL
-                                      OR s.free_at <= STATEMENT_TIMESTAMP())
-                                     OR (s.holder_id, s.holder_version) IN
-                                       (SELECT id, version
-                                        FROM ended))) AS free,
-             min(s.free_at) FILTER (
-                                    WHERE (((s.free_at IS NULL
-                                             OR s.free_at <= STATEMENT_TIMESTAMP())
-                                            OR (s.holder_id, s.holder_version) IN
-                                              (SELECT id, version
-                                               FROM ended))) IS NOT TRUE) AS next_at
+     (SELECT
+        count(*) AS have,
+        count(*) FILTER (
+                         WHERE ((s.free_at IS NULL
+                                 OR s.free_at <= STATEMENT_TIMESTAMP())
+                                OR (s.holder_id, s.holder_version) IN
+                                  (SELECT id, version
+                                   FROM ended))) AS free,
+        min(s.free_at) FILTER (
+                               WHERE (((s.free_at IS NULL
+                                        OR s.free_at <= STATEMENT_TIMESTAMP())
+                                       OR (s.holder_id, s.holder_version) IN
+                                         (SELECT id, version
+                                          FROM ended))) IS NOT TRUE) AS next_at
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = k.limit_key
-        AND s.slot_no < k.n) AS c), lr AS
+        AND s.slot_no < k.n) AS c),
+  lr AS
   (SELECT a.*
    FROM
-     (SELECT la.*,
-             row_number() OVER (PARTITION BY la.queue, la.limit_key
-                                ORDER BY la.priority DESC, la.run_after) AS rn
+     (SELECT
+        la.*,
+        row_number() OVER (PARTITION BY la.queue, la.limit_key
+                           ORDER BY la.priority DESC, la.run_after) AS rn
       FROM la) AS a
    JOIN ka ON ka.limit_key = a.limit_key
    WHERE a.rn <= ka.free),
-                                    nb AS MATERIALIZED
-  (SELECT q.name AS queue,
+  nb AS MATERIALIZED
+  (SELECT
+     q.name AS queue,
 
      (SELECT count(*)
       FROM la
@@ -5278,18 +5611,19 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      0 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 0 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task" AS t
                WHERE status = 'RUNNING'
                  AND queue_name = q.name
@@ -5314,18 +5648,19 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT id,
-                      version,
-                      status,
-                      worker_id,
-                      last_attempted_at,
-                      limit_key,
-                      limit_count,
-                      limit_period,
-                      ctid AS at,
-                      1 AS reclaim,
-                      priority,
-                      run_after
+              (SELECT
+                 id,
+                 version,
+                 status,
+                 worker_id,
+                 last_attempted_at,
+                 limit_key,
+                 limit_count,
+                 limit_period,
+                 ctid AS at,
+                 1 AS reclaim,
+                 priority,
+                 run_after
                FROM ONLY "django_rdbtasks_task"
                WHERE status = 'READY'
                  AND queue_name = q.name
@@ -5333,8 +5668,9 @@ WITH mine AS MATERIALIZED
                  AND requested_run_after IS NULL
                  AND started_at IS NULL
                  AND run_after <= STATEMENT_TIMESTAMP()
-               ORDER BY priority DESC,
-                        run_after
+               ORDER BY
+                 priority DESC,
+                 run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -5367,18 +5703,19 @@ WITH mine AS MATERIALIZED
                   WHERE pr.p IS NOT NULL) SELECT d.*
                FROM pr
                CROSS JOIN LATERAL
-                 (SELECT id,
-                         version,
-                         status,
-                         worker_id,
-                         last_attempted_at,
-                         limit_key,
-                         limit_count,
-                         limit_period,
-                         ctid AS at,
-                         1 AS reclaim,
-                         priority,
-                         run_after
+                 (SELECT
+                    id,
+                    version,
+                    status,
+                    worker_id,
+                    last_attempted_at,
+                    limit_key,
+                    limit_count,
+                    limit_period,
+                    ctid AS at,
+                    1 AS reclaim,
+                    priority,
+                    run_after
                   FROM ONLY "django_rdbtasks_task"
                   WHERE status = 'READY'
                     AND queue_name = q.name
@@ -5389,26 +5726,29 @@ WITH mine AS MATERIALIZED
                     AND run_after <= STATEMENT_TIMESTAMP()
                   ORDER BY run_after
                   LIMIT %(pool)s) AS d
-               ORDER BY d.priority DESC,
-                        d.run_after
+               ORDER BY
+                 d.priority DESC,
+                 d.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
-           (SELECT id,
-                   version,
-                   status,
-                   worker_id,
-                   last_attempted_at,
-                   limit_key,
-                   limit_count,
-                   limit_period,
-                   at,
-                   1 AS reclaim,
-                   priority,
-                   run_after
+           (SELECT
+              id,
+              version,
+              status,
+              worker_id,
+              last_attempted_at,
+              limit_key,
+              limit_count,
+              limit_period,
+              at,
+              1 AS reclaim,
+              priority,
+              run_after
             FROM lr)) u), lf AS MATERIALIZED
-  (SELECT o.*,
-          row_number() OVER (PARTITION BY o.limit_key
-                             ORDER BY reclaim, priority DESC, run_after) AS rn
+  (SELECT
+     o.*,
+     row_number() OVER (PARTITION BY o.limit_key
+                        ORDER BY reclaim, priority DESC, run_after) AS rn
    FROM
      (SELECT *
       FROM offer
@@ -5419,98 +5759,112 @@ WITH mine AS MATERIALIZED
                    (SELECT 1
                     FROM nb
                     WHERE walk))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after
-      LIMIT %(pool)s) AS o), lk AS
-  (SELECT limit_key,
-          max(limit_count) AS n,
-          count(*) AS rows
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after
+      LIMIT %(pool)s) AS o),
+  lk AS
+  (SELECT
+     limit_key,
+     max(limit_count) AS n,
+     count(*) AS rows
    FROM lf
    GROUP BY limit_key),
-                             sf AS MATERIALIZED
-  (SELECT x.id,
-          x."key",
-          row_number() OVER (PARTITION BY x."key"
-                             ORDER BY x.slot_no) AS rn
+  sf AS MATERIALIZED
+  (SELECT
+     x.id,
+     x."key",
+     row_number() OVER (PARTITION BY x."key"
+                        ORDER BY x.slot_no) AS rn
    FROM lk
    CROSS JOIN LATERAL
-     (SELECT s.id,
-             s."key",
-             s.slot_no
+     (SELECT
+        s.id,
+        s."key",
+        s.slot_no
       FROM "django_rdbtasks_limitslot" AS s
       WHERE s."key" = lk.limit_key
         AND s.slot_no < lk.n
         AND ((s.free_at IS NULL
               OR s.free_at <= STATEMENT_TIMESTAMP())
-             OR (s.holder_id,
-                 s.holder_version) IN
-               (SELECT id,
-                       version
+             OR (
+                   s.holder_id,
+                   s.holder_version) IN
+               (SELECT
+                  id,
+                  version
                 FROM ended))
       ORDER BY s.slot_no
       LIMIT lk.rows
-      FOR UPDATE OF s SKIP LOCKED) AS x), ok AS
-  (SELECT offer.*,
-          NULL::bigint AS slot_id
+      FOR UPDATE OF s SKIP LOCKED) AS x),
+  ok AS
+  (SELECT
+     offer.*,
+     NULL::bigint AS slot_id
    FROM offer
    WHERE limit_key IS NULL
-   UNION ALL SELECT lf.id,
-                    lf.version,
-                    lf.status,
-                    lf.worker_id,
-                    lf.last_attempted_at,
-                    lf.limit_key,
-                    lf.limit_count,
-                    lf.limit_period,
-                    lf.at,
-                    lf.reclaim,
-                    lf.priority,
-                    lf.run_after,
-                    sf.id
+   UNION ALL SELECT
+     lf.id,
+     lf.version,
+     lf.status,
+     lf.worker_id,
+     lf.last_attempted_at,
+     lf.limit_key,
+     lf.limit_count,
+     lf.limit_period,
+     lf.at,
+     lf.reclaim,
+     lf.priority,
+     lf.run_after,
+     sf.id
    FROM lf
    JOIN sf ON sf."key" = lf.limit_key
    AND sf.rn = lf.rn),
-                                          pool AS MATERIALIZED
+  pool AS MATERIALIZED
   (SELECT *
    FROM
      (SELECT *
       FROM ok) u
-   ORDER BY reclaim,
-            priority DESC,
-            run_after
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
    LIMIT %(pool)s), go AS
-  (SELECT t.id,
-          t.version,
-          t.status,
-          t.worker_id,
-          t.last_attempted_at,
-          t.limit_key,
-          t.limit_count,
-          t.limit_period,
-          t.at,
-          p.reclaim,
-          p.priority,
-          p.run_after,
-          p.slot_id
+  (SELECT
+     t.id,
+     t.version,
+     t.status,
+     t.worker_id,
+     t.last_attempted_at,
+     t.limit_key,
+     t.limit_count,
+     t.limit_period,
+     t.at,
+     p.reclaim,
+     p.priority,
+     p.run_after,
+     p.slot_id
    FROM
      (SELECT *
       FROM pool
       WHERE id NOT IN
           (SELECT unnest(%(finishing)s::uuid[]))
-      ORDER BY reclaim,
-               priority DESC,
-               run_after) AS p
+      ORDER BY
+        reclaim,
+        priority DESC,
+        run_after) AS p
    CROSS JOIN LATERAL
-     (SELECT id,
-             version,
-             status,
-             worker_id,
-             last_attempted_at,
-             limit_key,
-             limit_count,
-             limit_period,
-             ctid AS at
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at
       FROM ONLY "django_rdbtasks_task"
       WHERE id = p.id
         AND version = p.version
@@ -5525,42 +5879,49 @@ WITH mine AS MATERIALIZED
                 (SELECT 1
                  FROM nb
                  WHERE walk))
-   LIMIT %(want)s), taken AS
+   LIMIT %(want)s),
+  taken AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET holder_id = CASE
-                       WHEN go.limit_period > 0 THEN NULL
-                       ELSE go.id
-                   END,
-                   holder_version = CASE
-                                        WHEN go.limit_period > 0 THEN NULL
-                                        ELSE go.version + 1
-                                    END,
-                                    last_started_at = STATEMENT_TIMESTAMP(),
-                                    free_at = STATEMENT_TIMESTAMP() + CASE
-                                                                          WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
-                                                                          ELSE %(lease)s
-                                                                      END * INTERVAL '1 second'
+   SET holder_id =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.id
+     END,
+     holder_version =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.version + 1
+     END,
+     last_started_at = STATEMENT_TIMESTAMP(),
+     free_at = STATEMENT_TIMESTAMP() + CASE
+                                           WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
+                                           ELSE %(lease)s
+                                       END * INTERVAL '1 second'
    FROM go
    WHERE s.id = go.slot_id),
-                    freed AS
+  freed AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET free_at = NULL,
-       holder_id = NULL,
-       holder_version = NULL
+   SET
+     free_at = NULL,
+     holder_id = NULL,
+     holder_version = NULL
    FROM ended AS e
    WHERE s.holder_id = e.id
      AND s.holder_version = e.version
      AND s.id NOT IN
        (SELECT slot_id
         FROM go
-        WHERE slot_id IS NOT NULL) RETURNING s."key",
-                                             e.queue_name),
-                    told AS MATERIALIZED
-  (SELECT w.n,
-          pg_notify('rdbtasks_slot', w.queue_name)
+        WHERE slot_id IS NOT NULL) RETURNING
+     s."key",
+     e.queue_name),
+  told AS MATERIALIZED
+  (SELECT
+     w.n,
+     pg_notify('rdbtasks_slot', w.queue_name)
    FROM
-     (SELECT f.queue_name,
-             count(*) AS n
+     (SELECT
+        f.queue_name,
+        count(*) AS n
       FROM freed AS f
       CROSS JOIN LATERAL
         (SELECT 1
@@ -5571,13 +5932,15 @@ WITH mine AS MATERIALIZED
          LIMIT 1) AS x
       GROUP BY f.queue_name) AS w), claimed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'RUNNING',
-       version = t.version + 1,
-                 worker_id = %(claimer)s,
-                 lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
-                 attempts = t.attempts + 1,
-                 started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
-                 last_attempted_at = STATEMENT_TIMESTAMP()
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
    FROM go
    WHERE t.ctid = ANY(ARRAY
                         (SELECT at
@@ -5585,224 +5948,233 @@ WITH mine AS MATERIALIZED
      AND t.ctid = go.at
      AND t.id IS NOT DISTINCT
      FROM go.id
-     AND t.version = go.version RETURNING t.id,
-                                          t.version,
-                                          t.task_path,
-                                          t.args,
-                                          t.kwargs,
-                                          t.attempts,
-                                          t.max_attempts,
-                                          t.queue_name,
-                                          t.backend_name,
-                                          t.priority,
-                                          t.enqueued_at,
-                                          t.started_at,
-                                          t.last_attempted_at,
-                                          t.run_after,
-                                          t.history,
-                                          t.job_name,
-                                          t.checkpoint,
-                                          t.requested_run_after,
-                                          t.trace_context,
-                                          t.limit_key,
-                                          t.limit_period,
-                                          go.status AS prev_status,
-                                          go.worker_id AS prev_worker,
-                                          go.last_attempted_at AS prev_attempted)
-SELECT 'c',
-       claimed.*
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.*
 FROM claimed
 UNION ALL
-SELECT 'd',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'd',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM d0
 UNION ALL
-SELECT 'b',
-       id,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'b',
+  id,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM busy
 UNION ALL
-SELECT 'p',
-       NULL,
+SELECT
+  'p',
+  NULL,
 
   (SELECT count(*)
    FROM pool)::bigint,
-       concat_ws(',', CASE
-                          WHEN
-                                 (SELECT limited
-                                  FROM lim)
-                               OR EXISTS
+  concat_ws(',', CASE
+                     WHEN
+                            (SELECT limited
+                             FROM lim)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM pool
+                             WHERE limit_key IS NOT NULL)
+                          OR EXISTS
+                            (SELECT 1
+                             FROM
+                               (SELECT u.name
+                                FROM unnest(%(queues)s::text[]) AS u(name)
+                                WHERE NOT EXISTS
+                                    (SELECT 1
+                                     FROM django_rdbtasks_pausedqueue AS p
+                                     WHERE p.queue_name = u.name)) AS q(name)
+                             CROSS JOIN LATERAL
+                               (SELECT limit_key
+                                FROM ONLY "django_rdbtasks_task"
+                                WHERE status = 'RUNNING'
+                                  AND queue_name = q.name
+                                  AND lease_expires_at <= STATEMENT_TIMESTAMP()
+                                ORDER BY lease_expires_at
+                                LIMIT %(pool)s) AS x
+                             WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                 END, CASE
+                          WHEN EXISTS
                                  (SELECT 1
-                                  FROM pool
-                                  WHERE limit_key IS NOT NULL)
-                               OR EXISTS
-                                 (SELECT 1
-                                  FROM
-                                    (SELECT u.name
-                                     FROM unnest(%(queues)s::text[]) AS u(name)
-                                     WHERE NOT EXISTS
-                                         (SELECT 1
-                                          FROM django_rdbtasks_pausedqueue AS p
-                                          WHERE p.queue_name = u.name)) AS q(name)
-                                  CROSS JOIN LATERAL
-                                    (SELECT limit_key
-                                     FROM ONLY "django_rdbtasks_task"
-                                     WHERE status = 'RUNNING'
-                                       AND queue_name = q.name
-                                       AND lease_expires_at <= STATEMENT_TIMESTAMP()
-                                     ORDER BY lease_expires_at
-                                     LIMIT %(pool)s) AS x
-                                  WHERE x.limit_key IS NOT NULL) THEN 'limited'
+                                  FROM nb
+                                  WHERE walk) THEN 'walk'
                       END, CASE
                                WHEN EXISTS
-                                      (SELECT 1
-                                       FROM nb
-                                       WHERE walk) THEN 'walk'
-                           END, CASE
-                                    WHEN EXISTS
-                                           (SELECT next_at
-                                            FROM ka
-                                            WHERE free < rows) THEN 'held'
-                                END),
-       jsonb_build_object('wait',
-                            (SELECT EXTRACT(EPOCH
-                                            FROM min(next_at) - STATEMENT_TIMESTAMP())
-                             FROM
-                               (SELECT next_at
-                                FROM ka
-                                WHERE free < rows) AS h), 'lost',
-                            (SELECT count(*)
-                             FROM lf) -
-                            (SELECT count(*)
-                             FROM sf)),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+                                      (SELECT next_at
+                                       FROM ka
+                                       WHERE free < rows) THEN 'held'
+                           END),
+  jsonb_build_object('wait',
+                       (SELECT EXTRACT(EPOCH
+                                       FROM min(next_at) - STATEMENT_TIMESTAMP())
+                        FROM
+                          (SELECT next_at
+                           FROM ka
+                           WHERE free < rows) AS h), 'lost',
+                       (SELECT count(*)
+                        FROM lf) -
+                       (SELECT count(*)
+                        FROM sf)),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'f',
-       NULL,
+SELECT
+  'f',
+  NULL,
 
   (SELECT COALESCE(sum(n), 0)
    FROM told)::bigint,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 UNION ALL
-SELECT 'm',
-       NULL,
-       NULL,
-       NULL,
-       jsonb_build_array(limit_key, n, period),
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
+SELECT
+  'm',
+  NULL,
+  NULL,
+  NULL,
+  jsonb_build_array(limit_key, n, period),
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
 FROM
-  (SELECT DISTINCT limit_key,
-                   n,
-                   period
+  (SELECT DISTINCT
+     limit_key,
+     n,
+     period
    FROM
-     (SELECT limit_key,
-             n,
-             period,
-             have
+     (SELECT
+        limit_key,
+        n,
+        period,
+        have
       FROM ka) AS k
    WHERE have < n) AS m;
 
@@ -5810,17 +6182,20 @@ FROM
 -- Outcomes of every kind written, no claim: what a round writes when the worker wants nothing more
 -- (shutdown, claimed ahead).
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%(ids)s::uuid[])))
      FOR
-     UPDATE SKIP LOCKED), d0 AS
+     UPDATE SKIP LOCKED),
+  d0 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -5830,81 +6205,86 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('SUCCESSFUL')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               (c.rv)::jsonb AS "return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h0 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d0),
-                          d1 AS
+  d1 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows1)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -5914,87 +6294,94 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('FAILED')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               t."return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h1 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('FAILED')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     t."return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h1 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d1),
-                          d2 AS
+  d2 AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'READY',
-       version = t.version + 1,
-                 lease_expires_at = NULL,
-                 worker_id = '',
-                 run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
-                 history = t.history || jsonb_build_array(c.entry::jsonb)
+   SET
+     status = 'READY',
+     version =
+     t.version + 1,
+     lease_expires_at = NULL,
+     worker_id = '',
+     run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
+     history = t.history || jsonb_build_array(c.entry::jsonb)
    FROM
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows2)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -6003,18 +6390,22 @@ WITH mine AS MATERIALIZED
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %(worker)s RETURNING t.id,
-                                      t.queue_name),
-                          d3 AS
+          END) = %(worker)s RETURNING
+     t.id,
+     t.queue_name),
+  d3 AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'READY',
-       version = t.version + 1,
-                 lease_expires_at = NULL,
-                 worker_id = '',
-                 attempts = t.attempts - 1
+   SET
+     status = 'READY',
+     version =
+     t.version + 1,
+     lease_expires_at = NULL,
+     worker_id = '',
+     attempts = t.attempts - 1
    FROM
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows3)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -6023,19 +6414,23 @@ WITH mine AS MATERIALIZED
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %(worker)s RETURNING t.id,
-                                      t.queue_name),
-                          d4 AS
+          END) = %(worker)s RETURNING
+     t.id,
+     t.queue_name),
+  d4 AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'READY',
-       version = t.version + 1,
-                 lease_expires_at = NULL,
-                 worker_id = '',
-                 attempts = t.attempts - 1,
-                 run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second')
+   SET
+     status = 'READY',
+     version =
+     t.version + 1,
+     lease_expires_at = NULL,
+     worker_id = '',
+     attempts = t.attempts - 1,
+     run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second')
    FROM
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows4)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -6044,20 +6439,24 @@ WITH mine AS MATERIALIZED
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %(worker)s RETURNING t.id,
-                                      t.queue_name),
-                          d5 AS
+          END) = %(worker)s RETURNING
+     t.id,
+     t.queue_name),
+  d5 AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
-   SET status = 'READY',
-       version = t.version + 1,
-                 lease_expires_at = NULL,
-                 worker_id = '',
-                 attempts = t.attempts - 1,
-                 run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
-                 history = t.history || jsonb_build_array(c.entry::jsonb)
+   SET
+     status = 'READY',
+     version =
+     t.version + 1,
+     lease_expires_at = NULL,
+     worker_id = '',
+     attempts = t.attempts - 1,
+     run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
+     history = t.history || jsonb_build_array(c.entry::jsonb)
    FROM
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows5)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -6066,13 +6465,15 @@ WITH mine AS MATERIALIZED
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %(worker)s RETURNING t.id,
-                                      t.queue_name),
-                          d6 AS
+          END) = %(worker)s RETURNING
+     t.id,
+     t.queue_name),
+  d6 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows6)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -6082,81 +6483,86 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('FAILED')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          (t.attempts - 1)::integer AS "attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               t."return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h6 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('FAILED')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     (t.attempts - 1)::integer AS "attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     t."return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h6 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d6),
-                          d7 AS
+  d7 AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING
-     (SELECT c.*,
-             m.at
+     (SELECT
+        c.*,
+        m.at
       FROM jsonb_to_recordset(%(rows7)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
       JOIN mine AS m ON m.id = c.id) AS c
    WHERE t.ctid = c.at
@@ -6166,77 +6572,81 @@ WITH mine AS MATERIALIZED
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
           END) = %(worker)s
-     AND NOT t.has_children RETURNING t."id",
-                                      t."task_path",
-                                      t."queue_name",
-                                      t."backend_name",
-                                      t."priority",
-                                      t."args",
-                                      t."kwargs",
-                                      ('CANCELLED')::varchar(16) AS "status",
-                                      (t.version + 1)::bigint AS "version",
-                                      t."worker_id",
-                                      (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                          t."attempts",
-                                                                          t."max_attempts",
-                                                                          t."enqueued_at",
-                                                                          t."run_after",
-                                                                          t."requested_run_after",
-                                                                          t."started_at",
-                                                                          t."last_attempted_at",
-                                                                          (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                               t."return_value",
-                                                                                                                               (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                               t."cancel_requested",
-                                                                                                                               t."progress",
-                                                                                                                               t."progress_message",
-                                                                                                                               t."checkpoint",
-                                                                                                                               t."waiting_on",
-                                                                                                                               t."on_parent_failure",
-                                                                                                                               t."has_children",
-                                                                                                                               t."job_name",
-                                                                                                                               t."dedup_key",
-                                                                                                                               t."trace_context",
-                                                                                                                               t."limit_key",
-                                                                                                                               t."limit_count",
-                                                                                                                               t."limit_period"),
-                          h7 AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('CANCELLED')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     t."return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h7 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d7),
-                          busy AS
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -6253,50 +6663,64 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %(worker)s
         OFFSET 0) AS t),
-                          ended AS MATERIALIZED
-  (SELECT f.id,
-          f.version,
-          w.queue_name
+  ended AS MATERIALIZED
+  (SELECT
+     f.id,
+     f.version,
+     w.queue_name
    FROM unnest(%(ended_ids)s::uuid[], %(ended_versions)s::bigint[]) AS f(id, version)
    JOIN
-     (SELECT id,
-             queue_name
+     (SELECT
+        id,
+        queue_name
       FROM d0
-      UNION ALL SELECT id,
-                       queue_name
+      UNION ALL SELECT
+        id,
+        queue_name
       FROM d1
-      UNION ALL SELECT id,
-                       queue_name
+      UNION ALL SELECT
+        id,
+        queue_name
       FROM d2
-      UNION ALL SELECT id,
-                       queue_name
+      UNION ALL SELECT
+        id,
+        queue_name
       FROM d3
-      UNION ALL SELECT id,
-                       queue_name
+      UNION ALL SELECT
+        id,
+        queue_name
       FROM d4
-      UNION ALL SELECT id,
-                       queue_name
+      UNION ALL SELECT
+        id,
+        queue_name
       FROM d5
-      UNION ALL SELECT id,
-                       queue_name
+      UNION ALL SELECT
+        id,
+        queue_name
       FROM d6
-      UNION ALL SELECT id,
-                       queue_name
-      FROM d7) AS w ON w.id = f.id), freed AS
+      UNION ALL SELECT
+        id,
+        queue_name
+      FROM d7) AS w ON w.id = f.id),
+  freed AS
   (UPDATE "django_rdbtasks_limitslot" AS s
-   SET free_at = NULL,
-       holder_id = NULL,
-       holder_version = NULL
+   SET
+     free_at = NULL,
+     holder_id = NULL,
+     holder_version = NULL
    FROM ended AS e
    WHERE s.holder_id = e.id
-     AND s.holder_version = e.version RETURNING s."key",
-                                                e.queue_name),
-                                     told AS MATERIALIZED
-  (SELECT w.n,
-          pg_notify('rdbtasks_slot', w.queue_name)
+     AND s.holder_version = e.version RETURNING
+     s."key",
+     e.queue_name),
+  told AS MATERIALIZED
+  (SELECT
+     w.n,
+     pg_notify('rdbtasks_slot', w.queue_name)
    FROM
-     (SELECT f.queue_name,
-             count(*) AS n
+     (SELECT
+        f.queue_name,
+        count(*) AS n
       FROM freed AS f
       CROSS JOIN LATERAL
         (SELECT 1
@@ -6306,53 +6730,63 @@ WITH mine AS MATERIALIZED
            AND t.limit_key = f."key"
          LIMIT 1) AS x
       GROUP BY f.queue_name) AS w)
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d0
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d1
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d2
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d3
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d4
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d5
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d6
 UNION ALL
-SELECT 'd',
-       id,
-       0
+SELECT
+  'd',
+  id,
+  0
 FROM d7
 UNION ALL
-SELECT 'b',
-       id,
-       0
+SELECT
+  'b',
+  id,
+  0
 FROM busy
 UNION ALL
-SELECT 'f',
-       NULL,
+SELECT
+  'f',
+  NULL,
 
   (SELECT COALESCE(sum(n), 0)
    FROM told)::bigint;
@@ -6361,13 +6795,15 @@ SELECT 'f',
 -- The heartbeat: leases (and slots) of the claims still ours. Parameters, in order: ids, lease,
 -- ids, versions, worker, lease, ids, versions, ids, versions, worker.
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%s::uuid[])))
      FOR NO KEY
-     UPDATE SKIP LOCKED), renewed AS
+     UPDATE SKIP LOCKED),
+  renewed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
    SET lease_expires_at = (STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second')
    FROM unnest(%s::uuid[], %s::bigint[]) AS c(id, version)
@@ -6378,16 +6814,17 @@ WITH mine AS MATERIALIZED
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %s RETURNING t.id,
-                              t.cancel_requested),
-                          slots_renewed AS
+          END) = %s RETURNING
+     t.id,
+     t.cancel_requested),
+  slots_renewed AS
   (UPDATE "django_rdbtasks_limitslot" AS s
    SET free_at = (STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second')
    FROM renewed AS r
    JOIN unnest(%s::uuid[], %s::bigint[]) AS c(id, version) ON c.id = r.id
    WHERE s.holder_id = c.id
      AND s.holder_version = c.version),
-                          busy AS
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -6404,12 +6841,14 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %s
         OFFSET 0) AS t)
-SELECT id,
-       cancel_requested
+SELECT
+  id,
+  cancel_requested
 FROM renewed
 UNION ALL
-SELECT t.id,
-       t.cancel_requested
+SELECT
+  t.id,
+  t.cancel_requested
 FROM ONLY "django_rdbtasks_task" AS t
 JOIN busy ON t.id = busy.id;
 
@@ -6417,13 +6856,15 @@ JOIN busy ON t.id = busy.id;
 -- The heartbeat of a process holding no limited claim. Parameters, in order: ids, lease, ids,
 -- versions, worker, ids, versions, worker.
 WITH mine AS MATERIALIZED
-  (SELECT id,
-          ctid AS at
+  (SELECT
+     id,
+     ctid AS at
    FROM ONLY "django_rdbtasks_task"
    WHERE id = ANY(ARRAY
                     (SELECT unnest(%s::uuid[])))
      FOR NO KEY
-     UPDATE SKIP LOCKED), renewed AS
+     UPDATE SKIP LOCKED),
+  renewed AS
   (UPDATE ONLY "django_rdbtasks_task" AS t
    SET lease_expires_at = (STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second')
    FROM unnest(%s::uuid[], %s::bigint[]) AS c(id, version)
@@ -6434,9 +6875,10 @@ WITH mine AS MATERIALIZED
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %s RETURNING t.id,
-                              t.cancel_requested),
-                          busy AS
+          END) = %s RETURNING
+     t.id,
+     t.cancel_requested),
+  busy AS
   (SELECT t.id
    FROM
      (SELECT *
@@ -6453,42 +6895,46 @@ WITH mine AS MATERIALIZED
                  WHEN t.status = 'RUNNING' THEN t.worker_id
              END) = %s
         OFFSET 0) AS t)
-SELECT id,
-       cancel_requested
+SELECT
+  id,
+  cancel_requested
 FROM renewed
 UNION ALL
-SELECT t.id,
-       t.cancel_requested
+SELECT
+  t.id,
+  t.cancel_requested
 FROM ONLY "django_rdbtasks_task" AS t
 JOIN busy ON t.id = busy.id;
 
 -- name: enqueue_one
 -- A single enqueue, prepared where the session allows (postgresql/preparing.py), with its NOTIFY.
-INSERT INTO "django_rdbtasks_task" (id,
-                                    task_path,
-                                    queue_name,
-                                    backend_name,
-                                    priority,
-                                    args,
-                                    kwargs,
-                                    max_attempts,
-                                    run_after,
-                                    enqueued_at,
-                                    status,
-                                    version,
-                                    worker_id,
-                                    attempts,
-                                    history,
-                                    job_name,
-                                    dedup_key,
-                                    waiting_on,
-                                    on_parent_failure,
-                                    requested_run_after,
-                                    trace_context)
-VALUES (%s::uuid, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, COALESCE(%s::timestamptz, STATEMENT_TIMESTAMP()), STATEMENT_TIMESTAMP(), %s, 0, '', 0, '[]'::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::jsonb) RETURNING (extract(epoch
-                                                                                                                                                                                                                               FROM enqueued_at) * 1000000)::bigint,
-                                                                                                                                                                                                                      pg_notify('rdbtasks_ready', priority::text || '|' || ((extract(epoch
-                                                                                                                                                                                                                                                                                     FROM transaction_timestamp()) * 1000000)::bigint - 1)::text || '|' || queue_name)::text;
+INSERT INTO "django_rdbtasks_task" (
+                                      id,
+                                      task_path,
+                                      queue_name,
+                                      backend_name,
+                                      priority,
+                                      args,
+                                      kwargs,
+                                      max_attempts,
+                                      run_after,
+                                      enqueued_at,
+                                      status,
+                                      version,
+                                      worker_id,
+                                      attempts,
+                                      history,
+                                      job_name,
+                                      dedup_key,
+                                      waiting_on,
+                                      on_parent_failure,
+                                      requested_run_after,
+                                      trace_context)
+VALUES (%s::uuid, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, COALESCE(%s::timestamptz, STATEMENT_TIMESTAMP()), STATEMENT_TIMESTAMP(), %s, 0, '', 0, '[]'::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::jsonb) RETURNING
+  (extract(epoch
+           FROM enqueued_at) * 1000000)::bigint,
+  pg_notify('rdbtasks_ready', priority::text || '|' || ((extract(epoch
+                                                                 FROM transaction_timestamp()) * 1000000)::bigint - 1)::text || '|' || queue_name)::text;
 
 -- name: enqueue_call
 -- A single enqueue where nothing can be prepared: the function of migration 0005.
@@ -6496,53 +6942,64 @@ SELECT rdbtasks_enqueue_v2(%s::uuid, %s::text, %s::text, %s::text, %s::integer, 
 
 -- name: enqueue_many
 -- Many NewTask rows in one INSERT.
-WITH n AS
+WITH
+  n AS
   (SELECT STATEMENT_TIMESTAMP() AS now),
-     inserted AS
-  (INSERT INTO "django_rdbtasks_task" (id,
-                                       task_path,
-                                       queue_name,
-                                       backend_name,
-                                       priority,
-                                       args,
-                                       kwargs,
-                                       max_attempts,
-                                       run_after,
-                                       enqueued_at,
-                                       status,
-                                       version,
-                                       worker_id,
-                                       attempts,
-                                       history,
-                                       job_name,
-                                       dedup_key,
-                                       waiting_on,
-                                       on_parent_failure,
-                                       requested_run_after,
-                                       trace_context) SELECT (v->>0)::uuid,
-                                                             v->>1,
-                                                                 v->>2,
-                                                                     v->>3,
-                                                                         (v->>4)::int,
-                                                                         (v->>5)::jsonb,
-                                                                         (v->>6)::jsonb,
-                                                                         (v->>7)::int,
-                                                                         COALESCE((v->>8)::timestamptz, n.now),
-                                                                         n.now,
-                                                                         v->>9,
-                                                                             0,
-                                                                             '',
-                                                                             0,
-                                                                             '[]'::jsonb,
-                                                                             v->>10,
-                                                                                 v->>11,
-                                                                                     (v->>12)::int,
-                                                                                     v->>13,
-                                                                                         (v->>8)::timestamptz,
-                                                                                         (v->>14)::jsonb
-   FROM jsonb_array_elements(%s::jsonb) AS r(v),
-        n),
-     notified AS
+  inserted AS
+  (INSERT INTO "django_rdbtasks_task" (
+                                         id,
+                                         task_path,
+                                         queue_name,
+                                         backend_name,
+                                         priority,
+                                         args,
+                                         kwargs,
+                                         max_attempts,
+                                         run_after,
+                                         enqueued_at,
+                                         status,
+                                         version,
+                                         worker_id,
+                                         attempts,
+                                         history,
+                                         job_name,
+                                         dedup_key,
+                                         waiting_on,
+                                         on_parent_failure,
+                                         requested_run_after,
+                                         trace_context) SELECT
+     (v->>0)::uuid,
+     v->>
+     1,
+     v->>
+     2,
+     v->>
+     3,
+     (v->>4)::int,
+     (v->>5)::jsonb,
+     (v->>6)::jsonb,
+     (v->>7)::int,
+     COALESCE((v->>8)::timestamptz, n.now),
+     n.now,
+     v->>
+     9,
+     0,
+     '',
+     0,
+     '[]'::jsonb,
+     v->>
+     10,
+     v->>
+     11,
+     (v->>12)::int,
+     v->>
+     13,
+     (v->>8)::timestamptz,
+     (v->>14)::jsonb
+   FROM
+     jsonb_array_elements(%s::jsonb) AS r(v),
+     n),
+  notified AS
   (SELECT pg_notify('rdbtasks_ready', x.p::text || '|' || ((extract(epoch
                                                                     FROM transaction_timestamp()) * 1000000)::bigint - 1)::text || '|' || x.q)
    FROM unnest(%s::text[], %s::int[]) AS x(q, p))
@@ -6553,9 +7010,10 @@ FROM n;
 
 -- name: enqueue_batch_read_back
 -- After a bulk enqueue's COPY: its clock read off its first row, and the NOTIFY.
-SELECT enqueued_at,
-       pg_notify('rdbtasks_ready', priority::text || '|' || ((extract(epoch
-                                                                      FROM transaction_timestamp()) * 1000000)::bigint - 1)::text || '|' || queue_name)::text
+SELECT
+  enqueued_at,
+  pg_notify('rdbtasks_ready', priority::text || '|' || ((extract(epoch
+                                                                 FROM transaction_timestamp()) * 1000000)::bigint - 1)::text || '|' || queue_name)::text
 FROM ONLY "django_rdbtasks_task"
 WHERE id = %s::uuid;
 
@@ -6563,108 +7021,118 @@ WHERE id = %s::uuid;
 -- Outcomes written outside a round (a stopping worker, a task's own connection), one statement per
 -- kind; an ending one moves its row to the finished table as the round does.
 UPDATE ONLY "django_rdbtasks_task" AS t
-SET status = 'READY',
-    version = t.version + 1,
-              lease_expires_at = NULL,
-              worker_id = '',
-              run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
-              history = t.history || jsonb_build_array(c.entry::jsonb)
+SET
+  status = 'READY',
+  version =
+  t.version + 1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  run_after = (STATEMENT_TIMESTAMP() + c.delay * INTERVAL '1 second'),
+  history = t.history || jsonb_build_array(c.entry::jsonb)
 FROM jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
 WHERE t.id = c.id
   AND t.version = c.version
   AND (CASE
            WHEN t.status = 'RUNNING' THEN t.worker_id
-       END) = %s RETURNING t.id,
-                           t.has_children;
+       END) = %s RETURNING
+  t.id,
+  t.has_children;
 
 -- name: finish_1
 -- Outcomes written outside a round (a stopping worker, a task's own connection), one statement per
 -- kind; an ending one moves its row to the finished table as the round does.
-WITH d AS
+WITH
+  d AS
   (DELETE
    FROM ONLY "django_rdbtasks_task" AS t USING jsonb_to_recordset(%s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
    WHERE t.id = c.id
      AND t.version = c.version
      AND (CASE
               WHEN t.status = 'RUNNING' THEN t.worker_id
-          END) = %s RETURNING t."id",
-                              t."task_path",
-                              t."queue_name",
-                              t."backend_name",
-                              t."priority",
-                              t."args",
-                              t."kwargs",
-                              ('SUCCESSFUL')::varchar(16) AS "status",
-                              (t.version + 1)::bigint AS "version",
-                              t."worker_id",
-                              (NULL)::timestamp with time zone AS "lease_expires_at",
-                                                                  t."attempts",
-                                                                  t."max_attempts",
-                                                                  t."enqueued_at",
-                                                                  t."run_after",
-                                                                  t."requested_run_after",
-                                                                  t."started_at",
-                                                                  t."last_attempted_at",
-                                                                  (STATEMENT_TIMESTAMP())::timestamp with time zone AS "finished_at",
-                                                                                                                       (c.rv)::jsonb AS "return_value",
-                                                                                                                       (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
-                                                                                                                       t."cancel_requested",
-                                                                                                                       t."progress",
-                                                                                                                       t."progress_message",
-                                                                                                                       t."checkpoint",
-                                                                                                                       t."waiting_on",
-                                                                                                                       t."on_parent_failure",
-                                                                                                                       t."has_children",
-                                                                                                                       t."job_name",
-                                                                                                                       t."dedup_key",
-                                                                                                                       t."trace_context",
-                                                                                                                       t."limit_key",
-                                                                                                                       t."limit_count",
-                                                                                                                       t."limit_period"),
-     h AS
-  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT "id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "task_path",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "queue_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "backend_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "priority",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "args",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "kwargs",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "status",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "version",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "worker_id",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "lease_expires_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "max_attempts",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "enqueued_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "requested_run_after",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "started_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "last_attempted_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "finished_at",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "return_value",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "history",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "cancel_requested",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "progress_message",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "checkpoint",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "waiting_on",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "on_parent_failure",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "has_children",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "job_name",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "dedup_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "trace_context",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_key",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_count",
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                "limit_period"
+          END) = %s RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
    FROM d)
-SELECT id,
-       has_children
+SELECT
+  id,
+  has_children
 FROM d;
 
 -- name: move_finished_rows
 -- Rows finished in the task table (before the finished table existed, or by a path that does not
 -- move them) moved in batches, oldest first (finished_rows.py).
-WITH batch AS
+WITH
+  batch AS
   (SELECT id
    FROM ONLY "django_rdbtasks_task"
    WHERE finished_at IS NOT NULL
@@ -6672,80 +7140,82 @@ WITH batch AS
    ORDER BY finished_at
    LIMIT %s
    FOR UPDATE SKIP LOCKED),
-     moved AS
+  moved AS
   (DELETE
    FROM ONLY "django_rdbtasks_task"
    WHERE id IN
        (SELECT id
-        FROM batch) RETURNING "id",
-                              "task_path",
-                              "queue_name",
-                              "backend_name",
-                              "priority",
-                              "args",
-                              "kwargs",
-                              "status",
-                              "version",
-                              "worker_id",
-                              "lease_expires_at",
-                              "attempts",
-                              "max_attempts",
-                              "enqueued_at",
-                              "run_after",
-                              "requested_run_after",
-                              "started_at",
-                              "last_attempted_at",
-                              "finished_at",
-                              "return_value",
-                              "history",
-                              "cancel_requested",
-                              "progress",
-                              "progress_message",
-                              "checkpoint",
-                              "waiting_on",
-                              "on_parent_failure",
-                              "has_children",
-                              "job_name",
-                              "dedup_key",
-                              "trace_context",
-                              "limit_key",
-                              "limit_count",
-                              "limit_period")
+        FROM batch) RETURNING
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period")
 INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period")
-SELECT "id",
-       "task_path",
-       "queue_name",
-       "backend_name",
-       "priority",
-       "args",
-       "kwargs",
-       "status",
-       "version",
-       "worker_id",
-       "lease_expires_at",
-       "attempts",
-       "max_attempts",
-       "enqueued_at",
-       "run_after",
-       "requested_run_after",
-       "started_at",
-       "last_attempted_at",
-       "finished_at",
-       "return_value",
-       "history",
-       "cancel_requested",
-       "progress",
-       "progress_message",
-       "checkpoint",
-       "waiting_on",
-       "on_parent_failure",
-       "has_children",
-       "job_name",
-       "dedup_key",
-       "trace_context",
-       "limit_key",
-       "limit_count",
-       "limit_period"
+SELECT
+  "id",
+  "task_path",
+  "queue_name",
+  "backend_name",
+  "priority",
+  "args",
+  "kwargs",
+  "status",
+  "version",
+  "worker_id",
+  "lease_expires_at",
+  "attempts",
+  "max_attempts",
+  "enqueued_at",
+  "run_after",
+  "requested_run_after",
+  "started_at",
+  "last_attempted_at",
+  "finished_at",
+  "return_value",
+  "history",
+  "cancel_requested",
+  "progress",
+  "progress_message",
+  "checkpoint",
+  "waiting_on",
+  "on_parent_failure",
+  "has_children",
+  "job_name",
+  "dedup_key",
+  "trace_context",
+  "limit_key",
+  "limit_count",
+  "limit_period"
 FROM moved;
 
 -- name: move_back_for_requeue
@@ -6754,108 +7224,111 @@ WITH moved AS
   (DELETE
    FROM ONLY django_rdbtasks_finishedtask
    WHERE id IN
-       (SELECT unnest(%s::uuid[])) RETURNING "id",
-                                             "task_path",
-                                             "queue_name",
-                                             "backend_name",
-                                             "priority",
-                                             "args",
-                                             "kwargs",
-                                             "status",
-                                             "version",
-                                             "worker_id",
-                                             "lease_expires_at",
-                                             "attempts",
-                                             "max_attempts",
-                                             "enqueued_at",
-                                             "run_after",
-                                             "requested_run_after",
-                                             "started_at",
-                                             "last_attempted_at",
-                                             "finished_at",
-                                             "return_value",
-                                             "history",
-                                             "cancel_requested",
-                                             "progress",
-                                             "progress_message",
-                                             "checkpoint",
-                                             "waiting_on",
-                                             "on_parent_failure",
-                                             "has_children",
-                                             "job_name",
-                                             "dedup_key",
-                                             "trace_context",
-                                             "limit_key",
-                                             "limit_count",
-                                             "limit_period")
-INSERT INTO "django_rdbtasks_task" ("id",
-                                    "task_path",
-                                    "queue_name",
-                                    "backend_name",
-                                    "priority",
-                                    "args",
-                                    "kwargs",
-                                    "status",
-                                    "version",
-                                    "worker_id",
-                                    "lease_expires_at",
-                                    "attempts",
-                                    "max_attempts",
-                                    "enqueued_at",
-                                    "run_after",
-                                    "requested_run_after",
-                                    "started_at",
-                                    "last_attempted_at",
-                                    "finished_at",
-                                    "return_value",
-                                    "history",
-                                    "cancel_requested",
-                                    "progress",
-                                    "progress_message",
-                                    "checkpoint",
-                                    "waiting_on",
-                                    "on_parent_failure",
-                                    "has_children",
-                                    "job_name",
-                                    "dedup_key",
-                                    "trace_context",
-                                    "limit_key",
-                                    "limit_count",
-                                    "limit_period")
-SELECT "id",
-       "task_path",
-       "queue_name",
-       "backend_name",
-       "priority",
-       "args",
-       "kwargs",
-       "status",
-       "version",
-       "worker_id",
-       "lease_expires_at",
-       "attempts",
-       "max_attempts",
-       "enqueued_at",
-       "run_after",
-       "requested_run_after",
-       "started_at",
-       "last_attempted_at",
-       "finished_at",
-       "return_value",
-       "history",
-       "cancel_requested",
-       "progress",
-       "progress_message",
-       "checkpoint",
-       "waiting_on",
-       "on_parent_failure",
-       "has_children",
-       "job_name",
-       "dedup_key",
-       "trace_context",
-       "limit_key",
-       "limit_count",
-       "limit_period"
+       (SELECT unnest(%s::uuid[])) RETURNING
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period")
+INSERT INTO "django_rdbtasks_task" (
+                                      "id",
+                                      "task_path",
+                                      "queue_name",
+                                      "backend_name",
+                                      "priority",
+                                      "args",
+                                      "kwargs",
+                                      "status",
+                                      "version",
+                                      "worker_id",
+                                      "lease_expires_at",
+                                      "attempts",
+                                      "max_attempts",
+                                      "enqueued_at",
+                                      "run_after",
+                                      "requested_run_after",
+                                      "started_at",
+                                      "last_attempted_at",
+                                      "finished_at",
+                                      "return_value",
+                                      "history",
+                                      "cancel_requested",
+                                      "progress",
+                                      "progress_message",
+                                      "checkpoint",
+                                      "waiting_on",
+                                      "on_parent_failure",
+                                      "has_children",
+                                      "job_name",
+                                      "dedup_key",
+                                      "trace_context",
+                                      "limit_key",
+                                      "limit_count",
+                                      "limit_period")
+SELECT
+  "id",
+  "task_path",
+  "queue_name",
+  "backend_name",
+  "priority",
+  "args",
+  "kwargs",
+  "status",
+  "version",
+  "worker_id",
+  "lease_expires_at",
+  "attempts",
+  "max_attempts",
+  "enqueued_at",
+  "run_after",
+  "requested_run_after",
+  "started_at",
+  "last_attempted_at",
+  "finished_at",
+  "return_value",
+  "history",
+  "cancel_requested",
+  "progress",
+  "progress_message",
+  "checkpoint",
+  "waiting_on",
+  "on_parent_failure",
+  "has_children",
+  "job_name",
+  "dedup_key",
+  "trace_context",
+  "limit_key",
+  "limit_count",
+  "limit_period"
 FROM moved;
 
 -- name: prune_batch
@@ -6876,38 +7349,43 @@ WITH candidates AS MATERIALIZED
      AND finished_at < %s
    ORDER BY finished_at
    LIMIT %s
-   FOR UPDATE SKIP LOCKED), r0 AS
+   FOR UPDATE SKIP LOCKED),
+  r0 AS
   (DELETE
    FROM "app_invoice"
    WHERE "task_id" IN
        (SELECT id
         FROM batch)),
-                            gone AS
+  gone AS
   (DELETE
    FROM "django_rdbtasks_task"
    WHERE "id" IN
        (SELECT id
         FROM batch) RETURNING status)
-SELECT status,
-       count(*)
+SELECT
+  status,
+  count(*)
 FROM gone
 GROUP BY status
 UNION ALL
-SELECT NULL,
-       n
+SELECT
+  NULL,
+  n
 FROM candidates;
 
 -- name: migration_finished_table_0
 -- Migration 0015: the finished rows' table, inheriting the task table.
-CREATE TABLE "django_rdbtasks_finishedtask" (CONSTRAINT "rdbtasks_finishedtask_pkey" PRIMARY KEY (id), CONSTRAINT "rdbtasks_finishedtask_status" CHECK (status IN ('SUCCESSFUL',
-                                                                                                                                                                   'FAILED',
-                                                                                                                                                                   'CANCELLED'))) INHERITS ("django_rdbtasks_task");
+CREATE TABLE "django_rdbtasks_finishedtask" (CONSTRAINT "rdbtasks_finishedtask_pkey" PRIMARY KEY (id), CONSTRAINT "rdbtasks_finishedtask_status" CHECK (status IN (
+                                                                                                                                                                     'SUCCESSFUL',
+                                                                                                                                                                     'FAILED',
+                                                                                                                                                                     'CANCELLED'))) INHERITS ("django_rdbtasks_task");
 
 -- name: migration_finished_table_1
 -- Migration 0015: the finished rows' table, inheriting the task table.
-CREATE INDEX "rdbtasks_finishedtask_finished" ON "django_rdbtasks_finishedtask" (finished_at,
-                                                                                 status,
-                                                                                 queue_name);
+CREATE INDEX "rdbtasks_finishedtask_finished" ON "django_rdbtasks_finishedtask" (
+                                                                                   finished_at,
+                                                                                   status,
+                                                                                   queue_name);
 
 -- name: migration_finished_table_2
 -- Migration 0015: the finished rows' table, inheriting the task table.
@@ -6939,10 +7417,12 @@ ORDER BY ordinal_position;
 
 -- name: migration_finished_table_reversed_0
 -- Migration 0015 reversed: the finished rows back (every column, here two), the table dropped.
-INSERT INTO "django_rdbtasks_task" ("id",
-                                    "status")
-SELECT "id",
-       "status"
+INSERT INTO "django_rdbtasks_task" (
+                                      "id",
+                                      "status")
+SELECT
+  "id",
+  "status"
 FROM ONLY "django_rdbtasks_finishedtask";
 
 -- name: migration_finished_table_reversed_1
@@ -6957,21 +7437,23 @@ DROP INDEX CONCURRENTLY IF EXISTS "rdbtasks_task_ready_fresh";
 -- rdbtasks cleanup: sessions (postgresql/cleanup.py).
 -- rdbtasks_cleanup_sessions
 
-SELECT pid,
-       coalesce(state, ''),
-       coalesce(application_name, ''),
-       coalesce(host(client_addr), 'local'),
-       client_port,
-       coalesce(usename::text, ''),
-       EXTRACT(EPOCH
-               FROM statement_timestamp() - coalesce(xact_start, query_start)),
-       greatest(age(backend_xid), age(backend_xmin)),
-       left(coalesce(query, ''), %s)
+SELECT
+  pid,
+  coalesce(state, ''),
+  coalesce(application_name, ''),
+  coalesce(host(client_addr), 'local'),
+  client_port,
+  coalesce(usename::text, ''),
+  EXTRACT(EPOCH
+          FROM statement_timestamp() - coalesce(xact_start, query_start)),
+  greatest(age(backend_xid), age(backend_xmin)),
+  left(coalesce(query, ''), %s)
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND pid <> pg_backend_pid()
-  AND backend_type NOT IN ('walsender',
-                           'autovacuum worker')
+  AND backend_type NOT IN (
+                             'walsender',
+                             'autovacuum worker')
   AND (backend_xid IS NOT NULL
        OR backend_xmin IS NOT NULL)
 ORDER BY 8 DESC;
@@ -6980,11 +7462,12 @@ ORDER BY 8 DESC;
 -- rdbtasks cleanup: prepared (postgresql/cleanup.py).
 -- rdbtasks_cleanup_prepared
 
-SELECT gid,
-       coalesce(owner::text, ''),
-       EXTRACT(EPOCH
-               FROM statement_timestamp() - prepared),
-       age(transaction)
+SELECT
+  gid,
+  coalesce(owner::text, ''),
+  EXTRACT(EPOCH
+          FROM statement_timestamp() - prepared),
+  age(transaction)
 FROM pg_prepared_xacts
 WHERE database = current_database();
 
@@ -6992,10 +7475,11 @@ WHERE database = current_database();
 -- rdbtasks cleanup: slots (postgresql/cleanup.py).
 -- rdbtasks_cleanup_slots
 
-SELECT slot_name,
-       slot_type,
-       active,
-       age(xmin)
+SELECT
+  slot_name,
+  slot_type,
+  active,
+  age(xmin)
 FROM pg_replication_slots
 WHERE xmin IS NOT NULL;
 
@@ -7003,11 +7487,12 @@ WHERE xmin IS NOT NULL;
 -- rdbtasks cleanup: replicas (postgresql/cleanup.py).
 -- rdbtasks_cleanup_replicas
 
-SELECT pid,
-       coalesce(application_name, ''),
-       coalesce(host(client_addr), 'local'),
-       coalesce(state, ''),
-       age(backend_xmin)
+SELECT
+  pid,
+  coalesce(application_name, ''),
+  coalesce(host(client_addr), 'local'),
+  coalesce(state, ''),
+  age(backend_xmin)
 FROM pg_stat_replication
 WHERE backend_xmin IS NOT NULL;
 
@@ -7015,13 +7500,14 @@ WHERE backend_xmin IS NOT NULL;
 -- rdbtasks cleanup: tables (postgresql/cleanup.py).
 -- rdbtasks_cleanup_tables
 
-SELECT relname,
-       n_live_tup,
-       n_dead_tup,
-       last_vacuum,
-       last_autovacuum,
-       last_analyze,
-       last_autoanalyze
+SELECT
+  relname,
+  n_live_tup,
+  n_dead_tup,
+  last_vacuum,
+  last_autovacuum,
+  last_analyze,
+  last_autoanalyze
 FROM pg_stat_user_tables
 WHERE relid IN
     (SELECT to_regclass(name)
@@ -7032,8 +7518,9 @@ ORDER BY n_dead_tup DESC;
 -- rdbtasks cleanup: autovacuum (postgresql/cleanup.py).
 -- rdbtasks_cleanup_autovacuum
 
-SELECT current_setting('autovacuum') = 'on',
-       array
+SELECT
+  current_setting('autovacuum') = 'on',
+  array
   (SELECT relname::text
    FROM pg_class
    WHERE oid IN
@@ -7054,8 +7541,9 @@ WHERE rolname = current_user;
 -- The task table's btree indexes many times what its live rows need.
 -- rdbtasks_grown_indexes
 
-SELECT c.relname,
-       pg_relation_size(c.oid)
+SELECT
+  c.relname,
+  pg_relation_size(c.oid)
 FROM pg_index AS i
 JOIN pg_class AS c ON c.oid = i.indexrelid
 JOIN pg_am AS am ON am.oid = c.relam
@@ -7078,8 +7566,9 @@ SELECT coalesce(max(EXTRACT(EPOCH
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND pid <> pg_backend_pid()
-  AND backend_type NOT IN ('walsender',
-                           'autovacuum worker')
+  AND backend_type NOT IN (
+                             'walsender',
+                             'autovacuum worker')
   AND (backend_xid IS NOT NULL
        OR backend_xmin IS NOT NULL);
 
@@ -7108,9 +7597,10 @@ DROP INDEX CONCURRENTLY IF EXISTS "rdbtasks_task_ready_fresh_ccnew";
 -- name: save_progress_0
 -- A running task's progress, fenced.
 UPDATE ONLY "django_rdbtasks_task"
-SET progress = %s,
-    progress_message = %s,
-    checkpoint = COALESCE(%s::jsonb, checkpoint)
+SET
+  progress = %s,
+  progress_message = %s,
+  checkpoint = COALESCE(%s::jsonb, checkpoint)
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -7127,8 +7617,9 @@ WHERE id IN (%s)
 
 -- name: lock_outcome_rows_0
 -- The rows of outcomes about to be written, and whether their tasks have dependants to settle.
-SELECT id,
-       has_children
+SELECT
+  id,
+  has_children
 FROM ONLY "django_rdbtasks_task"
 WHERE id IN (%s)
   FOR NO KEY
@@ -7136,9 +7627,10 @@ WHERE id IN (%s)
 
 -- name: make_slots_0
 -- A limit key's missing slots, made.
-INSERT INTO "django_rdbtasks_limitslot" ("key",
-                                         slot_no,
-                                         period)
+INSERT INTO "django_rdbtasks_limitslot" (
+                                           "key",
+                                           slot_no,
+                                           period)
 VALUES (%s, %s, %s),
        (%s, %s, %s),
        (%s, %s, %s) ON CONFLICT DO NOTHING;
@@ -7177,7 +7669,8 @@ SET tcp_keepalives_count = 5;
 
 -- name: transaction_0
 -- The same bounds per transaction, behind a pooler.
-SELECT set_config('idle_in_transaction_session_timeout', '15000', true),
-       set_config('lock_timeout', '5000', true),
-       set_config('statement_timeout', '15000', true),
-       set_config('jit', 'off', true);
+SELECT
+  set_config('idle_in_transaction_session_timeout', '15000', true),
+  set_config('lock_timeout', '5000', true),
+  set_config('statement_timeout', '15000', true),
+  set_config('jit', 'off', true);

@@ -5,20 +5,22 @@
 -- name: claim_first_read
 -- The claim's first read, for two queues: per queue, expired leases, then READY rows by priority
 -- (fresh, deferred, limited: each its index's range), one UNION ALL (ready_reads.py).
-SELECT p0.*,
-       0 AS part
+SELECT
+  p0.*,
+  0 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -34,20 +36,22 @@ FROM
    ORDER BY lease_expires_at
    LIMIT %s) AS p0
 UNION ALL
-SELECT p1.*,
-       1 AS part
+SELECT
+  p1.*,
+  1 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -63,20 +67,22 @@ FROM
    ORDER BY lease_expires_at
    LIMIT %s) AS p1
 UNION ALL
-SELECT p2.*,
-       2 AS part
+SELECT
+  p2.*,
+  2 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -84,24 +90,27 @@ FROM
      AND requested_run_after IS NULL
      AND started_at IS NULL
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p2
 UNION ALL
-SELECT p3.*,
-       3 AS part
+SELECT
+  p3.*,
+  3 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -109,24 +118,27 @@ FROM
      AND requested_run_after IS NULL
      AND started_at IS NULL
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p3
 UNION ALL
-SELECT p4.*,
-       4 AS part
+SELECT
+  p4.*,
+  4 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -134,24 +146,27 @@ FROM
      AND (requested_run_after IS NOT NULL
           OR started_at IS NOT NULL)
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p4
 UNION ALL
-SELECT p5.*,
-       5 AS part
+SELECT
+  p5.*,
+  5 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -159,70 +174,80 @@ FROM
      AND (requested_run_after IS NOT NULL
           OR started_at IS NOT NULL)
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p5
 UNION ALL
-SELECT p6.*,
-       6 AS part
+SELECT
+  p6.*,
+  6 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND limit_key IS NOT NULL
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p6
 UNION ALL
-SELECT p7.*,
-       7 AS part
+SELECT
+  p7.*,
+  7 AS part
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
      AND limit_key IS NOT NULL
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS p7;
 
 -- name: claim_compare_and_set
 -- The claim itself for three candidates: version + 1 where each is still at the version read
 -- (optimistic locking).
 UPDATE "django_rdbtasks_task"
-SET status = 'RUNNING',
-    version = version + 1,
-                        worker_id = %s,
-                        lease_expires_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s),
-                        attempts = attempts + 1,
-                        started_at = COALESCE(started_at, STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')),
-                        last_attempted_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-WHERE id IN (%s,
-             %s,
-             %s)
+SET
+  status = 'RUNNING',
+  version = version +
+  1,
+  worker_id = %s,
+  lease_expires_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s),
+  attempts = attempts + 1,
+  started_at = COALESCE(started_at, STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')),
+  last_attempted_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+WHERE id IN (
+               %s,
+               %s,
+               %s)
   AND (CASE status
            WHEN 'READY' THEN run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
            WHEN 'RUNNING' THEN lease_expires_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
@@ -238,12 +263,14 @@ WHERE id IN (%s,
 -- name: outcome_success
 -- A success outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'SUCCESSFUL',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        return_value = %s,
-                        finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'SUCCESSFUL',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  return_value = %s,
+  finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -253,11 +280,13 @@ WHERE id = %s
 -- name: outcome_failure
 -- A failure outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'FAILED',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'FAILED',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -267,12 +296,14 @@ WHERE id = %s
 -- name: outcome_retry
 -- A retry outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        run_after = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  run_after = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -282,11 +313,13 @@ WHERE id = %s
 -- name: outcome_release
 -- A release outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        attempts = attempts - 1
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  attempts = attempts - 1
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -296,12 +329,14 @@ WHERE id = %s
 -- name: outcome_postpone
 -- A postpone outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        attempts = attempts - 1,
-                        run_after = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  attempts = attempts - 1,
+  run_after = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -311,13 +346,15 @@ WHERE id = %s
 -- name: outcome_handover
 -- A handover outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'READY',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        worker_id = '',
-                        attempts = attempts - 1,
-                        run_after = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'READY',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  worker_id = '',
+  attempts = attempts - 1,
+  run_after = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -327,12 +364,14 @@ WHERE id = %s
 -- name: outcome_abandon
 -- A abandon outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'FAILED',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        attempts = attempts - 1,
-                        finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'FAILED',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  attempts = attempts - 1,
+  finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -342,11 +381,13 @@ WHERE id = %s
 -- name: outcome_cancelled
 -- A cancelled outcome written, fenced by the claim (id, version, holder).
 UPDATE "django_rdbtasks_task"
-SET status = 'CANCELLED',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'CANCELLED',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -368,17 +409,18 @@ WHERE id = %s
 -- a limit, each its index's range (no slot read, no key walked; rows.ClaimRequest.ahead).
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -389,17 +431,18 @@ FROM
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -407,23 +450,25 @@ FROM
      AND requested_run_after IS NULL
      AND started_at IS NULL
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS k1
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -431,23 +476,25 @@ FROM
      AND (requested_run_after IS NOT NULL
           OR started_at IS NOT NULL)
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS k2
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          0 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'RUNNING'
      AND queue_name = %s
@@ -458,17 +505,18 @@ FROM
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -476,23 +524,25 @@ FROM
      AND requested_run_after IS NULL
      AND started_at IS NULL
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS k4
 UNION ALL
 SELECT *
 FROM
-  (SELECT id,
-          version,
-          status,
-          worker_id,
-          last_attempted_at,
-          limit_key,
-          limit_count,
-          limit_period,
-          1 AS reclaim,
-          priority,
-          run_after
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
    FROM "django_rdbtasks_task" AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -500,19 +550,22 @@ FROM
      AND (requested_run_after IS NOT NULL
           OR started_at IS NOT NULL)
      AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-   ORDER BY priority DESC,
-            run_after
+   ORDER BY
+     priority DESC,
+     run_after
    LIMIT %s) AS k5;
 
 -- name: finish_0
 -- Outcomes written outside a round (finish).
 UPDATE "django_rdbtasks_task"
-SET status = 'SUCCESSFUL',
-    version = version + 1,
-                        lease_expires_at = NULL,
-                        return_value = %s,
-                        finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
-                        history = json_insert(history, '$[#]', json(%s))
+SET
+  status = 'SUCCESSFUL',
+  version = version +
+  1,
+  lease_expires_at = NULL,
+  return_value = %s,
+  finished_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+  history = json_insert(history, '$[#]', json(%s))
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -525,27 +578,28 @@ SELECT STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW');
 
 -- name: enqueue_1
 -- An enqueue: the clock, then the row.
-INSERT INTO "django_rdbtasks_task" (id,
-                                    task_path,
-                                    queue_name,
-                                    backend_name,
-                                    priority,
-                                    args,
-                                    kwargs,
-                                    max_attempts,
-                                    run_after,
-                                    enqueued_at,
-                                    status,
-                                    version,
-                                    worker_id,
-                                    attempts,
-                                    history,
-                                    job_name,
-                                    dedup_key,
-                                    waiting_on,
-                                    on_parent_failure,
-                                    requested_run_after,
-                                    trace_context)
+INSERT INTO "django_rdbtasks_task" (
+                                      id,
+                                      task_path,
+                                      queue_name,
+                                      backend_name,
+                                      priority,
+                                      args,
+                                      kwargs,
+                                      max_attempts,
+                                      run_after,
+                                      enqueued_at,
+                                      status,
+                                      version,
+                                      worker_id,
+                                      attempts,
+                                      history,
+                                      job_name,
+                                      dedup_key,
+                                      waiting_on,
+                                      on_parent_failure,
+                                      requested_run_after,
+                                      trace_context)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
 
 -- name: renew_0
@@ -569,9 +623,10 @@ WHERE holder_id IN (%s)
 
 -- name: renew_2
 -- The heartbeat, step by step.
-SELECT id,
-       version,
-       cancel_requested
+SELECT
+  id,
+  version,
+  cancel_requested
 FROM "django_rdbtasks_task"
 WHERE (CASE
            WHEN status = 'RUNNING' THEN worker_id
@@ -586,77 +641,85 @@ FROM "django_rdbtasks_pausedqueue";
 -- name: claim_slot_state_0
 -- The slots of the keys a window found (up to 500 keys a statement): how many exist, which are
 -- free now, when the others come free, by the database's clock.
-SELECT s."key",
-       s.slot_no,
-       CASE
-           WHEN (s.free_at IS NULL
-                 OR s.free_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')) THEN 1
-           ELSE 0
-       END,
-       s.free_at,
-       STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+SELECT
+  s."key",
+  s.slot_no,
+  CASE
+      WHEN (s.free_at IS NULL
+            OR s.free_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')) THEN 1
+      ELSE 0
+  END,
+  s.free_at,
+  STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
 FROM "django_rdbtasks_limitslot" s
 WHERE s."key" IN (%s);
 
 -- name: claim_walk_first_key
 -- A queue whose window full keys filled is walked: its first key with READY rows, one index
 -- descent (ready_reads.py, step 3).
-SELECT limit_key,
-       limit_count,
-       limit_period
+SELECT
+  limit_key,
+  limit_count,
+  limit_period
 FROM "django_rdbtasks_task"
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key IS NOT NULL
-ORDER BY limit_key,
-         priority DESC,
-         run_after
+ORDER BY
+  limit_key,
+  priority DESC,
+  run_after
 LIMIT 1;
 
 -- name: claim_walk_next_key
 -- The walk's next key after the last, one index descent a key however many rows the last holds
 -- (run in a loop: these databases run no recursive loose scan).
-SELECT limit_key,
-       limit_count,
-       limit_period
+SELECT
+  limit_key,
+  limit_count,
+  limit_period
 FROM "django_rdbtasks_task"
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key > %s
-ORDER BY limit_key,
-         priority DESC,
-         run_after
+ORDER BY
+  limit_key,
+  priority DESC,
+  run_after
 LIMIT 1;
 
 -- name: claim_walk_key_rows
 -- A walked key with free slots read for as many rows as it has free (several keys are one UNION
 -- ALL of this, up to 100 a statement).
-SELECT id,
-       version,
-       status,
-       worker_id,
-       last_attempted_at,
-       limit_key,
-       limit_count,
-       limit_period,
-       1 AS reclaim,
-       priority,
-       run_after
+SELECT
+  id,
+  version,
+  status,
+  worker_id,
+  last_attempted_at,
+  limit_key,
+  limit_count,
+  limit_period,
+  1 AS reclaim,
+  priority,
+  run_after
 FROM "django_rdbtasks_task" AS t
 WHERE status = 'READY'
   AND queue_name = %s
   AND limit_key = %s
   AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
-ORDER BY priority DESC,
-         run_after
+ORDER BY
+  priority DESC,
+  run_after
 LIMIT %s;
 
 -- name: save_progress_0
 -- A running task's progress, fenced.
 UPDATE "django_rdbtasks_task"
-SET progress = %s,
-    progress_message = %s,
-    checkpoint = COALESCE(%s, checkpoint)
+SET
+  progress = %s,
+  progress_message = %s,
+  checkpoint = COALESCE(%s, checkpoint)
 WHERE id = %s
   AND version = %s
   AND (CASE
@@ -665,9 +728,10 @@ WHERE id = %s
 
 -- name: make_slots_0
 -- A limit key's missing slots, made.
-INSERT INTO "django_rdbtasks_limitslot" ("key",
-                                         slot_no,
-                                         period)
+INSERT INTO "django_rdbtasks_limitslot" (
+                                           "key",
+                                           slot_no,
+                                           period)
 VALUES (%s, %s, %s),
        (%s, %s, %s),
        (%s, %s, %s) ON CONFLICT DO NOTHING;
