@@ -3514,7 +3514,39 @@ WITH lim AS MATERIALIZED
       WHERE %(discover)s) AS f
    GROUP BY
      f.queue,
-     f.priority), pool AS MATERIALIZED
+     f.priority), fr AS MATERIALIZED
+  (SELECT
+     fq.queue,
+     b.*
+   FROM fq
+   CROSS JOIN LATERAL
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        1 AS reclaim,
+        priority,
+        run_after
+      FROM ONLY "django_rdbtasks_task"
+      WHERE status = 'READY'
+        AND queue_name = fq.queue
+        AND limit_key IS NULL
+        AND requested_run_after IS NULL
+        AND started_at IS NULL
+        AND priority = fq.priority
+        AND run_after >= fq.start
+        AND run_after <= STATEMENT_TIMESTAMP()
+        AND NOT
+          (SELECT limited
+           FROM lim)
+      ORDER BY run_after
+      LIMIT %(pool)s) AS b), pool AS MATERIALIZED
   (SELECT *
    FROM (
            (SELECT r.*
@@ -3564,40 +3596,24 @@ WITH lim AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT b.*
-               FROM fq
-               CROSS JOIN LATERAL
-                 (SELECT
-                    id,
-                    version,
-                    status,
-                    worker_id,
-                    last_attempted_at,
-                    limit_key,
-                    limit_count,
-                    limit_period,
-                    ctid AS at,
-                    1 AS reclaim,
-                    priority,
-                    run_after
-                  FROM ONLY "django_rdbtasks_task"
-                  WHERE status = 'READY'
-                    AND queue_name = q.name
-                    AND limit_key IS NULL
-                    AND requested_run_after IS NULL
-                    AND started_at IS NULL
-                    AND priority = fq.priority
-                    AND run_after >= fq.start
-                    AND run_after <= STATEMENT_TIMESTAMP()
-                    AND NOT
-                      (SELECT limited
-                       FROM lim)
-                  ORDER BY run_after
-                  LIMIT %(pool)s) AS b
-               WHERE fq.queue = q.name
+              (SELECT
+                 fr.id,
+                 fr.version,
+                 fr.status,
+                 fr.worker_id,
+                 fr.last_attempted_at,
+                 fr.limit_key,
+                 fr.limit_count,
+                 fr.limit_period,
+                 fr.at,
+                 fr.reclaim,
+                 fr.priority,
+                 fr.run_after
+               FROM fr
+               WHERE fr.queue = q.name
                ORDER BY
-                 b.priority DESC,
-                 b.run_after
+                 fr.priority DESC,
+                 fr.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -3817,21 +3833,18 @@ SELECT
   NULL,
   NULL,
   COALESCE(
-             (SELECT run_after
-              FROM ONLY "django_rdbtasks_task"
-              WHERE status = 'READY'
-                AND queue_name = fq.queue
-                AND limit_key IS NULL
-                AND requested_run_after IS NULL
-                AND started_at IS NULL
-                AND priority = fq.priority
-                AND run_after >= fq.start
-                AND run_after <= STATEMENT_TIMESTAMP()
-                AND id NOT IN
+             (SELECT min(run_after)
+              FROM fr
+              WHERE fr.queue = fq.queue
+                AND fr.priority = fq.priority
+                AND fr.id NOT IN
                   (SELECT id
-                   FROM claimed)
-              ORDER BY run_after
-              LIMIT 1), STATEMENT_TIMESTAMP()),
+                   FROM claimed)),
+             (SELECT max(run_after)
+              FROM fr
+              WHERE fr.queue = fq.queue
+                AND fr.priority = fq.priority
+              HAVING count(*) >= %(pool)s), STATEMENT_TIMESTAMP()),
   NULL,
   NULL,
   NULL,
@@ -4478,7 +4491,39 @@ WITH mine AS MATERIALIZED
       WHERE %(discover)s) AS f
    GROUP BY
      f.queue,
-     f.priority), pool AS MATERIALIZED
+     f.priority), fr AS MATERIALIZED
+  (SELECT
+     fq.queue,
+     b.*
+   FROM fq
+   CROSS JOIN LATERAL
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        1 AS reclaim,
+        priority,
+        run_after
+      FROM ONLY "django_rdbtasks_task"
+      WHERE status = 'READY'
+        AND queue_name = fq.queue
+        AND limit_key IS NULL
+        AND requested_run_after IS NULL
+        AND started_at IS NULL
+        AND priority = fq.priority
+        AND run_after >= fq.start
+        AND run_after <= STATEMENT_TIMESTAMP()
+        AND NOT
+          (SELECT limited
+           FROM lim)
+      ORDER BY run_after
+      LIMIT %(pool)s) AS b), pool AS MATERIALIZED
   (SELECT *
    FROM (
            (SELECT r.*
@@ -4528,40 +4573,24 @@ WITH mine AS MATERIALIZED
                     FROM django_rdbtasks_pausedqueue AS p
                     WHERE p.queue_name = u.name)) AS q(name)
             CROSS JOIN LATERAL
-              (SELECT b.*
-               FROM fq
-               CROSS JOIN LATERAL
-                 (SELECT
-                    id,
-                    version,
-                    status,
-                    worker_id,
-                    last_attempted_at,
-                    limit_key,
-                    limit_count,
-                    limit_period,
-                    ctid AS at,
-                    1 AS reclaim,
-                    priority,
-                    run_after
-                  FROM ONLY "django_rdbtasks_task"
-                  WHERE status = 'READY'
-                    AND queue_name = q.name
-                    AND limit_key IS NULL
-                    AND requested_run_after IS NULL
-                    AND started_at IS NULL
-                    AND priority = fq.priority
-                    AND run_after >= fq.start
-                    AND run_after <= STATEMENT_TIMESTAMP()
-                    AND NOT
-                      (SELECT limited
-                       FROM lim)
-                  ORDER BY run_after
-                  LIMIT %(pool)s) AS b
-               WHERE fq.queue = q.name
+              (SELECT
+                 fr.id,
+                 fr.version,
+                 fr.status,
+                 fr.worker_id,
+                 fr.last_attempted_at,
+                 fr.limit_key,
+                 fr.limit_count,
+                 fr.limit_period,
+                 fr.at,
+                 fr.reclaim,
+                 fr.priority,
+                 fr.run_after
+               FROM fr
+               WHERE fr.queue = q.name
                ORDER BY
-                 b.priority DESC,
-                 b.run_after
+                 fr.priority DESC,
+                 fr.run_after
                LIMIT %(pool)s) AS r)
          UNION ALL
            (SELECT r.*
@@ -4837,21 +4866,18 @@ SELECT
   NULL,
   NULL,
   COALESCE(
-             (SELECT run_after
-              FROM ONLY "django_rdbtasks_task"
-              WHERE status = 'READY'
-                AND queue_name = fq.queue
-                AND limit_key IS NULL
-                AND requested_run_after IS NULL
-                AND started_at IS NULL
-                AND priority = fq.priority
-                AND run_after >= fq.start
-                AND run_after <= STATEMENT_TIMESTAMP()
-                AND id NOT IN
+             (SELECT min(run_after)
+              FROM fr
+              WHERE fr.queue = fq.queue
+                AND fr.priority = fq.priority
+                AND fr.id NOT IN
                   (SELECT id
-                   FROM claimed)
-              ORDER BY run_after
-              LIMIT 1), STATEMENT_TIMESTAMP()),
+                   FROM claimed)),
+             (SELECT max(run_after)
+              FROM fr
+              WHERE fr.queue = fq.queue
+                AND fr.priority = fq.priority
+              HAVING count(*) >= %(pool)s), STATEMENT_TIMESTAMP()),
   NULL,
   NULL,
   NULL,

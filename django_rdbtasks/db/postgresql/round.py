@@ -115,6 +115,8 @@ _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_cou
 #: The optimistic pool's unlocked reads carry it unused: ``go`` locks the
 #: row and reads its own. (The limited reads' CTEs spell the same: limited.py.)
 _ROW_COLS = f"{_COLS}, ctid AS at"
+#: The columns of a read of the fresh rows, as the claim's reads give them.
+FRONTIER_READ_COLUMNS = [*_COLS.split(", "), "at", "reclaim", "priority", "run_after"]
 _NAMED = re.compile(r"%\((\w+)\)s")
 #: Where a queue's (``q.name``) expired leases are read from (``lf.start``): the
 #: lane's frontier (db/frontier.py), or from the head for a queue it has none of.
@@ -318,7 +320,7 @@ class RoundSQL:
             # How many slots it freed that READY rows wait for (each told, limited.py).
             parts.append(f"{told}, {', '.join(['NULL'] * (width - 1))}")
         if bounded:
-            parts += self.frontier_rows(width)
+            parts += self.frontier_rows(width, derived=mode == ClaimMode.OPTIMISTIC)
         if missing:
             # Keys whose slots are missing (a new key, a raised limit): the
             # worker makes them after the round (db/limits.py, make_slots).
@@ -388,11 +390,20 @@ class RoundSQL:
         )
         if bounded:
             ctes.append(self.frontier_cte())
+            if not skip_locked:
+                ctes.append(self.frontier_reads(part, gate))
             reads = [
                 f"SELECT r.* FROM {QUEUES} CROSS JOIN LATERAL ({LEASES_FROM}) AS lf "
                 f"CROSS JOIN LATERAL ({expired_rows} AND lease_expires_at >= lf.start "
                 f"ORDER BY lease_expires_at LIMIT {part}{lock}) AS r",
-                _per_queue(self.fresh_rows_bounded(part, lock, gate)),
+                _per_queue(
+                    self.fresh_rows_bounded(part, lock, gate)
+                    if skip_locked
+                    else "SELECT "
+                    + ", ".join(f"fr.{c}" for c in FRONTIER_READ_COLUMNS)
+                    + f" FROM fr WHERE fr.queue = q.name ORDER BY {ready_order('fr')} "
+                    f"LIMIT {part}"
+                ),
             ]
         else:
             reads = [
@@ -547,7 +558,19 @@ class RoundSQL:
             f"ORDER BY {ready_order('b')} LIMIT {part}"
         )
 
-    def frontier_rows(self, width: int) -> list[str]:
+    def frontier_reads(self, part: str, gate: str) -> str:
+        """``fr``: each pair's read of ``fresh_rows_bounded``, kept (optimistic
+        mode: read without locks), for the pairs' next starts to be derived
+        from what was read (``frontier_rows``)."""
+        return (
+            f"fr AS MATERIALIZED (SELECT fq.queue, b.* FROM fq CROSS JOIN LATERAL "
+            f"(SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {self.t} "
+            f"WHERE {self.fresh_ready('fq.queue')} AND priority = fq.priority "
+            f"AND run_after >= fq.start AND run_after <= {self.now}{gate} "
+            f"ORDER BY run_after LIMIT {part}) AS b)"
+        )
+
+    def frontier_rows(self, width: int, derived: bool = False) -> list[str]:
         """Where the next bounded read may start: ``r`` rows (queue, priority, start)
         and ``l`` rows (queue, start), in the columns of ``queue_name``,
         ``priority`` and ``run_after``.
@@ -576,6 +599,18 @@ class RoundSQL:
             f"AND priority = fq.priority AND run_after >= fq.start AND run_after <= {now} "
             f"AND {not_claimed} ORDER BY run_after LIMIT 1)"
         )
+        if derived:
+            # Optimistic: from the pair's read itself (``fr``), unlocked, so
+            # a row another session held is in it and not passed: its first
+            # row not claimed here; if it claimed all it read, the last of
+            # them when the read was cut by its LIMIT (more may follow), else
+            # the clock. The read's rows again, not the index past them.
+            pair = "fr.queue = fq.queue AND fr.priority = fq.priority"
+            first_fresh = (
+                f"(SELECT min(run_after) FROM fr WHERE {pair} AND fr.{not_claimed}), "
+                f"(SELECT max(run_after) FROM fr WHERE {pair} "
+                "HAVING count(*) >= %(pool)s)"
+            )
         first_expired = (
             f"(SELECT lease_expires_at FROM {t} WHERE status = '{RUNNING}' "
             f"AND queue_name = q.name AND lease_expires_at >= lf.start "
