@@ -13,7 +13,9 @@ The frontier is, per queue and priority, the ``run_after`` from which the
 lane reads fresh rows, and per queue the ``lease_expires_at`` from which it
 reads expired leases. The round statement reads from there and says where the
 next read may start (``RoundSQL.frontier_rows``): the first row from the start
-it did not claim, read without a lock, or its clock when there is none.
+it did not claim, read without a lock, or its clock when there is none
+(optimistic claims take it from their own read of the pair, which locks
+nothing; skip-locked ones, whose read skips locked rows, read it apart).
 
 Why nothing READY is left behind the frontier:
 
