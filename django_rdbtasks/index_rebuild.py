@@ -135,12 +135,7 @@ class IndexRebuilder:
         table = connection.ops.quote_name(Task._meta.db_table)
         started = time.monotonic()
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('lock_timeout', %s, false)", [LOCK_WAIT])
-                try:
-                    cursor.execute(rebuild_sql(connection.ops.quote_name(name)))
-                finally:
-                    cursor.execute("RESET lock_timeout")
+            rebuild_index(self.using, name)
         except DatabaseError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == "42501":
                 self.refused = True
@@ -164,6 +159,18 @@ class IndexRebuilder:
             time.monotonic() - started,
         )
         return True
+
+
+def rebuild_index(using: str, name: str) -> None:
+    """``REINDEX INDEX CONCURRENTLY`` of one index, each lock it waits for bounded by
+    ``LOCK_WAIT``; a failure raises (``drop_leftovers`` then)."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [LOCK_WAIT])
+        try:
+            cursor.execute(rebuild_sql(connection.ops.quote_name(name)))
+        finally:
+            cursor.execute("RESET lock_timeout")
 
 
 def drop_leftovers(using: str) -> list[str]:

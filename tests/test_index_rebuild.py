@@ -4,6 +4,7 @@ import time
 
 import psycopg
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection, connections
 
 from django_rdbtasks import index_rebuild
@@ -122,3 +123,25 @@ def test_an_invalid_index_a_failed_rebuild_left_is_dropped():
     assert leftover in index_bytes()
     assert index_rebuild.drop_leftovers("default") == [leftover]
     assert leftover not in index_bytes()
+
+
+def test_the_command_lists_and_rebuilds_the_grown_indexes(capsys, monkeypatch):
+    """``rdbtasks rebuild-indexes``: an operator's rebuild, whatever the scheduler saw;
+    refused while a transaction holds back the cleanup."""
+    pin = churn_under_a_pin(40_000)
+    pkey = f"{TABLE}_pkey"
+    try:
+        call_command("rdbtasks", "rebuild-indexes", "--dry-run")
+        assert pkey in capsys.readouterr().out
+        time.sleep(1.1)
+        monkeypatch.setattr(index_rebuild, "QUIET_FOR", 1.0)
+        with pytest.raises(CommandError, match="holds back the cleanup"):
+            call_command("rdbtasks", "rebuild-indexes")
+    finally:
+        pin.close()
+    before = index_bytes()[pkey]
+    call_command("rdbtasks", "rebuild-indexes")
+    assert f"rebuilt {pkey}" in capsys.readouterr().out
+    assert index_bytes()[pkey] < before / 20
+    call_command("rdbtasks", "rebuild-indexes")
+    assert "No index" in capsys.readouterr().out

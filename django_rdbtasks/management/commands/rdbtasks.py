@@ -7,7 +7,9 @@ database could not be asked. Limits come from ``RDBTASKS_HEALTH`` and the
     python manage.py rdbtasks status --max-lag 300 --min-workers 1 --quiet
 
 ``rdbtasks probe live`` and ``rdbtasks probe ready`` are the probes of one
-worker host (a Kubernetes pod): see docs/deploy.md.
+worker host (a Kubernetes pod): see docs/deploy.md. ``rdbtasks
+rebuild-indexes`` rebuilds the task table's indexes a held-back cleanup grew
+(PostgreSQL; docs/admin.md).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, router
 
-from ... import queues, snapshots
+from ... import index_rebuild, queues, snapshots
 from ...cleanup import SHOWN_AFTER, CleanupReport, shown_tables
 from ...conf import HEALTH_LIMITS
 from ...durations import parse_age
 from ...explain import explain
+from ...locks import LeasedLock
 from ...models import Task
 from ...schema import unapplied_migrations
 from ...states import TaskStatus
@@ -174,6 +177,15 @@ class Command(BaseCommand):
             if verb == "pause":
                 queue_command.add_argument("--reason", default="", help="Why, for the record.")
 
+        rebuild = subcommands.add_parser(
+            "rebuild-indexes",
+            help="PostgreSQL: rebuild the task table's indexes a held-back cleanup grew "
+            "(REINDEX INDEX CONCURRENTLY), as the scheduler does after a pin.",
+        )
+        self._common(rebuild)
+        rebuild.add_argument(
+            "--dry-run", action="store_true", help="Only list the grown indexes and their sizes."
+        )
         workers = subcommands.add_parser("workers", help="The worker registry.")
         self._common(workers)
         self._read_from(workers)
@@ -206,12 +218,51 @@ class Command(BaseCommand):
                 self.explain(options)
             elif options["subcommand"] in ("pause", "resume"):
                 self.pause_or_resume(options)
+            elif options["subcommand"] == "rebuild-indexes":
+                self.rebuild_indexes(options)
             else:
                 self.workers(options)
         except DatabaseError as exc:
             raise CommandError(
                 f"cannot read the task tables: {exc}", returncode=EXIT_DATABASE
             ) from exc
+
+    # -- rebuild-indexes ---------------------------------------------------------------
+
+    def rebuild_indexes(self, options: dict[str, Any]) -> None:
+        """The grown indexes, rebuilt one at a time (docs/admin.md, "What holds back cleanup")."""
+        using = options["database"] or router.db_for_write(Task)
+        if connections[using].vendor != "postgresql":
+            raise CommandError("rebuild-indexes is PostgreSQL's: its indexes are what a pin grows")
+        grown = index_rebuild.grown_indexes(using)
+        if not grown:
+            self.stdout.write("No index of the task table has grown past what its rows need.")
+            return
+        for name, size in grown:
+            self.stdout.write(f"{name}: {size / 2**20:.1f} MB")
+        if options["dry_run"]:
+            return
+        oldest = index_rebuild.oldest_transaction_seconds(using)
+        if oldest > index_rebuild.QUIET_FOR:
+            raise CommandError(
+                f"a transaction open for {oldest:.0f} s holds back the cleanup: a rebuild would "
+                "wait for it and keep what it keeps. End it first (rdbtasks status shows it)."
+            )
+        lock = LeasedLock("rdbtasks:rebuild-indexes", lease=60.0, using=using)
+        if not lock.acquire():
+            raise CommandError("a scheduler is rebuilding them now")
+        lock.start_renewing()
+        try:
+            for name, size in grown:
+                try:
+                    index_rebuild.rebuild_index(using, name)
+                except DatabaseError as exc:
+                    index_rebuild.drop_leftovers(using)
+                    raise CommandError(f"rebuilding {name} failed: {exc}") from exc
+                self.stdout.write(f"rebuilt {name} ({size / 2**20:.1f} MB before)")
+        finally:
+            lock.stop_renewing()
+            lock.release()
 
     # -- status ------------------------------------------------------------------------
 
