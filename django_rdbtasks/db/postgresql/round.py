@@ -377,9 +377,11 @@ class RoundSQL:
         not_finishing = f" AND id NOT IN ({FINISHING})" if skip_locked else ""
         # An expired lease of a limited task takes a slot: the lean form does
         # not claim it (it holds, below), the others only where a slot is free.
-        free = "" if lean else f" AND {self.limits.available('t')}"
+        # Ahead: an expired lease without a limit only.
         if ahead:
             free = " AND limit_key IS NULL"
+        else:
+            free = "" if lean else f" AND {self.limits.available('t')}"
         expired = f"status = '{RUNNING}' AND queue_name = q.name AND lease_expires_at <= {now}"
         # Each read a range of its index in the index's order with a LIMIT:
         # its cost is the limit's, never a backlog's (another queue's expired
@@ -399,10 +401,7 @@ class RoundSQL:
                 _per_queue(
                     self.fresh_rows_bounded(part, lock, gate)
                     if skip_locked
-                    else "SELECT "
-                    + ", ".join(f"fr.{c}" for c in FRONTIER_READ_COLUMNS)
-                    + f" FROM fr WHERE fr.queue = q.name ORDER BY {ready_order('fr')} "
-                    f"LIMIT {part}"
+                    else self.fresh_rows_kept(part)
                 ),
             ]
         else:
@@ -551,23 +550,34 @@ class RoundSQL:
         under a pinned snapshot, the dead entries of the rows claimed since the pin
         (which no scan may mark dead) are behind it."""
         return (
-            f"SELECT b.* FROM fq CROSS JOIN LATERAL (SELECT {_ROW_COLS}, 1 AS reclaim, "
-            f"priority, run_after FROM {self.t} WHERE {self.fresh_ready('q.name')} "
-            f"AND priority = fq.priority AND run_after >= fq.start AND run_after <= {self.now}"
-            f"{gate} ORDER BY run_after LIMIT {part}{lock}) AS b WHERE fq.queue = q.name "
-            f"ORDER BY {ready_order('b')} LIMIT {part}"
+            f"SELECT b.* FROM fq CROSS JOIN LATERAL ({self.pair_read('q.name', part, lock, gate)}) "
+            f"AS b WHERE fq.queue = q.name ORDER BY {ready_order('b')} LIMIT {part}"
+        )
+
+    def pair_read(self, queue: str, part: str, lock: str, gate: str) -> str:
+        """The fresh rows of ``queue`` at an ``fq`` pair's priority, from its start."""
+        return (
+            f"SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {self.t} "
+            f"WHERE {self.fresh_ready(queue)} AND priority = fq.priority "
+            f"AND run_after >= fq.start AND run_after <= {self.now}{gate} "
+            f"ORDER BY run_after LIMIT {part}{lock}"
+        )
+
+    def fresh_rows_kept(self, part: str) -> str:
+        """``fresh_rows_bounded`` off ``fr``, the pairs' reads kept (optimistic mode)."""
+        columns = ", ".join(f"fr.{c}" for c in FRONTIER_READ_COLUMNS)
+        return (
+            f"SELECT {columns} FROM fr WHERE fr.queue = q.name "
+            f"ORDER BY {ready_order('fr')} LIMIT {part}"
         )
 
     def frontier_reads(self, part: str, gate: str) -> str:
-        """``fr``: each pair's read of ``fresh_rows_bounded``, kept (optimistic
-        mode: read without locks), for the pairs' next starts to be derived
-        from what was read (``frontier_rows``)."""
+        """``fr``: each pair's read (``pair_read``), kept (optimistic mode: read
+        without locks), for the pairs' next starts to be derived from what was
+        read (``frontier_rows``)."""
         return (
-            f"fr AS MATERIALIZED (SELECT fq.queue, b.* FROM fq CROSS JOIN LATERAL "
-            f"(SELECT {_ROW_COLS}, 1 AS reclaim, priority, run_after FROM {self.t} "
-            f"WHERE {self.fresh_ready('fq.queue')} AND priority = fq.priority "
-            f"AND run_after >= fq.start AND run_after <= {self.now}{gate} "
-            f"ORDER BY run_after LIMIT {part}) AS b)"
+            "fr AS MATERIALIZED (SELECT fq.queue, b.* FROM fq CROSS JOIN LATERAL "
+            f"({self.pair_read('fq.queue', part, '', gate)}) AS b)"
         )
 
     def frontier_rows(self, width: int, derived: bool = False) -> list[str]:
@@ -594,11 +604,6 @@ class RoundSQL:
             return f"SELECT '{marker}', {', '.join(values)}"
 
         not_claimed = "id NOT IN (SELECT id FROM claimed)"
-        first_fresh = (
-            f"(SELECT run_after FROM {t} WHERE {self.fresh_ready('fq.queue')} "
-            f"AND priority = fq.priority AND run_after >= fq.start AND run_after <= {now} "
-            f"AND {not_claimed} ORDER BY run_after LIMIT 1)"
-        )
         if derived:
             # Optimistic: from the pair's read itself (``fr``), unlocked, so
             # a row another session held is in it and not passed: its first
@@ -610,6 +615,12 @@ class RoundSQL:
                 f"(SELECT min(run_after) FROM fr WHERE {pair} AND fr.{not_claimed}), "
                 f"(SELECT max(run_after) FROM fr WHERE {pair} "
                 "HAVING count(*) >= %(pool)s)"
+            )
+        else:
+            first_fresh = (
+                f"(SELECT run_after FROM {t} WHERE {self.fresh_ready('fq.queue')} "
+                f"AND priority = fq.priority AND run_after >= fq.start AND run_after <= {now} "
+                f"AND {not_claimed} ORDER BY run_after LIMIT 1)"
             )
         first_expired = (
             f"(SELECT lease_expires_at FROM {t} WHERE status = '{RUNNING}' "
