@@ -4,10 +4,11 @@ While a transaction or a snapshot is held open (a report at REPEATABLE READ,
 ``pg_dump``, a session idle in transaction, a replica's
 ``hot_standby_feedback``), vacuum can remove none of the versions the task
 table's claims and moves leave behind, and its indexes grow with their
-entries: after a ten-minute pin at 300 tasks a second they stayed at 12.6 MB
-where the heap came back to 3.4 (docs/benchmarks.md). Once the pin ends vacuum removes the entries,
-but the pages stay in the files, and the indexes keep that size. The heap
-gives its empty pages back; the indexes only as they are rebuilt.
+entries. Once the pin ends vacuum removes the entries, but the pages stay in
+the files, and the indexes keep that size: after a ten-minute pin at 300
+tasks a second they stayed at 12.6 MB where the heap came back to 3.4
+(docs/benchmarks.md). The heap gives its empty pages back; the indexes only
+as they are rebuilt.
 
 ``IndexRebuilder`` (a scheduler's, ``worker/scheduler.py``, every minute with
 retention) notes a transaction open longer than ``QUIET_FOR``; once none is,
