@@ -10,6 +10,7 @@ from django.db import connection, connections
 from django_rdbtasks import index_rebuild
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.models import Task
+from tests.conftest import wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
@@ -39,6 +40,21 @@ def index_bytes() -> dict[str, int]:
             [TABLE],
         )
         return dict(cursor.fetchall())
+
+
+def release(pin: psycopg.Connection) -> None:
+    """End the pin, and wait until its server process is gone: until then the
+    server still lists its transaction (a rebuild would see it held)."""
+    pid = pin.info.backend_pid
+    pin.close()
+
+    def gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            return cursor.fetchone()[0] == 0
+
+    wait_until(gone, timeout=30)
 
 
 def churn_under_a_pin(rows: int) -> psycopg.Connection:
@@ -76,7 +92,7 @@ def test_indexes_a_pin_grew_are_rebuilt_once_it_ends_and_not_before():
         assert indexes.step() == []
         assert indexes.pin_seen
     finally:
-        pin.close()
+        release(pin)
     rebuilt = indexes.step()
     assert pkey in rebuilt, rebuilt
     after = index_bytes()
@@ -100,7 +116,7 @@ def test_indexes_grown_by_the_churn_between_vacuums_are_left_to_vacuum():
     since the last vacuum; their pages are reused, and a rebuild would only
     see them grow back (its lock cancelling an autovacuum meanwhile)."""
     indexes = rebuilder()
-    churn_under_a_pin(20_000).close()  # held for no longer than the churn
+    release(churn_under_a_pin(20_000))  # held for no longer than the churn
     assert index_rebuild.grown_indexes("default", slack=SLACK)
     assert indexes.step() == [] and not indexes.pin_seen
 
@@ -138,7 +154,7 @@ def test_the_command_lists_and_rebuilds_the_grown_indexes(capsys, monkeypatch):
         with pytest.raises(CommandError, match="holds back the cleanup"):
             call_command("rdbtasks", "rebuild-indexes")
     finally:
-        pin.close()
+        release(pin)
     before = index_bytes()[pkey]
     call_command("rdbtasks", "rebuild-indexes")
     assert f"rebuilt {pkey}" in capsys.readouterr().out
