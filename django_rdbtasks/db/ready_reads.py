@@ -139,13 +139,8 @@ class ReadyReads:
         ``tag``: a column ``part`` more, of that value."""
         now = self.d.now_sql
         if kind == EXPIRED:
-            return self._select(
-                f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= {now} "
-                f"AND {self.limits.available('t')}",
-                "lease_expires_at",
-                0,
-                tag,
-            )
+            # A limited task's only where its key has a free slot.
+            return self.expired_sql(self.limits.available("t"), tag)
         arm = {FRESH: ready_arms.FRESH, DEFERRED: ready_arms.DEFERRED, WINDOW: ""}[kind]
         if kind == WINDOW and self.split:
             arm = ready_arms.LIMITED
@@ -277,7 +272,7 @@ class ReadyReads:
         an index with a LIMIT."""
         parts: list[tuple[str, list[Any]]] = []
         for queue in queues:
-            parts.append((self.unlimited_expired_sql(), [queue, limit]))
+            parts.append((self.expired_sql("limit_key IS NULL"), [queue, limit]))
             if self.split:
                 parts += [(self.part_sql(kind), [queue, limit]) for kind in (FRESH, DEFERRED)]
             else:
@@ -285,13 +280,14 @@ class ReadyReads:
         found = sorted(self._read_parts(cursor, parts, lock), key=lambda r: r.order)
         return [r.candidate for r in found[:limit]]
 
-    def unlimited_expired_sql(self) -> str:
-        """A queue's expired leases of tasks without a limit (``%s``: the queue, how many)."""
+    def expired_sql(self, condition: str, tag: int | None = None) -> str:
+        """A queue's expired leases that meet ``condition`` (``%s``: the queue, how many)."""
         return self._select(
             f"status = '{RUNNING}' AND queue_name = %s AND lease_expires_at <= "
-            f"{self.d.now_sql} AND limit_key IS NULL",
+            f"{self.d.now_sql} AND {condition}",
             "lease_expires_at",
             0,
+            tag,
         )
 
     def _offer(
