@@ -192,3 +192,29 @@ def test_runworkers_log_level_governs_every_per_task_record(
     assert " failed (ran " in failed[-1] and failed[-1].endswith(", attempt 2 of 2)"), log
     after = log.split(failed[-1])[1]
     assert after.startswith("\nTraceback (most recent call last):"), log
+
+
+def test_a_signal_whose_receivers_are_only_the_guards_is_not_sent(monkeypatch) -> None:
+    """Sending it would call nothing: the worker skips Django's look-up of its receivers.
+    A receiver connected, strongly or weakly, makes it sent again, from the next send."""
+    from django_rdbtasks.worker import task_logging
+
+    task_logging.install()
+    signal = framework_signals.task_started
+    assert task_logging.only_guarded(signal)
+    sent: list[object] = []
+    monkeypatch.setattr(signal, "send", lambda sender, **named: sent.append(named))
+    task_logging.send_signal(self_backend(), "task_started", "result")
+    assert sent == []
+
+    def receiver(sender, **kwargs) -> None:  # connected weakly: a weak reference in the list
+        pass
+
+    signal.connect(receiver)
+    try:
+        assert not task_logging.only_guarded(signal)
+        task_logging.send_signal(self_backend(), "task_started", "result")
+        assert sent == [{"task_result": "result"}]
+    finally:
+        signal.disconnect(receiver)
+    assert task_logging.only_guarded(signal)

@@ -68,8 +68,27 @@ def install() -> None:
             )
 
 
+def only_guarded(signal: Any) -> bool:
+    """Whether every receiver of ``signal`` is a guard, which the worker's own
+    sending does not call: then sending it calls nothing.
+
+    Read off the signal's list of receivers each time (an entry's second item
+    is the receiver, or a weak reference to it): a receiver a project connects
+    later, or one of the two it disconnects, counts from the next task on.
+    """
+    return all(type(entry[1]) is UnlessTheWorkerSends for entry in signal.receivers)
+
+
 def send_signal(backend: Any, name: str, result: Any) -> None:
-    """``backend.send_signal(name, result)``, without the framework's records (see above)."""
+    """``backend.send_signal(name, result)``, without the framework's records (see above).
+
+    A signal whose only receivers are the guards is not sent: Django's
+    ``Signal.send`` would look its receivers up (a lock, the sender's id, each
+    one's reference) to call none of them, about 2 µs a signal, two a task
+    (docs/benchmarks.md, "A quiet sitting").
+    """
+    if only_guarded(getattr(framework_signals, name)):
+        return
     _sending.active = True
     try:
         backend.send_signal(name, result)
