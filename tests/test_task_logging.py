@@ -218,3 +218,21 @@ def test_a_signal_whose_receivers_are_only_the_guards_is_not_sent(monkeypatch) -
     finally:
         signal.disconnect(receiver)
     assert task_logging.only_guarded(signal)
+
+
+def test_a_backend_that_overrides_send_signal_is_called_for_every_task() -> None:
+    """Only the framework's own sending is skipped where nobody listens: a subclass's
+    ``send_signal`` (instrumentation of its own) is still called."""
+    from django_rdbtasks.backend import RDBTaskBackend
+    from django_rdbtasks.worker import task_logging
+
+    calls: list[str] = []
+
+    class Instrumented(RDBTaskBackend):
+        def send_signal(self, name, result) -> None:
+            calls.append(name)
+
+    task_logging.install()
+    assert task_logging.only_guarded(framework_signals.task_finished)
+    task_logging.send_signal(object.__new__(Instrumented), "task_finished", "result")
+    assert calls == ["task_finished"]

@@ -4,8 +4,9 @@ The Tasks framework's receivers of ``task_started`` and ``task_finished`` log
 ``Task id=... path=... state=RUNNING`` and ``... state=SUCCESSFUL`` (or
 ``FAILED``, at ERROR with the traceback) to its logger, ``django.tasks``
 (``django_tasks`` for the backport), for every task the signals are sent for.
-A worker must send both signals (projects' receivers count on them), and its
-own line already says what became of the task, and more: three records per
+A worker must send both signals (projects' receivers count on them; where
+there are none, sending calls nothing and is skipped: ``send_signal``), and
+its own line already says what became of the task, and more: three records per
 task, two of them out of reach of ``runworkers --log-level``, since they are
 the framework's logger's, which Django's default logging sends to the console
 at INFO whatever the root logger's level.
@@ -31,6 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..backend import RDBTaskBackend
 from ..compat import framework_signals
 
 #: The framework's receivers whose records the worker's line replaces, by signal.
@@ -85,9 +87,12 @@ def send_signal(backend: Any, name: str, result: Any) -> None:
     A signal whose only receivers are the guards is not sent: Django's
     ``Signal.send`` would look its receivers up (a lock, the sender's id, each
     one's reference) to call none of them, about 2 µs a signal, two a task
-    (docs/benchmarks.md, "A quiet sitting").
+    (docs/benchmarks.md, "A quiet sitting"). A backend whose class overrides
+    ``send_signal`` is called for every task, as before.
     """
-    if only_guarded(getattr(framework_signals, name)):
+    if type(backend).send_signal is RDBTaskBackend.send_signal and only_guarded(
+        getattr(framework_signals, name)
+    ):
         return
     _sending.active = True
     try:
