@@ -13,9 +13,10 @@ import re
 
 import pytest
 
+from django_rdbtasks.backend import RDBTaskBackend
 from django_rdbtasks.compat import HAS_DJANGO_TASKS, framework_signals
 from django_rdbtasks.models import Task
-from django_rdbtasks.worker import Worker
+from django_rdbtasks.worker import Worker, task_logging
 from tests.browser.support import make_task, now
 from tests.testapp import tasks
 
@@ -197,8 +198,6 @@ def test_runworkers_log_level_governs_every_per_task_record(
 def test_a_signal_whose_receivers_are_only_the_guards_is_not_sent(monkeypatch) -> None:
     """Sending it would call nothing: the worker skips Django's look-up of its receivers.
     A receiver connected, strongly or weakly, makes it sent again, from the next send."""
-    from django_rdbtasks.worker import task_logging
-
     task_logging.install()
     signal = framework_signals.task_started
     assert task_logging.only_guarded(signal)
@@ -223,9 +222,6 @@ def test_a_signal_whose_receivers_are_only_the_guards_is_not_sent(monkeypatch) -
 def test_a_backend_that_overrides_send_signal_is_called_for_every_task() -> None:
     """Only the framework's own sending is skipped where nobody listens: a subclass's
     ``send_signal`` (instrumentation of its own) is still called."""
-    from django_rdbtasks.backend import RDBTaskBackend
-    from django_rdbtasks.worker import task_logging
-
     calls: list[str] = []
 
     class Instrumented(RDBTaskBackend):
