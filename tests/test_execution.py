@@ -14,7 +14,7 @@ from django_rdbtasks.db.rows import Candidate, ClaimedRow, Outcome
 from django_rdbtasks.exceptions import HandOver, InvalidTaskPath, ValueNotStorable, WorkerLost
 from django_rdbtasks.states import AttemptOutcome, OutcomeKind
 from django_rdbtasks.storable import StorageLimits
-from django_rdbtasks.worker.execution import Control, Executor, Running
+from django_rdbtasks.worker.execution import Control, Executor, Running, history_entry
 
 NOW = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
 
@@ -76,6 +76,28 @@ def test_success_carries_its_value_and_one_history_entry():
     assert (outcome.kind, outcome.return_value, outcome.version) == (OutcomeKind.SUCCESS, 5, 7)
     assert outcome.entry["outcome"] == AttemptOutcome.SUCCESSFUL
     assert outcome.entry["worker_id"] == "host:1:0:abc" and outcome.entry["attempt"] == 1
+
+
+@pytest.mark.parametrize(
+    "claimed_at",
+    [
+        NOW,  # no microseconds: isoformat() leaves them out
+        NOW.replace(microsecond=999_999),  # the end in the next second
+        dt.datetime(2026, 12, 31, 23, 59, 59, 500_000, tzinfo=dt.UTC),  # and the next year
+        NOW.astimezone(dt.timezone(dt.timedelta(hours=5, minutes=30))),  # not UTC
+        NOW.replace(tzinfo=None),  # a project without USE_TZ: naive times
+    ],
+)
+def test_the_entrys_times_are_the_claim_and_its_end_as_isoformat_gives_them(claimed_at):
+    row = claimed("add", 1, 1)
+    # Twice: the second time the claim's own text is the one kept (a round's
+    # claims share their time), then another claim time.
+    for moment, duration in ((claimed_at, 0.5), (claimed_at, 0.25), (NOW, 1e-6)):
+        row.claimed_at = moment
+        entry = history_entry(Running(row, "w"), duration, AttemptOutcome.SUCCESSFUL)
+        assert entry["started_at"] == moment.isoformat()
+        end = moment + dt.timedelta(seconds=duration)
+        assert entry["finished_at"] == end.isoformat()
 
 
 def test_an_exception_is_retried_while_attempts_remain_then_fails():

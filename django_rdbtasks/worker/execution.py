@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from traceback import format_exception
 from typing import Any, Protocol
 
@@ -470,6 +470,32 @@ class Executor:
         return None
 
 
+#: The last claim time formatted, as (time, the same without its zone, text):
+#: a round's claims share their database clock's time, so most tasks format
+#: only their end.
+_last_claim: tuple[datetime | None, datetime | None, str] = (None, None, "")
+
+
+def _attempt_times(claimed_at: datetime, duration: float) -> tuple[str, str]:
+    """``claimed_at`` and ``duration`` after it as ``isoformat()`` texts.
+
+    A time of the database clock is in UTC (``datetime.UTC``): formatted
+    without its zone, and the zone's text added, it is the same text in
+    half the time (an aware ``isoformat()`` asks its zone for the offset).
+    """
+    global _last_claim  # one tuple, replaced whole: each thread reads a consistent one
+    moment, naive, start = _last_claim
+    # (Equal instants in two zones are equal datetimes, and their texts differ.)
+    if moment != claimed_at or moment.tzinfo is not claimed_at.tzinfo:
+        start = claimed_at.isoformat()
+        naive = claimed_at.replace(tzinfo=None) if claimed_at.tzinfo is UTC else None
+        _last_claim = (claimed_at, naive, start)
+    end = timedelta(seconds=duration)
+    if naive is None:
+        return start, (claimed_at + end).isoformat()
+    return start, (naive + end).isoformat() + "+00:00"
+
+
 def history_entry(
     running: Running,
     duration: float,
@@ -486,12 +512,12 @@ def history_entry(
     message, and fails or retries the task as it would have.
     """
     row = running.row
-    claimed_at = row.claimed_at
+    started_at, finished_at = _attempt_times(row.claimed_at, duration)
     entry: dict[str, Any] = {
         "attempt": row.attempts,
         "worker_id": running.worker_id,
-        "started_at": claimed_at.isoformat(),
-        "finished_at": (claimed_at + timedelta(seconds=duration)).isoformat(),
+        "started_at": started_at,
+        "finished_at": finished_at,
         "outcome": outcome,
     }
     if exc is not None:

@@ -162,7 +162,13 @@ class Reporter:
         if log or kind.counts_as_failure:
             self._log(outcome, running)
         result = running.result
-        if result is not None and kind in (OutcomeKind.SUCCESS, OutcomeKind.FAILURE):
+        # The result is made final for task_finished's receivers: with none to
+        # call (only the guards), nothing would read it.
+        if (
+            result is not None
+            and kind in (OutcomeKind.SUCCESS, OutcomeKind.FAILURE)
+            and task_logging.sends(self.backend, "task_finished")
+        ):
             finished_at = row.claimed_at + timedelta(seconds=outcome.duration)
             object.__setattr__(result, "finished_at", finished_at)
             if kind == OutcomeKind.SUCCESS:

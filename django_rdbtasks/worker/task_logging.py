@@ -81,6 +81,13 @@ def only_guarded(signal: Any) -> bool:
     return all(type(entry[1]) is UnlessTheWorkerSends for entry in signal.receivers)
 
 
+def sends(backend: Any, name: str) -> bool:
+    """Whether ``send_signal(backend, name, ...)`` would send the signal now."""
+    return type(backend).send_signal is not RDBTaskBackend.send_signal or not only_guarded(
+        getattr(framework_signals, name)
+    )
+
+
 def send_signal(backend: Any, name: str, result: Any) -> None:
     """``backend.send_signal(name, result)``, without the framework's records (see above).
 
@@ -90,9 +97,7 @@ def send_signal(backend: Any, name: str, result: Any) -> None:
     (docs/benchmarks.md, "A quiet sitting"). A backend whose class overrides
     ``send_signal`` is called for every task, as before.
     """
-    if type(backend).send_signal is RDBTaskBackend.send_signal and only_guarded(
-        getattr(framework_signals, name)
-    ):
+    if not sends(backend, name):
         return
     _sending.active = True
     try:

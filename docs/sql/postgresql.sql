@@ -250,7 +250,30 @@ WITH lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -272,7 +295,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -739,7 +762,30 @@ WITH lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -795,7 +841,7 @@ SELECT
                        (SELECT count(*)
                         FROM lf) -
                        (SELECT count(*)
-                        FROM sf)),
+                        FROM sf))::text,
   NULL,
   NULL,
   NULL,
@@ -822,7 +868,7 @@ SELECT
   NULL,
   NULL,
   NULL,
-  jsonb_build_array(limit_key, n, period),
+  jsonb_build_array(limit_key, n, period)::text,
   NULL,
   NULL,
   NULL,
@@ -1405,7 +1451,30 @@ WITH RECURSIVE lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -1467,7 +1536,7 @@ SELECT
                        (SELECT count(*)
                         FROM lf) -
                        (SELECT count(*)
-                        FROM sf)),
+                        FROM sf))::text,
   NULL,
   NULL,
   NULL,
@@ -1494,7 +1563,7 @@ SELECT
   NULL,
   NULL,
   NULL,
-  jsonb_build_array(limit_key, n, period),
+  jsonb_build_array(limit_key, n, period)::text,
   NULL,
   NULL,
   NULL,
@@ -1755,7 +1824,30 @@ WITH lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -1777,7 +1869,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -2216,7 +2308,30 @@ WITH lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -2272,7 +2387,7 @@ SELECT
                        (SELECT count(*)
                         FROM lf) -
                        (SELECT count(*)
-                        FROM sf)),
+                        FROM sf))::text,
   NULL,
   NULL,
   NULL,
@@ -2299,7 +2414,7 @@ SELECT
   NULL,
   NULL,
   NULL,
-  jsonb_build_array(limit_key, n, period),
+  jsonb_build_array(limit_key, n, period)::text,
   NULL,
   NULL,
   NULL,
@@ -2856,7 +2971,30 @@ WITH RECURSIVE lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -2918,7 +3056,7 @@ SELECT
                        (SELECT count(*)
                         FROM lf) -
                        (SELECT count(*)
-                        FROM sf)),
+                        FROM sf))::text,
   NULL,
   NULL,
   NULL,
@@ -2945,7 +3083,7 @@ SELECT
   NULL,
   NULL,
   NULL,
-  jsonb_build_array(limit_key, n, period),
+  jsonb_build_array(limit_key, n, period)::text,
   NULL,
   NULL,
   NULL,
@@ -3349,12 +3487,35 @@ WITH mine AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -3382,7 +3543,7 @@ FROM d0
 UNION ALL
 SELECT
   'b',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -3427,7 +3588,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -3773,7 +3934,30 @@ WITH lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -3795,7 +3979,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -4181,7 +4365,30 @@ WITH lim AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
@@ -4203,7 +4410,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -4750,12 +4957,35 @@ WITH mine AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -4783,7 +5013,7 @@ FROM d0
 UNION ALL
 SELECT
   'b',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -4828,7 +5058,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -5287,12 +5517,35 @@ WITH mine AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -5320,7 +5573,7 @@ FROM d0
 UNION ALL
 SELECT
   'b',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -5365,7 +5618,7 @@ SELECT
                       END, CASE
                                WHEN false THEN 'held'
                            END),
-  NULL::jsonb,
+  NULL::text,
   NULL,
   NULL,
   NULL,
@@ -6001,12 +6254,35 @@ WITH mine AS MATERIALIZED
      go.last_attempted_at AS prev_attempted)
 SELECT
   'c',
-  claimed.*
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
 FROM claimed
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -6034,7 +6310,7 @@ FROM d0
 UNION ALL
 SELECT
   'b',
-  id,
+  id::text,
   NULL,
   NULL,
   NULL,
@@ -6113,7 +6389,7 @@ SELECT
                        (SELECT count(*)
                         FROM lf) -
                        (SELECT count(*)
-                        FROM sf)),
+                        FROM sf))::text,
   NULL,
   NULL,
   NULL,
@@ -6169,7 +6445,7 @@ SELECT
   NULL,
   NULL,
   NULL,
-  jsonb_build_array(limit_key, n, period),
+  jsonb_build_array(limit_key, n, period)::text,
   NULL,
   NULL,
   NULL,
@@ -6758,55 +7034,55 @@ WITH mine AS MATERIALIZED
       GROUP BY f.queue_name) AS w)
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d0
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d1
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d2
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d3
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d4
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d5
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d6
 UNION ALL
 SELECT
   'd',
-  id,
+  id::text,
   0
 FROM d7
 UNION ALL
 SELECT
   'b',
-  id,
+  id::text,
   0
 FROM busy
 UNION ALL

@@ -409,5 +409,6 @@ class PostgreSQLDialect(Dialect):
         else:  # the slots (``slots_renewed``) too
             sql, names = self.renew_sql
         cursor.execute(sql, [parameter(values[name]) for name in names])
-        rows = cursor.fetchall()
+        # As text, as the round returns the ids it claimed, whatever the cursor.
+        rows = [(self.public_id(row[0]), row[1]) for row in cursor.fetchall()]
         return {row[0] for row in rows}, {row[0] for row in rows if row[1]}

@@ -108,6 +108,11 @@ OUTCOME_VALUES = {"return_value": "c.rv", "entry": "c.entry", "delay": "c.delay"
 #: in a drain's round, whenever the array is a parameter (a prepared round's
 #: is) rather than a constant.
 FINISHING = "SELECT unnest(%(finishing)s::uuid[])"
+#: What a round returns as text, though the columns are uuid and jsonb: the
+#: worker's session loads these two types in Python (cursor.py), text in C,
+#: and a round returns one id a task claimed and one a task written. The
+#: server prints a jsonb the same way for either format.
+SENT_AS_TEXT = frozenset({"id", "args", "kwargs", "history", "checkpoint", "trace_context"})
 #: What a claim needs of a row (the reads add what they order it by).
 _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_count, limit_period"
 #: ``_COLS`` read off the table, with where the row is (``at``: the claim's
@@ -277,8 +282,8 @@ class RoundSQL:
             if not done:
                 return "SELECT 'p', NULL, 0 WHERE false"
             selects = [
-                *(f"SELECT 'd', id, 0 FROM {d}" for d in done),
-                "SELECT 'b', id, 0 FROM busy",
+                *(f"SELECT 'd', id::text, 0 FROM {d}" for d in done),
+                "SELECT 'b', id::text, 0 FROM busy",
             ]
             if frees:
                 ctes += freeing
@@ -306,10 +311,14 @@ class RoundSQL:
         )
         width = len(CLAIM_COLUMNS) + 2  # the columns after the marker and the id
         blanks = ", ".join(["NULL"] * width)
+        claimed = ", ".join(
+            f"claimed.{c}::text" if c in SENT_AS_TEXT else f"claimed.{c}"
+            for c in (*CLAIM_COLUMNS, "prev_status", "prev_worker", "prev_attempted")
+        )
         parts = [
-            "SELECT 'c', claimed.* FROM claimed",
-            *(f"SELECT 'd', id, {blanks} FROM {d}" for d in done),
-            *([f"SELECT 'b', id, {blanks} FROM busy"] if kinds else []),
+            f"SELECT 'c', {claimed} FROM claimed",
+            *(f"SELECT 'd', id::text, {blanks} FROM {d}" for d in done),
+            *([f"SELECT 'b', id::text, {blanks} FROM busy"] if kinds else []),
         ]
         # How many runnable rows the claim saw (more than it won: others won
         # or hold the rest), what it found of limited rows (``flags``), and
@@ -325,7 +334,7 @@ class RoundSQL:
             # Keys whose slots are missing (a new key, a raised limit): the
             # worker makes them after the round (db/limits.py, make_slots).
             parts.append(
-                "SELECT 'm', NULL, NULL, NULL, jsonb_build_array(limit_key, n, period), "
+                "SELECT 'm', NULL, NULL, NULL, jsonb_build_array(limit_key, n, period)::text, "
                 f"{rest} FROM ({missing}) AS m"
             )
         head = "WITH RECURSIVE" if form == ClaimForm.WALK else "WITH"
@@ -344,7 +353,7 @@ class RoundSQL:
         """The CTEs ending in ``go`` (the rows to claim), and four SQL expressions:
         how many runnable rows were seen, the flags (``limited`` rows are
         there, a window asks for the ``walk``, full keys ``held`` rows back),
-        the details (jsonb: ``wait``, the seconds until a slot of those keys
+        the details (a jsonb's text: ``wait``, the seconds until a slot of those keys
         comes free by time; ``lost``, limited rows whose slot others took),
         and a query of the keys missing slots ('' in the lean form).
         ``frees``: the round ends limited claims, whose slots its claim may
@@ -410,7 +419,7 @@ class RoundSQL:
                 _per_queue(self.fresh_rows(part, lock, gate)),
             ]
         reads.append(_per_queue(self.deferred_by_priority(part, lock, gate)))
-        missing, walk, held, details = "", "false", "false", "NULL::jsonb"
+        missing, walk, held, details = "", "false", "false", "NULL::text"
         if not lean:
             limited_ctes, limited_reads, missing, held, wait = self.limited.reads(
                 part, lock, form == ClaimForm.WALK, frees
@@ -418,7 +427,7 @@ class RoundSQL:
             ctes += limited_ctes
             reads += limited_reads
             walk = "EXISTS (SELECT 1 FROM nb WHERE walk)"
-            details = f"jsonb_build_object('wait', {wait}, 'lost', {self.limited.lost()})"
+            details = f"jsonb_build_object('wait', {wait}, 'lost', {self.limited.lost()})::text"
         rows = "ce" if skip_locked else "pool"
         # The lean form does not claim an expired lease of a limited task (it
         # takes a slot), the window form does not claim while a window is
