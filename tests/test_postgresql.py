@@ -9,7 +9,7 @@ from django.db import connection, connections, transaction
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.base import candidate_count
 from django_rdbtasks.db.postgresql import PostgreSQLDialect
-from django_rdbtasks.db.postgresql.parameters import outcomes_json, parameter
+from django_rdbtasks.db.postgresql.parameters import outcome_json, outcomes_json, parameter
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind
@@ -49,6 +49,27 @@ def test_an_outcome_encoded_ahead_is_sent_as_the_round_would_encode_it():
         "entry": None,
         "delay": 2.5,
     }
+
+
+def test_an_outcome_is_the_json_the_standard_encoder_writes():
+    class Odd:
+        def __str__(self):
+            return "odd \u2603"
+
+    entries = (
+        None,
+        {"attempt": 2, "worker_id": "h\u00f6st:1:0:x\"y", "outcome": "SUCCESSFUL", "t": "\n\t"},
+        {"nested": [[], {}, [1.5, -0.0, 10**30, True, False, None]], "odd": Odd()},
+    )
+    for entry in entries:
+        for value in (None, "", 0, 2.5, float("inf"), {"k": ["\u00e9", "\ud83d\ude00"]}):
+            outcome = Outcome(uuid.uuid4(), 7, OutcomeKind.SUCCESS, entry=entry, return_value=value)
+            standard = json.dumps(
+                {"id": str(outcome.id), "version": 7, "rv": value, "entry": entry, "delay": 0.0},
+                default=str,
+                separators=(",", ":"),
+            )
+            assert outcome_json(outcome) == standard
 
 
 def claim_one(using):

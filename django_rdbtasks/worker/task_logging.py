@@ -78,7 +78,11 @@ def only_guarded(signal: Any) -> bool:
     is the receiver, or a weak reference to it): a receiver a project connects
     later, or one of the two it disconnects, counts from the next task on.
     """
-    return all(type(entry[1]) is UnlessTheWorkerSends for entry in signal.receivers)
+    # A loop, not all() over a generator: asked twice a task.
+    for entry in signal.receivers:
+        if type(entry[1]) is not UnlessTheWorkerSends:
+            return False
+    return True
 
 
 def sends(backend: Any, name: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..rows import Outcome
@@ -51,9 +51,37 @@ def array_literal(values: Sequence[Any]) -> str:
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 
+def _made_once() -> Callable[[Any], str]:
+    """``_ENCODER.encode``, without making its C encoder again at every call.
+
+    ``JSONEncoder.encode`` builds one (``c_make_encoder``) per call, about half
+    of what encoding an outcome costs; this builds it once, with the same
+    settings. Without the circular-reference check: it keeps its state in
+    the encoder, which the threads share, and an outcome's return value was
+    checked by ``json.dumps`` as the task returned it (``_json_value``).
+    Where the C encoder is missing, or takes other arguments, ``_ENCODER.encode``.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _ENCODER.encode
+    try:
+        iterencode = make(
+            None, str, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+        )
+        sample = {"a": [1, 2.5, None, True], "b": "\u00e9\n", "c": {"d": float("inf")}}
+        if "".join(iterencode(sample, 0)) != _ENCODER.encode(sample):
+            return _ENCODER.encode
+    except (TypeError, ValueError):
+        return _ENCODER.encode
+    return lambda value: "".join(iterencode(value, 0))
+
+
+_encode = _made_once()
+
+
 def outcome_json(o: Outcome) -> str:
     # A JSON null becomes SQL NULL in jsonb_to_recordset: None stays "no value".
-    return _ENCODER.encode(
+    return _encode(
         {
             "id": str(o.id),
             "version": o.version,
