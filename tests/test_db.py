@@ -102,9 +102,11 @@ def test_expired_lease_is_claimable_and_fences_the_old_holder():
         [],
     )
     # The new holder's writes land.
-    assert renew("new", [new]) == {new.id}
+    # (Each statement's ids as the worker reads them: PostgreSQL's as text.)
+    ids = dialect_for(connection).public_id
+    assert set(map(ids, renew("new", [new]))) == {ids(new.id)}
     done = outcome(new, "success", entry={"outcome": "SUCCESSFUL"}, return_value={"sum": 3})
-    assert finish("new", [done]) == {new.id}
+    assert set(map(ids, finish("new", [done]))) == {ids(new.id)}
     task.refresh_from_db()
     assert (task.status, task.return_value, task.history) == (
         "SUCCESSFUL",
@@ -414,7 +416,9 @@ def test_a_row_another_session_holds_locked_is_kept_not_waited_for(vendor):
                     cursor.execute("SET lock_timeout = '5s'")
                 else:
                     cursor.execute("SET SESSION innodb_lock_wait_timeout = 5")
-            assert renew("w", rows, lease=60) == {held.id, other.id}  # both still ours
+            ids = dialect_for(connection).public_id
+            still = set(map(ids, renew("w", rows, lease=60)))
+            assert still == {ids(held.id), ids(other.id)}  # both still ours
             after = Task.objects.get(pk=before.pk)
             assert (after.lease_expires_at > before.lease_expires_at) == renewed, lock
             holder.rollback()

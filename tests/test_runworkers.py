@@ -229,6 +229,56 @@ def test_lost_database_connections_are_survived(run_workers, vendor):
     assert SideEffect.objects.values("key").distinct().count() == count
 
 
+def _kill_writers_beside_claims(claimers):
+    """The sessions that write outcomes beside a claim (worker/beside.py), killed;
+    how many. A session that ever claimed (``claimers``, kept across calls) is a
+    lane's own: its rounds write outcomes too, and are left alone. (The server
+    keeps 1,024 bytes of a statement's text: its beginning tells them apart.)"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, query FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        sessions = cursor.fetchall()
+        claimers.update(pid for pid, query in sessions if query.startswith("WITH lim AS"))
+        writers = [
+            pid
+            for pid, query in sessions
+            # (The keeper's renewals begin the same way.)
+            if query.startswith("WITH mine AS")
+            and "renewed AS" not in query
+            and pid not in claimers
+        ]
+        if writers:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM unnest(%s) AS pid", [writers]
+            )
+            return cursor.fetchone()[0]
+    return 0
+
+
+def test_results_written_beside_the_claim_survive_their_connection(run_workers, vendor):
+    """Short tasks' results go on a second connection while the round claims; that
+    connection killed again and again mid-drain, each task still runs once and
+    every result is written (by the lane's next round)."""
+    if vendor != "postgresql":
+        pytest.skip("only PostgreSQL's rounds are one statement, written beside the claim")
+    count = 5000
+    bulk_enqueue(tasks.record, [((f"b{i}",), {}) for i in range(count)])
+    workers = run_workers("--processes", "1", "--burst", "--no-scheduler")
+    killed, claimers = 0, set()
+    while workers.process.poll() is None and killed < 6:
+        killed += _kill_writers_beside_claims(claimers)
+        time.sleep(0.01)
+    assert workers.wait(timeout=300) == 0, workers.log()
+    assert killed > 0  # the drain wrote beside its claims
+    assert "beside the claim" in workers.log()
+    assert statuses()["SUCCESSFUL"] == count
+    # Exactly once: only the writer's sessions were killed, never a claim's.
+    assert SideEffect.objects.count() == count
+    assert SideEffect.objects.values("key").distinct().count() == count
+
+
 def test_notify_wakes_an_idle_worker(run_workers, vendor):
     if vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other databases poll")

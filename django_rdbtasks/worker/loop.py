@@ -33,6 +33,7 @@ from ..db.rows import ClaimRequest, Exchange
 from ..retrying import retry_database
 from ..schema import Reminder, tables_missing
 from ..states import ClaimMode
+from .beside import BesideWriter
 from .budget import TaskBudget
 from .connection import bound_user_connections, close_in_thread, open_in_thread, worker_alias
 from .execution import Executor
@@ -379,9 +380,11 @@ class Worker:
             name=f"rdbtasks-run-{lane.index}",
         )
         runner.start()
+        writer = BesideWriter(alias, self.database, lane.worker_id, f"rdbtasks-beside-{lane.index}")
         try:
-            self._rounds(lane, store, reporter, ahead, runner)
+            self._rounds(lane, store, reporter, ahead, runner, writer)
         finally:
+            writer.close()
             lane.close()
             # Its running task ends first (or the grace period ends the process).
             runner.join()
@@ -441,6 +444,7 @@ class Worker:
         reporter: Reporter,
         ahead: ClaimAhead,
         runner: threading.Thread,
+        writer: BesideWriter | None = None,
     ) -> None:
         while not self.stopping.is_set() and runner.is_alive():
             generation = lane.generation
@@ -462,7 +466,7 @@ class Worker:
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
             handing_back = lane.handing_back()
             behind = lane.in_flight() > 0
-            exchange = self._round(lane, store, reporter, want, behind)
+            exchange = self._round(lane, store, reporter, want, behind, writer)
             ahead.claimed(behind, exchange.passed_limited, time.monotonic())
             self.budget.give_back(want - len(exchange.claimed))
             if exchange.claimed:
@@ -533,10 +537,17 @@ class Worker:
             generation = lane.generation
 
     def _round(
-        self, lane: Lane, store: ClaimStore, reporter: Reporter, want: int, behind: bool = False
+        self,
+        lane: Lane,
+        store: ClaimStore,
+        reporter: Reporter,
+        want: int,
+        behind: bool = False,
+        writer: BesideWriter | None = None,
     ) -> Exchange:
         """Write what the lane finished and claim ``want`` more; retried through outages.
-        ``behind``: claimed behind a task the lane holds (``ClaimRequest.ahead``)."""
+        ``behind``: claimed behind a task the lane holds (``ClaimRequest.ahead``);
+        ``writer``: the lane's second connection, for outcomes written beside the claim."""
         finished = lane.take_finished()
         outcomes = [outcome for outcome, _ in finished]
         allowance = lane.start_allowance
@@ -562,11 +573,22 @@ class Worker:
                 lane.frontier.forget()
 
         sent = 0.0
+        # With many outcomes and a claim, the outcomes go on the lane's second
+        # connection, side by side with the claim (beside.py); once written
+        # there, a retry of the claim does not write them again.
+        beside = writer is not None and writer.takes(store, outcomes, request)
+        own = [] if beside else outcomes
+        written_beside: list[Exchange | None] = []
 
         def exchange_once() -> Exchange:
             nonlocal sent
             sent = time.monotonic()  # before the claim's database time
-            return store.exchange(outcomes, lane.worker_id, request)
+            pending = writer.write(outcomes) if writer and beside and not written_beside else None
+            try:
+                return store.exchange(own, lane.worker_id, request)
+            finally:
+                if pending is not None:
+                    written_beside.append(pending.result())
 
         exchange = retry_database(
             exchange_once,
@@ -579,6 +601,22 @@ class Worker:
             give_up=lambda: request is not None and self.stopping.is_set(),
             log=logger,
         )
+        if beside:
+            wrote = written_beside[0] if written_beside else None
+            if wrote is None:
+                # Not written beside (it failed, or never began): by the next round.
+                lane.put_back_finished(finished)
+                finished = []
+            elif exchange is None:
+                # The claim gave up (a stop); what was written beside is told now.
+                lane.put_back_finished([pair for pair in finished if pair[0].id in wrote.busy])
+                reporter.report(
+                    [pair for pair in finished if pair[0].id not in wrote.busy], wrote.written
+                )
+                finished = []
+            else:
+                exchange.written.update(wrote.written)
+                exchange.busy |= wrote.busy
         if exchange is None:
             # Stopped before the database answered: what finished is written
             # by the lane's last round (or released by the keeper's deadline).
