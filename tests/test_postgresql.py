@@ -58,7 +58,7 @@ def test_an_outcome_is_the_json_the_standard_encoder_writes():
 
     entries = (
         None,
-        {"attempt": 2, "worker_id": "h\u00f6st:1:0:x\"y", "outcome": "SUCCESSFUL", "t": "\n\t"},
+        {"attempt": 2, "worker_id": 'h\u00f6st:1:0:x"y', "outcome": "SUCCESSFUL", "t": "\n\t"},
         {"nested": [[], {}, [1.5, -0.0, 10**30, True, False, None]], "odd": Odd()},
     )
     for entry in entries:
