@@ -229,32 +229,26 @@ def test_lost_database_connections_are_survived(run_workers, vendor):
     assert SideEffect.objects.values("key").distinct().count() == count
 
 
-def _kill_writers_beside_claims(claimers):
+def _kill_writers_beside_claims():
     """The sessions that write outcomes beside a claim (worker/beside.py), killed;
-    how many. A session that ever claimed (``claimers``, kept across calls) is a
-    lane's own: its rounds write outcomes too, and are left alone. (The server
-    keeps 1,024 bytes of a statement's text: its beginning tells them apart.)"""
+    how many.
+
+    Of the sessions whose last statement writes successes (it begins with
+    their rows locked ``FOR UPDATE``, where a release's and a renewal's lock
+    ``FOR NO KEY UPDATE``; the server keeps 1,024 bytes of a statement), those
+    that began after the first task ran: a lane opens its writer's session at
+    its first round of many outcomes, while its own round session, whose
+    rounds write successes too and claim, began before any task ran.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid, query FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND query LIKE %s AND query LIKE %s "
+            f"AND backend_start > (SELECT min(created_at) FROM {SideEffect._meta.db_table})",
+            ["WITH mine AS%", "%FOR UPDATE SKIP LOCKED%"],
         )
-        sessions = cursor.fetchall()
-        claimers.update(pid for pid, query in sessions if query.startswith("WITH lim AS"))
-        writers = [
-            pid
-            for pid, query in sessions
-            # (The keeper's renewals begin the same way.)
-            if query.startswith("WITH mine AS")
-            and "renewed AS" not in query
-            and pid not in claimers
-        ]
-        if writers:
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM unnest(%s) AS pid", [writers]
-            )
-            return cursor.fetchone()[0]
-    return 0
+        return cursor.fetchone()[0]
 
 
 def test_results_written_beside_the_claim_survive_their_connection(run_workers, vendor):
@@ -265,10 +259,12 @@ def test_results_written_beside_the_claim_survive_their_connection(run_workers, 
         pytest.skip("only PostgreSQL's rounds are one statement, written beside the claim")
     count = 5000
     bulk_enqueue(tasks.record, [((f"b{i}",), {}) for i in range(count)])
-    workers = run_workers("--processes", "1", "--burst", "--no-scheduler")
-    killed, claimers = 0, set()
+    # Claimed 200 at a time, a round writes 50 outcomes or more however fast
+    # the tasks run: beside its claim.
+    workers = run_workers("--processes", "1", "--batch", "200", "--burst", "--no-scheduler")
+    killed = 0
     while workers.process.poll() is None and killed < 6:
-        killed += _kill_writers_beside_claims(claimers)
+        killed += _kill_writers_beside_claims()
         time.sleep(0.01)
     assert workers.wait(timeout=300) == 0, workers.log()
     assert killed > 0  # the drain wrote beside its claims
