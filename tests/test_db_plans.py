@@ -39,6 +39,10 @@ ROWS_READ_BOUND = 1_000
 #: What a round's reads of the READY indexes may read, in pages (the scheduled
 #: rows' entries alone are 500).
 READY_PAGES_BOUND = 100
+#: The lease of the claims a test holds across its inserts: an hour, so that a
+#: slow machine (300,000 rows inserted on MariaDB under CI's load took over a
+#: minute) never sees them expire and a later round claim them again.
+HELD_LEASE = 3600.0
 
 
 def modes(vendor: str) -> list[ClaimMode]:
@@ -162,7 +166,8 @@ def claim_some(worker_id: str, mode: ClaimMode, want: int = WANT) -> list[Outcom
     """Claim ``want`` rows and say they succeeded: the outcomes of the measured round."""
     dialect = dialect_for(connection)
     with transaction.atomic(), connection.cursor() as cursor:
-        rows, _ = dialect.claim(cursor, ClaimRequest(["default"], want, worker_id, 60.0, mode))
+        request = ClaimRequest(["default"], want, worker_id, HELD_LEASE, mode)
+        rows, _ = dialect.claim(cursor, request)
     assert len(rows) == want
     return [
         Outcome(row.id, row.version, OutcomeKind.SUCCESS, entry={"outcome": "ok"}, row=row)
