@@ -194,3 +194,80 @@ def test_a_task_body_in_a_worker_process_gets_bounded_connections(vendor, run_wo
         assert options["write_timeout"] == "2" and "read_timeout" not in options
     else:
         assert not {"connect_timeout", "tcp_user_timeout"} & set(options)
+
+
+def test_a_worker_session_is_named_after_its_thread_and_process(vendor):
+    """``pg_stat_activity`` tells an operator which worker process and which of its
+    threads a session is; a name the settings give is kept in front."""
+    import os
+
+    from django.db import connections
+
+    if vendor != "postgresql":
+        pytest.skip("PostgreSQL shows sessions by application_name")
+    alias = worker_alias("default", lease=30.0, pooled=POOLED)
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    saved = dict(options)
+
+    def named(thread_name):
+        def shown():
+            try:
+                return setting(open_in_thread(alias), vendor, "application_name")
+            finally:
+                close_in_thread(alias)
+
+        found = {}
+        thread = threading.Thread(target=lambda: found.update(name=shown()), name=thread_name)
+        thread.start()
+        thread.join(60)
+        return found["name"]
+
+    pid = os.getpid()
+    try:
+        options.pop("application_name", None)
+        assert named("rdbtasks-lane-3") == f"rdbtasks-lane-3 pid {pid}"
+        assert named("helper") == f"rdbtasks helper pid {pid}"
+        options["application_name"] = "shop"
+        assert named("rdbtasks-keeper") == f"shop rdbtasks-keeper pid {pid}"
+        # The server keeps 63 bytes of a name: the project's comes first, and the
+        # role is cut rather than the connection refused.
+        options["application_name"] = "a-long-project-name-" * 3
+        assert named("rdbtasks-lane-3") == "a-long-project-name-" * 3 + " rd"
+    finally:
+        options.clear()
+        options.update(saved)
+
+
+@pytest.mark.slow
+def test_a_running_worker_process_names_each_of_its_sessions(vendor, run_workers):
+    """A worker process's lanes, lease keeper and listener, each by name and the
+    process's pid, as an operator reads them in ``pg_stat_activity``."""
+    if vendor != "postgresql":
+        pytest.skip("PostgreSQL shows sessions by application_name")
+    if POOLED:
+        pytest.skip("behind a pooler a server session carries a client's name only while lent")
+    from django_rdbtasks.models import Worker
+
+    workers = run_workers("--processes", "1", "--threads", "2")
+    deadline = time.monotonic() + 60
+    names: set[str] = set()
+    pids: set[int] = set()
+    while time.monotonic() < deadline:
+        pids = set(Worker.objects.filter(stopped_at__isnull=True).values_list("pid", flat=True))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name LIKE 'rdbtasks%%'"
+            )
+            names = {row[0] for row in cursor.fetchall()}
+        wanted = {
+            f"rdbtasks-{role} pid {pid}"
+            for pid in pids
+            for role in ("lane-0", "lane-1", "keeper", "listener")
+        }
+        if pids and wanted <= names:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"sessions {sorted(names)} for worker pids {pids}: {workers.log()}")
+    assert workers.process.poll() is None, workers.log()

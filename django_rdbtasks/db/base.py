@@ -198,6 +198,11 @@ class Dialect(Spelling):
         """Driver options for a worker's own connections (keepalives, timeouts)."""
         return {}
 
+    def naming_options(self, role: str, configured: dict[str, Any]) -> dict[str, Any]:
+        """Driver options that name a worker's session after its ``role`` where the
+        server shows sessions by name, given the connection's ``configured`` options."""
+        return {}
+
     def notify(self, cursor: Any, queue_names: Iterable[str]) -> None:
         """Wake idle workers of these queues once the transaction commits."""
         self.inserts.notify(cursor, queue_names)

@@ -19,6 +19,7 @@ SET on it: the same bounds are set per transaction (``worker_transaction``).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,7 +87,9 @@ def open_in_thread(alias: str) -> Any:
     source = connections[bounds.database]
     settings = dict(source.settings_dict)
     options = dict(settings.get("OPTIONS") or {})
-    options.update(dialect_for(source).connection_options(bounds.lease))
+    dialect = dialect_for(source)
+    options.update(dialect.connection_options(bounds.lease))
+    options.update(dialect.naming_options(session_role(), options))
     settings.update(
         OPTIONS=options,
         # Held for the worker's life: reconnecting per task would triple its cost.
@@ -98,6 +101,16 @@ def open_in_thread(alias: str) -> Any:
     wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, alias)
     connections[alias] = wrapper
     return wrapper
+
+
+def session_role() -> str:
+    """What the calling thread's worker session does, and for which process: its
+    thread's name (``rdbtasks-lane-0``, ``rdbtasks-beside-0_0``, ``rdbtasks-keeper``,
+    ``rdbtasks-listener``) and the pid, as the worker table shows it."""
+    name = threading.current_thread().name
+    if not name.startswith("rdbtasks"):
+        name = f"rdbtasks {name}"
+    return f"{name} pid {os.getpid()}"
 
 
 #: Bounds of the worker's own connections that would cut a task's long

@@ -13,6 +13,7 @@ from django.db import connections
 from ..db import dialect_for
 from ..db.postgresql.channels import NOTIFY_CHANNEL, READY_CHANNEL, SLOT_CHANNEL
 from ..retrying import Backoff
+from .connection import session_role
 from .lanes import Wake
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -65,7 +66,9 @@ class Listener(threading.Thread):
         params = wrapper.get_connection_params()
         # The worker's keepalives: a server that vanished without a reset (a
         # failover, a partition) is noticed in seconds, not the OS's two hours.
-        params.update(dialect_for(wrapper).connection_options(self.lease))
+        dialect = dialect_for(wrapper)
+        params.update(dialect.connection_options(self.lease))
+        params.update(dialect.naming_options(session_role(), params))
         raw = wrapper.get_new_connection(params)
         raw.autocommit = True
         raw.execute(f"LISTEN {NOTIFY_CHANNEL}")

@@ -138,6 +138,9 @@ class PostgreSQLDialect(Dialect):
     def connection_options(self, lease: float) -> dict[str, Any]:
         return self.sessions.connection_options(lease)
 
+    def naming_options(self, role: str, configured: dict[str, Any]) -> dict[str, Any]:
+        return self.sessions.naming_options(role, configured)
+
     def now_plus_sql(self, placeholder: str) -> str:
         return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
 

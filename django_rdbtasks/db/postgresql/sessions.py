@@ -17,6 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The longest ``application_name`` the server keeps (NAMEDATALEN - 1 bytes; it
+#: shows each byte outside printable ASCII as ``?``).
+APPLICATION_NAME_LENGTH = 63
+
 
 class PostgreSQLSessionBounds:
     @staticmethod
@@ -68,3 +72,13 @@ class PostgreSQLSessionBounds:
             "tcp_user_timeout": max(5000, int(lease * 500)),
             "connect_timeout": max(2, min(10, round(lease / 3))),
         }
+
+    def naming_options(self, role: str, configured: dict[str, Any]) -> dict[str, Any]:
+        # pg_stat_activity shows a session's application_name: an operator
+        # tells a lane's rounds from its writer, the lease keeper or the
+        # listener, and the worker process, by it. A name the settings give
+        # (the project's own) is kept in front. Sent at connection, so a
+        # transaction pooler passes it on as it does the client's own.
+        own = str(configured.get("application_name") or "")
+        name = f"{own} {role}" if own else role
+        return {"application_name": name[:APPLICATION_NAME_LENGTH]}
