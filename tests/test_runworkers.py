@@ -229,26 +229,14 @@ def test_lost_database_connections_are_survived(run_workers, vendor):
     assert SideEffect.objects.values("key").distinct().count() == count
 
 
-def _kill_writers_beside_claims(keys):
-    """The sessions that write outcomes beside a claim (worker/beside.py), killed;
-    how many.
-
-    Of the sessions whose last statement writes successes (it begins with
-    their rows locked ``FOR UPDATE``, where a release's and a renewal's lock
-    ``FOR NO KEY UPDATE``; the server keeps 1,024 bytes of a statement), those
-    that began after the first task ran: a lane opens its writer's session at
-    its first round of many outcomes, while its own round session, whose
-    rounds write successes too and claim, began before any task ran (of this
-    drain: its tasks' keys begin with ``keys``).
-    """
+def _kill_writers_beside_claims():
+    """The sessions that write outcomes beside a claim (worker/beside.py), told by
+    their name (``rdbtasks-beside-<lane>_0 pid <pid>``), killed; how many."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND query LIKE %s AND query LIKE %s "
-            f"AND backend_start > (SELECT min(created_at) FROM {SideEffect._meta.db_table} "
-            "WHERE key LIKE %s)",
-            ["WITH mine AS%", "%FOR UPDATE SKIP LOCKED%", f"{keys}%"],
+            "WHERE datname = current_database() AND application_name LIKE %s",
+            ["rdbtasks-beside-%"],
         )
         return cursor.fetchone()[0]
 
@@ -268,7 +256,7 @@ def test_results_written_beside_the_claim_survive_their_connection(run_workers, 
         # Claimed 200 at a time: a round writes 50 outcomes or more.
         workers = run_workers("--processes", "1", "--batch", "200", "--burst", "--no-scheduler")
         while workers.process.poll() is None and killed < 6:
-            killed += _kill_writers_beside_claims(f"b{drains}-")
+            killed += _kill_writers_beside_claims()
             time.sleep(0.01)
         assert workers.wait(timeout=300) == 0, workers.log()
     assert killed > 0  # a drain wrote beside its claims
