@@ -86,10 +86,7 @@ def open_in_thread(alias: str) -> Any:
     bounds = _aliases[alias]
     source = connections[bounds.database]
     settings = dict(source.settings_dict)
-    options = dict(settings.get("OPTIONS") or {})
-    dialect = dialect_for(source)
-    options.update(dialect.connection_options(bounds.lease))
-    options.update(dialect.naming_options(session_role(), options))
+    options = own_session_options(source, bounds.lease, settings.get("OPTIONS") or {})
     settings.update(
         OPTIONS=options,
         # Held for the worker's life: reconnecting per task would triple its cost.
@@ -101,6 +98,15 @@ def open_in_thread(alias: str) -> Any:
     wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, alias)
     connections[alias] = wrapper
     return wrapper
+
+
+def own_session_options(source: Any, lease: float, configured: dict[str, Any]) -> dict[str, Any]:
+    """The driver options of a worker's own session to ``source``'s database: the
+    ``configured`` ones, its bounds (keepalives, timeouts) over them, and its name."""
+    dialect = dialect_for(source)
+    options = {**configured, **dialect.connection_options(lease)}
+    options.update(dialect.naming_options(session_role(), options))
+    return options
 
 
 def session_role() -> str:

@@ -10,10 +10,9 @@ from typing import Any
 
 from django.db import connections
 
-from ..db import dialect_for
 from ..db.postgresql.channels import NOTIFY_CHANNEL, READY_CHANNEL, SLOT_CHANNEL
 from ..retrying import Backoff
-from .connection import session_role
+from .connection import own_session_options
 from .lanes import Wake
 
 logger = logging.getLogger("django_rdbtasks.worker")
@@ -63,12 +62,9 @@ class Listener(threading.Thread):
 
     def _connect(self) -> Any:
         wrapper = connections[self.database]
-        params = wrapper.get_connection_params()
         # The worker's keepalives: a server that vanished without a reset (a
         # failover, a partition) is noticed in seconds, not the OS's two hours.
-        dialect = dialect_for(wrapper)
-        params.update(dialect.connection_options(self.lease))
-        params.update(dialect.naming_options(session_role(), params))
+        params = own_session_options(wrapper, self.lease, wrapper.get_connection_params())
         raw = wrapper.get_new_connection(params)
         raw.autocommit = True
         raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
