@@ -1,4 +1,5 @@
-"""How a worker's PostgreSQL sessions are bounded, per session or per pooled transaction.
+"""How a worker's PostgreSQL sessions are bounded, per session or per pooled transaction,
+and named (``application_name``, shown in ``pg_stat_activity``).
 
 A frozen or partitioned worker must not keep a transaction (and its row locks)
 open, wait on a lock, or run a statement past a fraction of its lease; and it
