@@ -8,6 +8,7 @@ from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
 from django_rdbtasks.worker.lanes import (
     FLUSH_AFTER,
+    HAND_OVER_WITHIN,
     HANDBACK_AFTER,
     IN_ORDER_WITHIN,
     TAKEOVER_HANDBACK_AFTER,
@@ -128,6 +129,20 @@ def test_a_lane_that_passed_limited_rows_over_claims_in_order_again_soon():
     # Claims ahead that passed nothing over (no limited rows there) go on.
     ahead.claimed(ahead=True, passed_limited=False, now=105.0)
     assert ahead.to_claim(1, 0.001, now=105.0) > 0
+
+
+def test_a_lane_hands_a_slot_over_alone_only_soon_after_a_claim_in_order():
+    """The hand-over alone reads nothing but the key's next task, so a lane runs
+    it for ``HAND_OVER_WITHIN`` after a claim in order at most; hand-overs do not
+    count as claims in order."""
+    ahead = ClaimAhead()
+    assert not ahead.may_hand_over(100.0)  # never claimed in order yet
+    ahead.claimed(ahead=False, passed_limited=False, now=100.0)
+    assert ahead.may_hand_over(100.1)
+    ahead.claimed(ahead=False, passed_limited=False, now=100.15, handed_over=True)
+    assert not ahead.may_hand_over(100.0 + HAND_OVER_WITHIN + 0.01)
+    ahead.claimed(ahead=False, passed_limited=False, now=100.0 + HAND_OVER_WITHIN + 0.02)
+    assert ahead.may_hand_over(100.0 + 2 * HAND_OVER_WITHIN)
 
 
 def test_a_fixed_batch_is_kept():

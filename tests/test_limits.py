@@ -12,6 +12,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import InvalidTask
@@ -25,7 +26,7 @@ from django_rdbtasks.limits import (
     limit_spec,
     queue_limits_option,
 )
-from django_rdbtasks.models import LimitSlot, Task
+from django_rdbtasks.models import LimitSlot, PausedQueue, Task
 from django_rdbtasks.states import ClaimMode, LimitKind, OutcomeKind
 from tests.conftest import wait_until
 from tests.testapp import tasks
@@ -130,7 +131,13 @@ def modes(vendor):
 
 
 def exchange(
-    worker_id, want=50, outcomes=(), lease=30.0, mode=ClaimMode.OPTIMISTIC, queues=("default",)
+    worker_id,
+    want=50,
+    outcomes=(),
+    lease=30.0,
+    mode=ClaimMode.OPTIMISTIC,
+    queues=("default",),
+    hand_over=False,
 ):
     """One worker round, as the worker makes it (one statement on PostgreSQL).
 
@@ -139,7 +146,11 @@ def exchange(
     a few milliseconds later: here at once, into the same result.
     """
     dialect = dialect_for(connection)
-    request = ClaimRequest(list(queues), want, worker_id, lease, mode) if want else None
+    request = (
+        ClaimRequest(list(queues), want, worker_id, lease, mode, hand_over=hand_over)
+        if want
+        else None
+    )
     with transaction.atomic(), connection.cursor() as cursor:
         result = dialect.exchange(cursor, list(outcomes), worker_id, request)
     if result.missing:
@@ -249,6 +260,106 @@ def test_the_round_that_ends_a_claim_takes_its_slot_for_the_next_task_of_its_key
     holders = {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
     assert holders == {(uuid.UUID(str(r.id)), r.version) for r in (first[1], nxt.claimed[0])}
     assert nxt.freed == 0  # nothing freed for anyone else to wait for
+
+
+def ended(claimed_row):
+    return Outcome(
+        claimed_row.id, claimed_row.version, OutcomeKind.SUCCESS, entry={}, row=claimed_row
+    )
+
+
+def slot_holders():
+    slots = LimitSlot.objects.values_list("holder_id", "holder_version")
+    return {(None if i is None else uuid.UUID(str(i)), v) for i, v in slots}
+
+
+def holder(claimed_row):
+    return (uuid.UUID(str(claimed_row.id)), claimed_row.version)
+
+
+def needs_the_hand_over_form(vendor):
+    if vendor != "postgresql":
+        pytest.skip("the hand-over alone is a form of PostgreSQL's round")
+
+
+@db
+def test_the_hand_over_alone_gives_the_slot_to_the_keys_next_task(mode, vendor):
+    """A lane that ends a limited task soon after a claim in order hands the slot
+    to the key's next task in a statement that reads nothing else: a row that
+    comes first in the claim's order (here a higher priority) is left to the
+    lane's next claim in order, within ``IN_ORDER_WITHIN`` (worker/lanes.py)."""
+    needs_the_hand_over_form(vendor)
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    assert len(first) == 2
+    urgent = tasks.add.using(priority=5).enqueue(1, 2)
+    nxt = exchange("w1", want=1, outcomes=[ended(first[0])], mode=mode, hand_over=True)
+    assert nxt.handed_over and nxt.statements == 1
+    assert first[0].id in nxt.written
+    (taken,) = nxt.claimed
+    assert taken.limit_key == "concurrency:customer:a" and taken.id not in {r.id for r in first}
+    assert Task.objects.get(id=urgent.id).status == "READY"
+    assert slot_holders() == {holder(first[1]), holder(taken)}  # the slot written once
+    assert nxt.freed == 0
+    # Without the hand-over (the lane's claims in order), the order decides.
+    again = exchange("w1", want=1, outcomes=[ended(first[1])], mode=mode)
+    assert not again.handed_over and [r.id for r in again.claimed] == [urgent.id]
+
+
+@db
+def test_a_hand_over_that_finds_no_task_of_its_key_claims_in_order(mode, vendor):
+    needs_the_hand_over_form(vendor)
+    for _ in range(2):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    later = tasks.per_customer.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue("a")
+    other = tasks.add.enqueue(1, 2)
+    nxt = exchange("w1", want=1, outcomes=[ended(first[0])], mode=mode, hand_over=True)
+    # The key's only READY task is due later: the slot is freed, and the claim
+    # in its form follows in the same call.
+    assert not nxt.handed_over and nxt.statements == 2
+    assert first[0].id in nxt.written and [r.id for r in nxt.claimed] == [other.id]
+    assert slot_holders() == {holder(first[1]), (None, None)}
+    assert Task.objects.get(id=later.id).status == "READY"
+
+
+@db
+def test_a_stale_holder_hands_nothing_over(mode, vendor):
+    needs_the_hand_over_form(vendor)
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    stale = exchange("w1", lease=0.3, mode=mode).claimed
+    time.sleep(0.5)
+    fresh = exchange("w2", mode=mode).claimed  # both taken over, into the same two slots
+    assert {r.id for r in fresh} == {r.id for r in stale}
+    before = slot_holders()
+    late = exchange("w1", want=1, outcomes=[ended(stale[0])], mode=mode, hand_over=True)
+    assert late.written == {} and late.claimed == [] and not late.handed_over
+    assert slot_holders() == before and running("concurrency:customer:a") == 2
+
+
+@db
+def test_a_hand_over_takes_no_task_of_a_paused_queue_nor_one_its_limit_excludes(mode, vendor):
+    """A row enqueued under a lowered limit takes only the slots below it; a
+    paused queue's rows are claimed by nobody."""
+    needs_the_hand_over_form(vendor)
+    for _ in range(2):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    lowered = tasks.per_customer.enqueue("a")
+    Task.objects.filter(id=lowered.id).update(limit_count=1)
+    slot_of = dict(LimitSlot.objects.values_list("holder_id", "slot_no"))
+    second = next(r for r in first if slot_of[uuid.UUID(str(r.id))] == 1)
+    nxt = exchange("w1", want=1, outcomes=[ended(second)], mode=mode, hand_over=True)
+    assert not nxt.handed_over and nxt.claimed == []  # slot 0 is still held
+    assert Task.objects.get(id=lowered.id).status == "READY"
+    Task.objects.filter(id=lowered.id).update(limit_count=2)
+    PausedQueue.objects.create(queue_name="default")
+    (last,) = [r for r in first if r is not second]
+    paused = exchange("w1", want=1, outcomes=[ended(last)], mode=mode, hand_over=True)
+    assert last.id in paused.written and paused.claimed == [] and not paused.handed_over
+    assert slot_holders() == {(None, None)}
 
 
 @db

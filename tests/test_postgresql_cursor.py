@@ -497,3 +497,51 @@ def test_the_walks_plan_made_while_statistics_say_no_row_has_a_limit_reads_keys_
             assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
 
     on_a_worker_connection(rounds)
+
+
+@pytest.mark.slow
+def test_the_hand_overs_plan_made_on_an_empty_table_reads_one_row_of_a_keys_backlog():
+    """The hand-over alone (``RoundSQL.handover``) is prepared like every round,
+    its plan made on an empty table: run over its key's 300,000 READY rows, it
+    reads the slot by its holder and the key's next row by the key's index, and
+    hands the slot to it."""
+    from django.db import transaction
+
+    from tests.test_db_plans import (
+        BACKLOG,
+        ROWS_READ_BOUND,
+        WANT,
+        analyze,
+        insert_rows,
+        statistics_forgotten,
+        statistics_frozen,
+    )
+
+    hand_over = ClaimRequest(["default"], 1, "w", 60.0, hand_over=True)
+
+    def rounds(store, wrapper):
+        statistics_forgotten()
+        analyze()
+        with statistics_frozen():
+            for _ in range(3):  # counted, then prepared: the plan made on no rows
+                assert store.exchange(limited_outcomes(1), "w", hand_over).claimed == []
+            insert_rows(3, TaskStatus.READY, limit_key="concurrency:full")
+            held = []
+            for _ in range(3):  # the key's slots made by the first round, then claimed
+                held += store.exchange([], "w", ClaimRequest(["default"], 3, "w", 60.0)).claimed
+                if len(held) == 3:
+                    break
+            assert len(held) == 3
+            insert_rows(BACKLOG, TaskStatus.READY, limit_key="concurrency:full")
+            insert_rows(2 * WANT, TaskStatus.READY)
+            assert_every_read_of_the_table_is_bounded(wrapper)
+            done = Outcome(held[0].id, held[0].version, OutcomeKind.SUCCESS, entry={}, row=held[0])
+            with transaction.atomic(using=store.alias):
+                result = store.exchange([done], "w", hand_over)
+                scanned, fetched = task_table_reads(wrapper)
+                transaction.set_rollback(True, using=store.alias)
+            assert result.handed_over and len(result.claimed) == 1
+            assert result.claimed[0].limit_key == "concurrency:full"
+            assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
+
+    on_a_worker_connection(rounds)

@@ -263,6 +263,13 @@ def _postgresql(d: Any) -> Iterator[Statement]:
             (OutcomeKind.SUCCESS,), True, True, ClaimMode.OPTIMISTIC, ClaimForm.WINDOW, moved
         ),
     )
+    yield Statement(
+        "round_success_then_hand_over",
+        "A limited task's success, and its slot handed to its key's next task, "
+        "nothing else read: what a lane that ends a limited task runs for a while "
+        "after a claim in order (postgresql/limited.py, LimitedClaim.handover).",
+        d.round.handover((OutcomeKind.SUCCESS,), moved),
+    )
     kinds = tuple(k for k in OutcomeKind if k != OutcomeKind.NOTE)
     yield Statement(
         "round_every_outcome_no_claim",

@@ -191,6 +191,10 @@ class ClaimRequest:
     #: Claimed behind a running task: rows without a limit only. A limited row
     #: claimed ahead would hold its key's slot while it waits behind a body.
     ahead: bool = False
+    #: The round ends limited claims, and may hand their slots to their keys'
+    #: next tasks before anything else (PostgreSQL: ``RoundSQL.handover``):
+    #: the lane claimed in order within ``IN_ORDER_WITHIN`` (worker/lanes.py).
+    hand_over: bool = False
 
 
 @dataclass(slots=True)
@@ -235,6 +239,9 @@ class Exchange:
     #: A claim ahead (``ClaimRequest.ahead``) took rows without a limit only where
     #: its queues hold limited rows: it may have passed over some with a free slot.
     passed_limited: bool = False
+    #: The claim was the hand-over alone (``ClaimRequest.hand_over``): its keys'
+    #: next tasks, nothing else read, so not a claim in order.
+    handed_over: bool = False
 
 
 #: Columns an enqueue writes; the rest keep their database default (NULL).

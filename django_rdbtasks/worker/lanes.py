@@ -47,6 +47,11 @@ REFILL_AT = 0.75
 #: claims in order again: the bound on how long a limited row whose key has a
 #: free slot waits for a busy lane to come round (docs/limits.md).
 IN_ORDER_WITHIN = 0.2
+#: How long after its last claim in order a lane that ends limited tasks may
+#: go on handing their slots to their keys' next tasks alone, reading nothing
+#: else (``ClaimAhead.may_hand_over``): the bound on how long a row that comes
+#: first in the claim's order waits for a lane busy with a key's chain.
+HAND_OVER_WITHIN = 1.0
 
 
 class ClaimAhead:
@@ -126,9 +131,23 @@ class ClaimAhead:
             return 0
         return target - in_flight
 
-    def claimed(self, ahead: bool, passed_limited: bool, now: float) -> None:
+    def may_hand_over(self, now: float) -> bool:
+        """Whether a round that ends limited tasks may hand their slots to their keys'
+        next tasks and read nothing else (``ClaimRequest.hand_over``): within
+        ``IN_ORDER_WITHIN`` of the lane's last claim in order. So a row that
+        comes first in the claim's order (an expired lease, a higher priority,
+        another key's task with a free slot) waits that long at most for a lane
+        busy with a key's chain to come round, as for one claiming ahead."""
+        return now - self.in_order_at <= HAND_OVER_WITHIN
+
+    def claimed(
+        self, ahead: bool, passed_limited: bool, now: float, handed_over: bool = False
+    ) -> None:
         """A claim was made: ``ahead`` of a running task or in order; ``passed_limited``:
-        it took rows without a limit only where limited rows are."""
+        it took rows without a limit only where limited rows are; ``handed_over``: it
+        was the hand-over alone, not a claim in order either."""
+        if handed_over:
+            return
         if not ahead:
             self.in_order_at, self.passing_limited = now, False
         elif passed_limited:

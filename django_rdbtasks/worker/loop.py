@@ -466,8 +466,9 @@ class Worker:
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
             handing_back = lane.handing_back()
             behind = lane.in_flight() > 0
-            exchange = self._round(lane, store, reporter, want, behind, writer)
-            ahead.claimed(behind, exchange.passed_limited, time.monotonic())
+            hand_over = ahead.may_hand_over(time.monotonic())
+            exchange = self._round(lane, store, reporter, want, behind, writer, hand_over)
+            ahead.claimed(behind, exchange.passed_limited, time.monotonic(), exchange.handed_over)
             self.budget.give_back(want - len(exchange.claimed))
             if exchange.claimed:
                 lane.add(exchange.claimed)
@@ -544,10 +545,13 @@ class Worker:
         want: int,
         behind: bool = False,
         writer: BesideWriter | None = None,
+        hand_over: bool = False,
     ) -> Exchange:
         """Write what the lane finished and claim ``want`` more; retried through outages.
         ``behind``: claimed behind a task the lane holds (``ClaimRequest.ahead``);
-        ``writer``: the lane's second connection, for outcomes written beside the claim."""
+        ``writer``: the lane's second connection, for outcomes written beside the claim;
+        ``hand_over``: the slots of the limited tasks it ends may go to their keys'
+        next tasks first (``ClaimRequest.hand_over``)."""
         finished = lane.take_finished()
         outcomes = [outcome for outcome, _ in finished]
         allowance = lane.start_allowance
@@ -561,6 +565,7 @@ class Worker:
                 allowance.seconds(),
                 lane.frontier,
                 ahead=behind,
+                hand_over=hand_over,
             )
             if want > 0 and not self.stopping.is_set()
             else None

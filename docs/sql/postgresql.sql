@@ -6480,6 +6480,426 @@ FROM
       FROM ka) AS k
    WHERE have < n) AS m;
 
+-- name: round_success_then_hand_over
+-- A limited task's success, and its slot handed to its key's next task, nothing else read: what a
+-- lane that ends a limited task runs for a while after a claim in order (postgresql/limited.py,
+-- LimitedClaim.handover).
+WITH mine AS MATERIALIZED
+  (SELECT
+     id,
+     ctid AS at
+   FROM ONLY "django_rdbtasks_task"
+   WHERE id = ANY(ARRAY
+                    (SELECT unnest(%(ids)s::uuid[])))
+     FOR
+     UPDATE SKIP LOCKED),
+  d0 AS
+  (DELETE
+   FROM ONLY "django_rdbtasks_task" AS t USING
+     (SELECT
+        c.*,
+        m.at
+      FROM jsonb_to_recordset(%(rows0)s::jsonb) AS c(id uuid, version bigint, rv jsonb, entry jsonb, delay float8)
+      JOIN mine AS m ON m.id = c.id) AS c
+   WHERE t.ctid = c.at
+     AND t.id IS NOT DISTINCT
+     FROM c.id
+     AND t.version = c.version
+     AND (CASE
+              WHEN t.status = 'RUNNING' THEN t.worker_id
+          END) = %(worker)s
+     AND NOT t.has_children RETURNING
+     t."id",
+     t."task_path",
+     t."queue_name",
+     t."backend_name",
+     t."priority",
+     t."args",
+     t."kwargs",
+     ('SUCCESSFUL')::varchar(16) AS "status",
+     (t.version + 1)::bigint AS "version",
+     t."worker_id",
+     (NULL)::timestamp with time zone AS
+     "lease_expires_at",
+     t."attempts",
+     t."max_attempts",
+     t."enqueued_at",
+     t."run_after",
+     t."requested_run_after",
+     t."started_at",
+     t."last_attempted_at",
+     (STATEMENT_TIMESTAMP())::timestamp with time zone AS
+     "finished_at",
+     (c.rv)::jsonb AS "return_value",
+     (t.history || jsonb_build_array(c.entry::jsonb))::jsonb AS "history",
+     t."cancel_requested",
+     t."progress",
+     t."progress_message",
+     t."checkpoint",
+     t."waiting_on",
+     t."on_parent_failure",
+     t."has_children",
+     t."job_name",
+     t."dedup_key",
+     t."trace_context",
+     t."limit_key",
+     t."limit_count",
+     t."limit_period"),
+  h0 AS
+  (INSERT INTO django_rdbtasks_finishedtask ("id", "task_path", "queue_name", "backend_name", "priority", "args", "kwargs", "status", "version", "worker_id", "lease_expires_at", "attempts", "max_attempts", "enqueued_at", "run_after", "requested_run_after", "started_at", "last_attempted_at", "finished_at", "return_value", "history", "cancel_requested", "progress", "progress_message", "checkpoint", "waiting_on", "on_parent_failure", "has_children", "job_name", "dedup_key", "trace_context", "limit_key", "limit_count", "limit_period") SELECT
+     "id",
+     "task_path",
+     "queue_name",
+     "backend_name",
+     "priority",
+     "args",
+     "kwargs",
+     "status",
+     "version",
+     "worker_id",
+     "lease_expires_at",
+     "attempts",
+     "max_attempts",
+     "enqueued_at",
+     "run_after",
+     "requested_run_after",
+     "started_at",
+     "last_attempted_at",
+     "finished_at",
+     "return_value",
+     "history",
+     "cancel_requested",
+     "progress",
+     "progress_message",
+     "checkpoint",
+     "waiting_on",
+     "on_parent_failure",
+     "has_children",
+     "job_name",
+     "dedup_key",
+     "trace_context",
+     "limit_key",
+     "limit_count",
+     "limit_period"
+   FROM d0),
+  busy AS
+  (SELECT t.id
+   FROM
+     (SELECT *
+      FROM unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS u(id, version)
+      WHERE u.id NOT IN
+          (SELECT id
+           FROM mine)) AS b
+   CROSS JOIN LATERAL
+     (SELECT id
+      FROM ONLY "django_rdbtasks_task" AS t
+      WHERE t.id = b.id
+        AND t.version = b.version
+        AND (CASE
+                 WHEN t.status = 'RUNNING' THEN t.worker_id
+             END) = %(worker)s
+        OFFSET 0) AS t),
+  ended AS MATERIALIZED
+  (SELECT
+     f.id,
+     f.version,
+     w.queue_name
+   FROM unnest(%(ended_ids)s::uuid[], %(ended_versions)s::bigint[]) AS f(id, version)
+   JOIN
+     (SELECT
+        id,
+        queue_name
+      FROM d0) AS w ON w.id = f.id), hs AS MATERIALIZED
+  (SELECT
+     s.id AS slot_id,
+     s."key",
+     s.slot_no,
+     e.queue_name
+   FROM ended AS e
+   JOIN "django_rdbtasks_limitslot" AS s ON s.holder_id = e.id
+   AND s.holder_version = e.version
+   WHERE e.queue_name IN
+       (SELECT name
+        FROM
+          (SELECT u.name
+           FROM unnest(%(queues)s::text[]) AS u(name)
+           WHERE NOT EXISTS
+               (SELECT 1
+                FROM django_rdbtasks_pausedqueue AS p
+                WHERE p.queue_name = u.name)) AS q(name))
+     FOR
+     UPDATE OF s SKIP LOCKED), go AS
+  (SELECT
+     r.*,
+     hs.slot_id
+   FROM hs
+   CROSS JOIN LATERAL
+     (SELECT
+        id,
+        version,
+        status,
+        worker_id,
+        last_attempted_at,
+        limit_key,
+        limit_count,
+        limit_period,
+        ctid AS at,
+        1 AS reclaim,
+        priority,
+        run_after
+      FROM ONLY "django_rdbtasks_task"
+      WHERE status = 'READY'
+        AND queue_name = hs.queue_name
+        AND limit_key = hs."key"
+        AND limit_count > hs.slot_no
+        AND COALESCE(limit_period, 0) <= 0
+        AND run_after <= STATEMENT_TIMESTAMP()
+      ORDER BY
+        limit_key,
+        priority DESC,
+        run_after
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED) AS r
+   ORDER BY
+     reclaim,
+     priority DESC,
+     run_after
+   LIMIT %(want)s),
+  taken AS
+  (UPDATE "django_rdbtasks_limitslot" AS s
+   SET holder_id =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.id
+     END,
+     holder_version =
+     CASE
+         WHEN go.limit_period > 0 THEN NULL
+         ELSE go.version + 1
+     END,
+     last_started_at = STATEMENT_TIMESTAMP(),
+     free_at = STATEMENT_TIMESTAMP() + CASE
+                                           WHEN go.limit_period > 0 THEN go.limit_period + %(start_within)s
+                                           ELSE %(lease)s
+                                       END * INTERVAL '1 second'
+   FROM go
+   WHERE s.id = go.slot_id),
+  freed AS
+  (UPDATE "django_rdbtasks_limitslot" AS s
+   SET
+     free_at = NULL,
+     holder_id = NULL,
+     holder_version = NULL
+   FROM ended AS e
+   WHERE s.holder_id = e.id
+     AND s.holder_version = e.version
+     AND s.id NOT IN
+       (SELECT slot_id
+        FROM go
+        WHERE slot_id IS NOT NULL) RETURNING
+     s."key",
+     e.queue_name),
+  told AS MATERIALIZED
+  (SELECT
+     w.n,
+     pg_notify('rdbtasks_slot', w.queue_name)
+   FROM
+     (SELECT
+        f.queue_name,
+        count(*) AS n
+      FROM freed AS f
+      CROSS JOIN LATERAL
+        (SELECT 1
+         FROM ONLY "django_rdbtasks_task" AS t
+         WHERE t.status = 'READY'
+           AND t.queue_name = f.queue_name
+           AND t.limit_key = f."key"
+         LIMIT 1) AS x
+      GROUP BY f.queue_name) AS w), claimed AS
+  (UPDATE ONLY "django_rdbtasks_task" AS t
+   SET
+     status = 'RUNNING',
+     version =
+     t.version + 1,
+     worker_id = %(claimer)s,
+     lease_expires_at = (STATEMENT_TIMESTAMP() + %(lease)s * INTERVAL '1 second'),
+     attempts = t.attempts + 1,
+     started_at = COALESCE(t.started_at, STATEMENT_TIMESTAMP()),
+     last_attempted_at = STATEMENT_TIMESTAMP()
+   FROM go
+   WHERE t.ctid = ANY(ARRAY
+                        (SELECT at
+                         FROM go))
+     AND t.ctid = go.at
+     AND t.id IS NOT DISTINCT
+     FROM go.id
+     AND t.version = go.version RETURNING
+     t.id,
+     t.version,
+     t.task_path,
+     t.args,
+     t.kwargs,
+     t.attempts,
+     t.max_attempts,
+     t.queue_name,
+     t.backend_name,
+     t.priority,
+     t.enqueued_at,
+     t.started_at,
+     t.last_attempted_at,
+     t.run_after,
+     t.history,
+     t.job_name,
+     t.checkpoint,
+     t.requested_run_after,
+     t.trace_context,
+     t.limit_key,
+     t.limit_period,
+     go.status AS prev_status,
+     go.worker_id AS prev_worker,
+     go.last_attempted_at AS prev_attempted)
+SELECT
+  'c',
+  claimed.id::text,
+  claimed.version,
+  claimed.task_path,
+  claimed.args::text,
+  claimed.kwargs::text,
+  claimed.attempts,
+  claimed.max_attempts,
+  claimed.queue_name,
+  claimed.backend_name,
+  claimed.priority,
+  claimed.enqueued_at,
+  claimed.started_at,
+  claimed.last_attempted_at,
+  claimed.run_after,
+  claimed.history::text,
+  claimed.job_name,
+  claimed.checkpoint::text,
+  claimed.requested_run_after,
+  claimed.trace_context::text,
+  claimed.limit_key,
+  claimed.limit_period,
+  claimed.prev_status,
+  claimed.prev_worker,
+  claimed.prev_attempted
+FROM claimed
+UNION ALL
+SELECT
+  'd',
+  id::text,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
+FROM d0
+UNION ALL
+SELECT
+  'b',
+  id::text,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
+FROM busy
+UNION ALL
+SELECT
+  'p',
+  NULL,
+
+  (SELECT count(*)
+   FROM go)::bigint,
+  '',
+  NULL::text,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL
+UNION ALL
+SELECT
+  'f',
+  NULL,
+
+  (SELECT COALESCE(sum(n), 0)
+   FROM told)::bigint,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL,
+  NULL;
+
 -- name: round_every_outcome_no_claim
 -- Outcomes of every kind written, no claim: what a round writes when the worker wants nothing more
 -- (shutdown, claimed ahead).

@@ -14,6 +14,7 @@ the worker's cursor (``cursor.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from collections.abc import Collection, Sequence
@@ -178,7 +179,41 @@ class PostgreSQLDialect(Dialect):
         nothing, and the next runs at once: the claims keep their order.
 
         How an optimistic claim reads after it lost races: ``Dialect.read_mode``.
+
+        A lane that ends limited tasks may ask for the hand-over form first
+        (``ClaimRequest.hand_over``): their slots go to their keys' next
+        tasks, and nothing else is read. If that claims fewer than wanted
+        (a key with no task left), the claim in its form follows at once.
         """
+        handed: Exchange | None = None
+        if (
+            request is not None
+            and request.hand_over
+            and not request.ahead
+            and 0 < request.want <= len(self.limits.ended(outcomes))
+        ):
+            handed, _ = self._round(
+                cursor, outcomes, worker_id, request, ClaimForm.LEAN, None, handover=True
+            )
+            if len(handed.claimed) >= request.want:
+                handed.handed_over = True
+                return handed
+            outcomes = ()
+            request = dataclasses.replace(request, want=request.want - len(handed.claimed))
+        result = self._exchange_in_form(cursor, outcomes, worker_id, request)
+        if handed is not None:
+            # (Added to, never replaced: a statement's writes and claims are never dropped.)
+            result.written = {**handed.written, **result.written}
+            result.busy |= handed.busy
+            result.claimed = handed.claimed + result.claimed
+            result.freed += handed.freed
+            result.statements += 1
+        return result
+
+    def _exchange_in_form(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
+    ) -> Exchange:
+        """``exchange`` in the forms of round.py, from the one its queues last needed."""
         claim = request is not None and request.want > 0
         queues = tuple(request.queues) if request is not None else ()
         form = self.claim_forms.get(queues, ClaimForm.LEAN) if claim else ClaimForm.LEAN
@@ -261,9 +296,11 @@ class PostgreSQLDialect(Dialect):
         mode: ClaimMode | None,
         read: FrontierRead | None = None,
         ahead: bool = False,
+        handover: bool = False,
     ) -> tuple[Exchange, bool]:
         """One statement; and whether its claim lost races for rows (not for slots).
-        ``read``: the lean form's reads start at the lane's frontier."""
+        ``read``: the lean form's reads start at the lane's frontier; ``handover``:
+        the hand-over form (``RoundSQL.handover``) instead of ``form``."""
         by_kind: dict[OutcomeKind, list[Outcome]] = {}
         for outcome in outcomes:
             by_kind.setdefault(outcome.kind, []).append(outcome)
@@ -276,12 +313,14 @@ class PostgreSQLDialect(Dialect):
         frees = bool(ended)
         moves = bool(kinds) and self.finished.moves(cursor)
         bounded = read is not None  # given only to a lean claim (``exchange``)
-        key = (kinds, frees, claim, mode, form, bounded, ahead, moves)
+        key = (kinds, frees, claim, mode, form, bounded, ahead, handover, moves)
         compiled = self._exchange_sql.get(key)
         if compiled is None:
             moving = self.finished.columns if moves else None
-            statement = self.round.statement(
-                kinds, frees, claim, mode, form, moving, bounded, ahead
+            statement = (
+                self.round.handover(kinds, moving)
+                if handover
+                else self.round.statement(kinds, frees, claim, mode, form, moving, bounded, ahead)
             )
             compiled = self._exchange_sql[key] = compile_named(statement)
             self.preparable_rounds.add(compiled[0])

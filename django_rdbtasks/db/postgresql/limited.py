@@ -241,6 +241,38 @@ class LimitedClaim:
             "FROM go WHERE s.id = go.slot_id)"
         )
 
+    # -- the hand-over alone -------------------------------------------------------------
+
+    def handover(self) -> list[str]:
+        """``hs`` and ``go``: the slots of the claims ``ended`` ends, each given to
+        its key's next READY row, read and locked in the key's own order.
+
+        The hand-over form of the round (round.py, ``RoundSQL.handover``): no
+        window, no walk, no other row read. Each slot is locked (skipped if
+        another session holds it: it is then freed, not handed over) and
+        still held by the claim ended here, so a stale holder's outcome,
+        which ``ended`` never lists, hands nothing over. The row it takes
+        must be due, READY, of a queue the claim serves and not paused, and
+        allowed this slot by its own limit (a row enqueued under a lowered
+        limit takes only the slots below it); a rate-limited row of the same
+        key is not one (its slot is a rate slot).
+        """
+        t, s, now = self.t, self.s, self.now
+        key = '"key"'
+        return [
+            f"hs AS MATERIALIZED (SELECT s.id AS slot_id, s.{key}, s.slot_no, e.queue_name "
+            f"FROM ended AS e JOIN {s} AS s ON s.holder_id = e.id "
+            "AND s.holder_version = e.version WHERE e.queue_name IN (SELECT name FROM "
+            f"{QUEUES}) FOR UPDATE OF s SKIP LOCKED)",
+            "go AS (SELECT r.*, hs.slot_id FROM hs CROSS JOIN LATERAL "
+            f"(SELECT {self.columns}, 1 AS reclaim, priority, run_after FROM {t} "
+            f"WHERE status = '{READY}' AND queue_name = hs.queue_name "
+            f"AND limit_key = hs.{key} AND limit_count > hs.slot_no "
+            f"AND COALESCE(limit_period, 0) <= 0 AND run_after <= {now} "
+            f"ORDER BY {ready_order(after=['limit_key'])} LIMIT 1 FOR UPDATE SKIP LOCKED) AS r "
+            f"ORDER BY {CLAIM_ORDER} LIMIT %(want)s)",
+        ]
+
     # -- the slots the round's outcomes free ------------------------------------------
 
     @staticmethod

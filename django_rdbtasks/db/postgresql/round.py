@@ -122,6 +122,9 @@ _COLS = "id, version, status, worker_id, last_attempted_at, limit_key, limit_cou
 _ROW_COLS = f"{_COLS}, ctid AS at"
 #: The columns of a read of the fresh rows, as the claim's reads give them.
 FRONTIER_READ_COLUMNS = [*_COLS.split(", "), "at", "reclaim", "priority", "run_after"]
+#: The columns of a round's answer after its marker and id: a claimed row's,
+#: then what it was before (status, holder, last attempt).
+ANSWER_WIDTH = len(CLAIM_COLUMNS) + 2
 _NAMED = re.compile(r"%\((\w+)\)s")
 #: Where a queue's (``q.name``) expired leases are read from (``lf.start``): the
 #: lane's frontier (db/frontier.py), or from the head for a queue it has none of.
@@ -219,26 +222,11 @@ class RoundSQL:
         ctes = [mine, renewed, slots_renewed, busy] if slots else [mine, renewed, busy]
         return f"WITH {', '.join(ctes)} {answer}"
 
-    def statement(
-        self,
-        kinds: Sequence[OutcomeKind],
-        frees: bool,
-        claim: bool,
-        mode: ClaimMode | None,
-        form: ClaimForm,
-        moves: Mapping[str, str] | None = None,
-        bounded: bool = False,
-        ahead: bool = False,
-    ) -> str:
-        """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
-        then claim in ``form`` if ``claim``. Rows come back marked: ``c``
-        claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
-        key missing slots. With ``moves`` (the columns a moved row is copied by),
-        the rows of the outcomes that end a task move to the table of finished
-        rows (finished.py). ``bounded`` (the lean form only): the fresh rows and
-        the expired leases are read from the lane's read frontier
-        (db/frontier.py), and where the next read may start comes back, per
-        queue and priority (``r``) and per queue (``l``)."""
+    def outcome_ctes(
+        self, kinds: Sequence[OutcomeKind], moves: Mapping[str, str] | None
+    ) -> tuple[list[str], list[str]]:
+        """The CTEs that write the outcomes of ``kinds`` (``mine``, a ``d<i>`` each,
+        ``busy``), and the names of the ``d<i>``: the rows each wrote."""
         t = self.t
         lock = MOVING_LOCK if moves is not None else LOCK
         ctes: list[str] = [MINE.format(table=t, lock=lock)] if kinds else []
@@ -272,6 +260,29 @@ class RoundSQL:
             done.append(f"d{i}")
         if kinds:
             ctes.append(self.busy_cte())
+        return ctes, done
+
+    def statement(
+        self,
+        kinds: Sequence[OutcomeKind],
+        frees: bool,
+        claim: bool,
+        mode: ClaimMode | None,
+        form: ClaimForm,
+        moves: Mapping[str, str] | None = None,
+        bounded: bool = False,
+        ahead: bool = False,
+    ) -> str:
+        """One round: write outcomes of ``kinds`` (freeing their slots if ``frees``),
+        then claim in ``form`` if ``claim``. Rows come back marked: ``c``
+        claimed, ``d`` written, ``b`` busy, ``p`` what the claim saw, ``m`` a
+        key missing slots. With ``moves`` (the columns a moved row is copied by),
+        the rows of the outcomes that end a task move to the table of finished
+        rows (finished.py). ``bounded`` (the lean form only): the fresh rows and
+        the expired leases are read from the lane's read frontier
+        (db/frontier.py), and where the next read may start comes back, per
+        queue and priority (``r``) and per queue (``l``)."""
+        ctes, done = self.outcome_ctes(kinds, moves)
         if frees:
             # The limited claims these outcomes ended, once written: till
             # then the task is RUNNING, and its slot counts (db/limits.py).
@@ -299,9 +310,47 @@ class RoundSQL:
             # After ``go``: a slot it took back is not freed (one statement
             # never writes a row twice).
             ctes += freeing
+        ctes.append(self.claimed_cte())
+        parts = self.answer(kinds, done, seen, flags, details, frees)
+        if bounded:
+            parts += self.frontier_rows(ANSWER_WIDTH, derived=mode == ClaimMode.OPTIMISTIC)
+        if missing:
+            # Keys whose slots are missing (a new key, a raised limit): the
+            # worker makes them after the round (db/limits.py, make_slots).
+            rest = ", ".join(["NULL"] * (ANSWER_WIDTH - 3))
+            parts.append(
+                "SELECT 'm', NULL, NULL, NULL, jsonb_build_array(limit_key, n, period)::text, "
+                f"{rest} FROM ({missing}) AS m"
+            )
+        head = "WITH RECURSIVE" if form == ClaimForm.WALK else "WITH"
+        return f"{head} {', '.join(ctes)} {' UNION ALL '.join(parts)}"
+
+    def handover(self, kinds: Sequence[OutcomeKind], moves: Mapping[str, str] | None = None) -> str:
+        """The hand-over form: write outcomes of ``kinds``, and claim for each
+        concurrency slot their limited claims held its key's next READY row, in
+        that slot (limited.py, ``LimitedClaim.handover``). Nothing else is read:
+        no expired lease, no row without a limit, no other key's.
+
+        What a lane that ends a limited task runs, for at most
+        ``IN_ORDER_WITHIN`` after its last claim in order (worker/lanes.py):
+        a key's tasks follow each other in its slot for a statement of a few
+        CTEs, not the window or walk form's every arm. A slot it does not hand
+        over (its key has no due READY row, or another session holds it) is
+        freed, and told if rows of its key wait, as every round's are."""
+        ctes, done = self.outcome_ctes(kinds, moves)
+        ctes.append(self.limited.ended(done))
+        ctes += self.limited.handover()
+        ctes.append(self.limited.taken())
+        ctes += self.limited.freed(handed_over=True)
+        ctes.append(self.claimed_cte())
+        parts = self.answer(kinds, done, "SELECT count(*) FROM go", "''", "NULL::text", True)
+        return f"WITH {', '.join(ctes)} {' UNION ALL '.join(parts)}"
+
+    def claimed_cte(self) -> str:
+        """``claimed``: the rows of ``go`` claimed, reached where they were locked."""
         returning = ", ".join(f"t.{c}" for c in CLAIM_COLUMNS)
-        ctes.append(
-            f"claimed AS (UPDATE {t} AS t SET "
+        return (
+            f"claimed AS (UPDATE {self.t} AS t SET "
             f"{self.d.claim_assignments('t', '%(claimer)s', '%(lease)s')} FROM go "
             # The picked rows where they were locked, however many (see IN_MINE).
             "WHERE t.ctid = ANY(ARRAY(SELECT at FROM go)) AND t.ctid = go.at "
@@ -309,36 +358,38 @@ class RoundSQL:
             f"RETURNING {returning}, go.status AS prev_status, "
             "go.worker_id AS prev_worker, go.last_attempted_at AS prev_attempted)"
         )
-        width = len(CLAIM_COLUMNS) + 2  # the columns after the marker and the id
-        blanks = ", ".join(["NULL"] * width)
+
+    @staticmethod
+    def answer(
+        kinds: Sequence[OutcomeKind],
+        done: list[str],
+        seen: str,
+        flags: str,
+        details: str,
+        frees: bool,
+    ) -> list[str]:
+        """What a round that claims returns: the rows claimed (``c``), written
+        (``d``) and busy (``b``); how many runnable rows the claim saw (more
+        than it won: others won or hold the rest), what it found of limited
+        rows (``flags``) and how long until a key that held rows back frees a
+        slot (``details``), in one ``p`` row; and with ``frees``, how many
+        slots it freed that READY rows wait for (``f``: each told, limited.py)."""
+        blanks = ", ".join(["NULL"] * ANSWER_WIDTH)
         claimed = ", ".join(
             f"claimed.{c}::text" if c in SENT_AS_TEXT else f"claimed.{c}"
             for c in (*CLAIM_COLUMNS, "prev_status", "prev_worker", "prev_attempted")
         )
+        rest = ", ".join(["NULL"] * (ANSWER_WIDTH - 3))
         parts = [
             f"SELECT 'c', {claimed} FROM claimed",
             *(f"SELECT 'd', id::text, {blanks} FROM {d}" for d in done),
             *([f"SELECT 'b', id::text, {blanks} FROM busy"] if kinds else []),
+            f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {details}, {rest}",
         ]
-        # How many runnable rows the claim saw (more than it won: others won
-        # or hold the rest), what it found of limited rows (``flags``), and
-        # how long until a key that held rows back frees a slot (``details``).
-        rest = ", ".join(["NULL"] * (width - 3))
-        parts.append(f"SELECT 'p', NULL, ({seen})::bigint, {flags}, {details}, {rest}")
         if frees:
-            # How many slots it freed that READY rows wait for (each told, limited.py).
-            parts.append(f"{told}, {', '.join(['NULL'] * (width - 1))}")
-        if bounded:
-            parts += self.frontier_rows(width, derived=mode == ClaimMode.OPTIMISTIC)
-        if missing:
-            # Keys whose slots are missing (a new key, a raised limit): the
-            # worker makes them after the round (db/limits.py, make_slots).
-            parts.append(
-                "SELECT 'm', NULL, NULL, NULL, jsonb_build_array(limit_key, n, period)::text, "
-                f"{rest} FROM ({missing}) AS m"
-            )
-        head = "WITH RECURSIVE" if form == ClaimForm.WALK else "WITH"
-        return f"{head} {', '.join(ctes)} {' UNION ALL '.join(parts)}"
+            told = "SELECT 'f', NULL, (SELECT COALESCE(sum(n), 0) FROM told)::bigint"
+            parts.append(f"{told}, {', '.join(['NULL'] * (ANSWER_WIDTH - 1))}")
+        return parts
 
     # -- the claim -----------------------------------------------------------------------
 
