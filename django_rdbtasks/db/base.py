@@ -495,6 +495,42 @@ class Dialect(Spelling):
         result.claimed = rows
         result.contended = result.contended or len(rows) < len(chosen)
 
+    def hand_over_into(
+        self, cursor: Any, request: ClaimRequest, result: Exchange, outcomes: Sequence[Outcome]
+    ) -> None:
+        """The hand-over alone (``ClaimRequest.hand_over``), in the transaction that
+        wrote ``outcomes`` (``result.written``) and so freed their concurrency
+        slots: each key's next READY task takes a free slot of its key (the one
+        just freed, which this transaction holds locked, or another), and is
+        claimed; nothing else is read. Into ``result``: its claims, and
+        ``handed_over`` if they are all it wanted (else the caller claims the
+        rest in order, in the same transaction).
+        """
+        keys = sorted(
+            {
+                (o.row.queue_name, o.row.limit_key)
+                for o in outcomes
+                if o.frees_slot
+                and o.id in result.written
+                and o.row is not None
+                and o.row.limit_key is not None
+                and o.row.queue_name in request.queues
+            }
+        )
+        if not keys:
+            return
+        # Locked as read, in both modes: one row a key, the one its slot goes to.
+        lock = self.row_lock_sql if self.has_row_locks else ""
+        read = self.ready.next_of_keys(cursor, keys[: request.want], lock=lock)
+        chosen, slots, _ = self.limits.take_in_order(cursor, read, request.want)
+        if not chosen:
+            return
+        assigned = self.limits.assign(chosen, slots)
+        rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
+        self.limits.stamp(cursor, rows, chosen, assigned, request.lease, request.start_within)
+        result.claimed += rows
+        result.handed_over = len(rows) >= request.want
+
     def unpaused(self, cursor: Any, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` that no operator has paused."""
         cursor.execute(f"SELECT queue_name FROM {self.paused_table}", [])
@@ -515,8 +551,23 @@ class Dialect(Spelling):
         if request is None or request.want <= 0:
             return Exchange(written, busy=busy)
         result = Exchange(written, busy=busy)
-        self.claim_into(cursor, request, result, exclude=[o.id for o in outcomes])
+        self.claim_after(cursor, request, result, outcomes)
         return result
+
+    def claim_after(
+        self, cursor: Any, request: ClaimRequest, result: Exchange, outcomes: Sequence[Outcome]
+    ) -> None:
+        """The claim of a round that wrote ``outcomes`` (``result.written``), into
+        ``result``: the hand-over alone first where the request allows it, then, for
+        what that did not claim, the claim in order (``claim_into``)."""
+        if request.hand_over and not request.ahead:
+            self.hand_over_into(cursor, request, result, outcomes)
+            if result.handed_over:
+                return
+        handed, result.claimed = result.claimed, []
+        rest = dataclasses.replace(request, want=request.want - len(handed))
+        self.claim_into(cursor, rest, result, [o.id for o in outcomes] + [r.id for r in handed])
+        result.claimed = handed + result.claimed
 
     # -- leases ------------------------------------------------------------------------
 

@@ -280,6 +280,23 @@ class ReadyReads:
         found = sorted(self._read_parts(cursor, parts, lock), key=lambda r: r.order)
         return [r.candidate for r in found[:limit]]
 
+    def next_of_keys(
+        self, cursor: Any, keys: Sequence[tuple[str, str]], *, lock: str = ""
+    ) -> list[Candidate]:
+        """The hand-over's read (``Dialect.hand_over_into``): each ``(queue, key)``'s
+        next READY row under a concurrency limit, due, of a queue not paused, in
+        the key's own order: one look-up of ``rdbtasks_task_ready_key`` a key,
+        whatever its backlog."""
+        where = (
+            f"status = '{READY}' AND queue_name = %s AND limit_key = %s "
+            f"AND COALESCE(limit_period, 0) <= 0 AND run_after <= {self.d.now_sql} "
+            f"AND NOT EXISTS (SELECT 1 FROM {self.d.paused_table} AS p "
+            "WHERE p.queue_name = t.queue_name)"
+        )
+        parts = [(self._select(where, ready_order(), 1), [queue, key, 1]) for queue, key in keys]
+        found = sorted(self._read_parts(cursor, parts, lock), key=lambda r: r.order)
+        return [r.candidate for r in found]
+
     def expired_sql(self, condition: str, tag: int | None = None) -> str:
         """A queue's expired leases that meet ``condition`` (``%s``: the queue, how many)."""
         return self._select(

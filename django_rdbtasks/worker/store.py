@@ -120,7 +120,7 @@ class ClaimStore:
                 result = dialect.exchange(cursor, outcomes, worker_id, None)
                 self._follow_up(outcomes, result.written, worker_id)
                 if request is not None and request.want > 0:
-                    dialect.claim_into(cursor, request, result, [o.id for o in outcomes])
+                    dialect.claim_after(cursor, request, result, outcomes)
             result.freed = dialect.limits.freed_unclaimed(outcomes, result)
             self._make_slots(result)
             return result
