@@ -478,6 +478,43 @@ def test_a_full_keys_backlog_does_not_slow_a_round(vendor):
         assert claimed == {"concurrency:other": 2, None: 2 * WANT}
 
 
+def test_a_hand_over_reads_one_row_of_its_keys_backlog(vendor):
+    """The hand-over alone (``ClaimRequest.hand_over``): a limited task's outcome
+    gives its slot to its key's next READY row, 300,000 of them behind it, and
+    reads the key's index for that row only, on statistics that never saw them."""
+    key = "concurrency:full"
+    insert_rows(3, TaskStatus.READY, limit_key=key)
+    dialect = dialect_for(connection)
+    with transaction.atomic(), connection.cursor() as cursor:
+        dialect.limits.make_slots(cursor, [(key, 3, 0.0)])
+    held = claim_some("w", ClaimMode.OPTIMISTIC, want=3)
+    analyze()
+    with statistics_frozen():
+        insert_rows(BACKLOG, TaskStatus.READY, limit_key=key)
+        insert_rows(2 * WANT, TaskStatus.READY)
+        request = ClaimRequest(["default"], 1, "w", HELD_LEASE, hand_over=True)
+
+        def run() -> None:
+            with transaction.atomic(), connection.cursor() as cursor:
+                result = dialect.exchange(cursor, held[:1], "w", request)
+                assert result.handed_over and [r.limit_key for r in result.claimed] == [key]
+                if vendor == "postgresql":
+                    cursor.execute(
+                        "SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables "
+                        "WHERE relname = %s",
+                        [TABLE],
+                    )
+                    scanned, fetched = cursor.fetchone()
+                    assert scanned == 0 and fetched <= ROWS_READ_BOUND, (scanned, fetched)
+                transaction.set_rollback(True)
+
+        if vendor == "mysql":
+            read = mysql_rows_read(run)
+            assert read <= ROWS_READ_BOUND, f"{read} rows read by one hand-over"
+        else:
+            run()
+
+
 @pytest.mark.parametrize("retried", [False, True], ids=["scheduled", "backing-off"])
 def test_tasks_due_later_do_not_slow_a_round(vendor, retried):
     """100,000 READY rows due in an hour, at the highest priority, ahead of the few

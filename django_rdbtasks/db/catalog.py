@@ -444,6 +444,19 @@ def _portable(d: Any) -> Iterator[Statement]:
             "walked; rows.ClaimRequest.ahead).",
             sql,
         )
+    lock = d.row_lock_sql if d.has_row_locks else ""
+    for i, sql in enumerate(
+        _recorded(
+            lambda c: d.ready.next_of_keys(c, [(QUEUES[0], "concurrency:tenant:1")], lock=lock)
+        )
+    ):
+        yield Statement(
+            f"hand_over_next_of_key_{i}",
+            "The hand-over alone (Dialect.hand_over_into): a limited task's outcome "
+            "written, its key's next READY row, due, of a queue not paused, one look-up "
+            "of the key's index, locked as read; its slot then taken as any claim's.",
+            sql,
+        )
     if d.has_row_locks:
         for i, sql in enumerate(_recorded(lambda c: d.locked_candidates(c, QUEUES, 5))):
             yield Statement(

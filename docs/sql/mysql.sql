@@ -409,6 +409,38 @@ FROM
      run_after
    LIMIT %s) AS k3;
 
+-- name: hand_over_next_of_key_0
+-- The hand-over alone (Dialect.hand_over_into): a limited task's outcome written, its key's next
+-- READY row, due, of a queue not paused, one look-up of the key's index, locked as read; its slot
+-- then taken as any claim's.
+(SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
+   FROM `django_rdbtasks_task` AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key = %s
+     AND COALESCE(limit_period, 0) <= 0
+     AND run_after <= UTC_TIMESTAMP(6)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM `django_rdbtasks_pausedqueue` AS p
+        WHERE p.queue_name = t.queue_name)
+   ORDER BY
+     priority DESC,
+     run_after
+   LIMIT %s
+   FOR UPDATE SKIP LOCKED);
+
 -- name: claim_first_read_skip_locked_0
 -- The first read in the skip-locked mode: each part locks what it reads.
 (SELECT

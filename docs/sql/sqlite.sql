@@ -555,6 +555,39 @@ FROM
      run_after
    LIMIT %s) AS k5;
 
+-- name: hand_over_next_of_key_0
+-- The hand-over alone (Dialect.hand_over_into): a limited task's outcome written, its key's next
+-- READY row, due, of a queue not paused, one look-up of the key's index, locked as read; its slot
+-- then taken as any claim's.
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
+   FROM "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key = %s
+     AND COALESCE(limit_period, 0) <= 0
+     AND run_after <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+     AND NOT EXISTS
+       (SELECT 1
+        FROM "django_rdbtasks_pausedqueue" AS p
+        WHERE p.queue_name = t.queue_name)
+   ORDER BY
+     priority DESC,
+     run_after
+   LIMIT %s) AS k0;
+
 -- name: finish_0
 -- Outcomes written outside a round (finish).
 UPDATE "django_rdbtasks_task"
