@@ -320,6 +320,19 @@ def test_a_hand_over_that_finds_no_task_of_its_key_claims_in_order(mode, vendor)
 
 
 @db
+def test_a_rate_limited_outcome_hands_nothing_over_and_costs_no_statement_more(mode, vendor):
+    """A rate slot has no holder to hand over (it frees itself a period after its
+    start): the round that ends a rate-limited task claims in order at once."""
+    for i in range(3):
+        tasks.rated.enqueue(i)
+    first = exchange("w1", want=1, mode=mode).claimed
+    assert len(first) == 1
+    nxt = exchange("w1", want=1, outcomes=[ended(first[0])], mode=mode, hand_over=True)
+    assert first[0].id in nxt.written and len(nxt.claimed) == 1
+    assert not nxt.handed_over and nxt.statements == 1
+
+
+@db
 def test_a_stale_holder_hands_nothing_over(mode, vendor):
     for _ in range(3):
         tasks.per_customer.enqueue("a")

@@ -190,7 +190,7 @@ class PostgreSQLDialect(Dialect):
             request is not None
             and request.hand_over
             and not request.ahead
-            and 0 < request.want <= len(self.limits.ended(outcomes))
+            and 0 < request.want <= sum(o.frees_slot for o in outcomes)
         ):
             handed, _ = self._round(
                 cursor, outcomes, worker_id, request, ClaimForm.LEAN, None, handover=True
