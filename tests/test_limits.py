@@ -320,6 +320,19 @@ def test_a_hand_over_that_finds_no_task_of_its_key_claims_in_order(mode, vendor)
 
 
 @db
+def test_a_round_that_wants_more_than_it_hands_over_claims_the_rest_in_order(mode):
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    other = tasks.add.enqueue(1, 2)
+    nxt = exchange("w1", want=2, outcomes=[ended(first[0])], mode=mode, hand_over=True)
+    assert not nxt.handed_over and first[0].id in nxt.written
+    keys = sorted((r.limit_key or "") for r in nxt.claimed)
+    assert keys == ["", "concurrency:customer:a"] and other.id in ids(nxt.claimed)
+    assert running("concurrency:customer:a") == 2 and not Task.objects.filter(status="READY")
+
+
+@db
 def test_a_rate_limited_outcome_hands_nothing_over_and_costs_no_statement_more(mode, vendor):
     """A rate slot has no holder to hand over (it frees itself a period after its
     start): the round that ends a rate-limited task claims in order at once."""

@@ -560,13 +560,17 @@ class Dialect(Spelling):
         """The claim of a round that wrote ``outcomes`` (``result.written``), into
         ``result``: the hand-over alone first where the request allows it, then, for
         what that did not claim, the claim in order (``claim_into``)."""
+        finishing = [o.id for o in outcomes]
         if request.hand_over and not request.ahead:
             self.hand_over_into(cursor, request, result, outcomes)
             if result.handed_over:
                 return
-        handed, result.claimed = result.claimed, []
+        handed = result.claimed
+        if not handed:
+            self.claim_into(cursor, request, result, finishing)
+            return
         rest = dataclasses.replace(request, want=request.want - len(handed))
-        self.claim_into(cursor, rest, result, [o.id for o in outcomes] + [r.id for r in handed])
+        self.claim_into(cursor, rest, result, finishing + [r.id for r in handed])
         result.claimed = handed + result.claimed
 
     # -- leases ------------------------------------------------------------------------
