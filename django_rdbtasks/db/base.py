@@ -308,12 +308,22 @@ class Dialect(Spelling):
     def finish(
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
     ) -> dict[Any, bool | None]:
-        """Write the outcomes, each fenced by its claim.
+        """Write the outcomes, each fenced by its claim, and free the concurrency
+        slots of the claims written.
 
         Returns the ids written, each mapped to whether the task has dependants
         (None where this database cannot say in the same statement). The caller
         wraps this in one transaction, so a batch costs one commit.
         """
+        written = self.write_outcomes(cursor, outcomes, worker_id)
+        self.limits.release(cursor, [o for o in outcomes if o.id in written])
+        return written
+
+    def write_outcomes(
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
+    ) -> dict[Any, bool | None]:
+        """``finish`` without freeing the slots: the caller frees or hands them over
+        (``hand_over_into``) in the same transaction."""
         written: dict[Any, bool | None] = {}
         for outcome in outcomes:
             sql, params = self.outcome_sql[outcome.kind], self.outcome_params(outcome, worker_id)
@@ -321,13 +331,13 @@ class Dialect(Spelling):
             cursor.execute(sql, params)
             if cursor.rowcount == 1:
                 written[outcome.id] = None
-        self.limits.release(cursor, [o for o in outcomes if o.id in written])
         return written
 
     def finish_locked(
-        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str
+        self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, *, release: bool = True
     ) -> tuple[dict[Any, bool | None], set[Any]]:
-        """``lock_rows`` then ``finish`` for the rows locked: ``(written, busy)``.
+        """``lock_rows`` then ``finish`` for the rows locked: ``(written, busy)``;
+        without ``release``, ``write_outcomes`` (their slots kept for a hand-over).
 
         The outcomes of tasks the lock's read found without dependants are
         written as having none (False), so the caller's settlement of
@@ -338,7 +348,8 @@ class Dialect(Spelling):
         claims = [(o.id, o.version) for o in outcomes]
         locked, busy = self.lock_rows(cursor, claims, worker_id, childless=childless)
         writable = [o for o in outcomes if o.id in locked]
-        written = self.finish(cursor, writable, worker_id) if writable else {}
+        write = self.finish if release else self.write_outcomes
+        written = write(cursor, writable, worker_id) if writable else {}
         for outcome_id in childless:
             if written.get(outcome_id, False) is None:
                 written[outcome_id] = False
@@ -499,35 +510,50 @@ class Dialect(Spelling):
         self, cursor: Any, request: ClaimRequest, result: Exchange, outcomes: Sequence[Outcome]
     ) -> None:
         """The hand-over alone (``ClaimRequest.hand_over``), in the transaction that
-        wrote ``outcomes`` (``result.written``) and so freed their concurrency
-        slots: each key's next READY task takes a free slot of its key (the one
-        just freed, which this transaction holds locked, or another), and is
-        claimed; nothing else is read. Into ``result``: its claims, and
-        ``handed_over`` if they are all it wanted (else the caller claims the
-        rest in order, in the same transaction).
+        wrote ``outcomes`` (``result.written``) and kept their slots (``finish``
+        without ``release``): each key's next READY task, read and locked, takes
+        the slot of a claim of its key just ended, in one write of the slot
+        (``LimitSQL.hand_over``: only if that claim still holds it), and is
+        claimed; nothing else is read. The slots not handed over are freed
+        here. Into ``result``: its claims, and ``handed_over`` if they are all
+        it wanted (else the caller claims the rest in order, in the same
+        transaction, the freed slots with them).
         """
-        keys = sorted(
-            {
-                (o.row.queue_name, o.row.limit_key)
-                for o in outcomes
-                if o.frees_slot
-                and o.id in result.written
-                and o.row is not None
-                and o.row.limit_key is not None
-                and o.row.queue_name in request.queues
-            }
-        )
-        if not keys:
-            return
-        # Locked as read, in both modes: one row a key, the one its slot goes to.
-        lock = self.row_lock_sql if self.has_row_locks else ""
-        read = self.ready.next_of_keys(cursor, keys[: request.want], lock=lock)
-        chosen, slots, _ = self.limits.take_in_order(cursor, read, request.want)
+        ended = [o for o in outcomes if o.id in result.written]
+        givers: dict[str, list[Outcome]] = {}
+        for o in ended:
+            if o.frees_slot and o.row is not None and o.row.queue_name in request.queues:
+                assert o.row.limit_key is not None
+                givers.setdefault(o.row.limit_key, []).append(o)
+        handed: set[Any] = set()
+        chosen: list[Candidate] = []
+        if givers:
+            queues = sorted({o.row.queue_name for g in givers.values() for o in g if o.row})
+            keys = [(queue, key) for key in sorted(givers) for queue in queues]
+            # Locked as read, in both modes: one row a key and queue.
+            lock = self.row_lock_sql if self.has_row_locks else ""
+            for candidate in self.ready.next_of_keys(cursor, keys, lock=lock):
+                waiting = givers.get(candidate.limit_key or "")
+                if len(chosen) >= request.want or not waiting:
+                    continue
+                giver = waiting[0]
+                if self.limits.hand_over(
+                    cursor, (giver.id, giver.version), candidate, request.lease
+                ):
+                    waiting.pop(0)
+                    handed.add(giver.id)
+                    chosen.append(candidate)
+        self.limits.release(cursor, [o for o in ended if o.id not in handed])
         if not chosen:
             return
-        assigned = self.limits.assign(chosen, slots)
         rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
-        self.limits.stamp(cursor, rows, chosen, assigned, request.lease, request.start_within)
+        if len(rows) < len(chosen):
+            # Each row was locked by its read (SQLite: one writer), so its
+            # claim holds; a slot given to one that did not is freed again.
+            got = {self.decode_id(row.id) for row in rows}
+            self.limits.release_claims(
+                cursor, [(c.id, c.version + 1) for c in chosen if self.decode_id(c.id) not in got]
+            )
         result.claimed += rows
         result.handed_over = len(rows) >= request.want
 
@@ -547,12 +573,19 @@ class Dialect(Spelling):
         self, cursor: Any, outcomes: Sequence[Outcome], worker_id: str, request: ClaimRequest | None
     ) -> Exchange:
         """Write finished outcomes and claim the next rows, in the caller's transaction."""
-        written, busy = self.finish_locked(cursor, outcomes, worker_id)
+        handing = self.hands_over(request)
+        written, busy = self.finish_locked(cursor, outcomes, worker_id, release=not handing)
         if request is None or request.want <= 0:
             return Exchange(written, busy=busy)
         result = Exchange(written, busy=busy)
         self.claim_after(cursor, request, result, outcomes)
         return result
+
+    @staticmethod
+    def hands_over(request: ClaimRequest | None) -> bool:
+        """Whether a round's claim begins with the hand-over alone (``hand_over_into``):
+        its outcomes' slots are then kept, not freed, when they are written."""
+        return request is not None and request.want > 0 and request.hand_over and not request.ahead
 
     def claim_after(
         self, cursor: Any, request: ClaimRequest, result: Exchange, outcomes: Sequence[Outcome]
@@ -561,7 +594,7 @@ class Dialect(Spelling):
         ``result``: the hand-over alone first where the request allows it, then, for
         what that did not claim, the claim in order (``claim_into``)."""
         finishing = [o.id for o in outcomes]
-        if request.hand_over and not request.ahead:
+        if self.hands_over(request):
             self.hand_over_into(cursor, request, result, outcomes)
             if result.handed_over:
                 return

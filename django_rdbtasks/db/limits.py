@@ -201,6 +201,29 @@ class LimitSQL:
                 lost += 1
         return usable, slots, lost
 
+    def hand_over(self, cursor: Any, holder: tuple[Any, int], to: Candidate, lease: float) -> bool:
+        """The concurrency slot of ``holder`` (a claim whose outcome this transaction
+        wrote, its slot not freed) given to ``to``'s claim, about to be made
+        (``version + 1``), in one write: only if ``holder`` still holds it (a slot
+        taken by another claimer after ``holder``'s lease lapsed is not its to
+        give) and it is among ``to``'s limit's slots (a limit lowered since).
+        Whether it was."""
+        now = self.dialect.now_sql
+        cursor.execute(
+            f"UPDATE {self.table} SET holder_id = %s, holder_version = %s, "
+            f"last_started_at = {now}, free_at = {self.dialect.now_plus_sql('%s')} "
+            "WHERE holder_id = %s AND holder_version = %s AND slot_no < %s",
+            [
+                to.id,
+                to.version + 1,
+                self.dialect.seconds_param(lease),
+                holder[0],
+                holder[1],
+                to.limit_count or 0,
+            ],
+        )
+        return cursor.rowcount == 1
+
     @staticmethod
     def assign(chosen: Sequence[Candidate], slots: dict[str, list[Any]]) -> dict[Any, Any]:
         """The slot each limited row of ``chosen`` takes: a key's n-th row, its n-th slot."""
@@ -296,7 +319,10 @@ class LimitSQL:
         and needs no release: its slot's ``free_at`` lapsed with its lease. A
         slot taken since by another claim has another holder and is left alone.
         """
-        claims = sorted(self.ended(outcomes))
+        self.release_claims(cursor, sorted(self.ended(outcomes)))
+
+    def release_claims(self, cursor: Any, claims: Sequence[tuple[Any, int]]) -> None:
+        """Free the concurrency slots these claims (id, version) hold, if any."""
         if not claims:
             return
         where, params = self._holders(claims)

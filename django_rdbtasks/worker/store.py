@@ -117,7 +117,11 @@ class ClaimStore:
             with worker_transaction(self.alias), self.cursor() as cursor:
                 # Follow-ups before the claim: a dependant released here can
                 # be claimed in the same round.
-                result = dialect.exchange(cursor, outcomes, worker_id, None)
+                # A hand-over keeps the slots the outcomes would free (claim_after).
+                written, busy = dialect.finish_locked(
+                    cursor, outcomes, worker_id, release=not dialect.hands_over(request)
+                )
+                result = Exchange(written, busy=busy)
                 self._follow_up(outcomes, result.written, worker_id)
                 if request is not None and request.want > 0:
                     dialect.claim_after(cursor, request, result, outcomes)
