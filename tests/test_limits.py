@@ -333,6 +333,24 @@ def test_a_round_that_wants_more_than_it_hands_over_claims_the_rest_in_order(mod
 
 
 @db
+def test_a_slot_another_claimer_took_is_not_handed_over(mode):
+    """The holder's lease lapsed, another claimer took its slot, and then its outcome
+    came (the task itself not taken over, so the outcome is written): the slot is
+    not the old holder's to give, and the key, full, gives nothing."""
+    for _ in range(3):
+        tasks.per_customer.enqueue("a")
+    first = exchange("w1", mode=mode).claimed
+    intruder = (uuid.uuid4(), 7)
+    LimitSlot.objects.filter(holder_id=first[0].id).update(
+        holder_id=intruder[0], holder_version=intruder[1]
+    )
+    nxt = exchange("w1", want=1, outcomes=[ended(first[0])], mode=mode, hand_over=True)
+    assert first[0].id in nxt.written and nxt.claimed == [] and not nxt.handed_over
+    assert slot_holders() == {holder(first[1]), intruder}
+    assert Task.objects.filter(status="READY").count() == 1
+
+
+@db
 def test_a_rate_limited_outcome_hands_nothing_over_and_costs_no_statement_more(mode, vendor):
     """A rate slot has no holder to hand over (it frees itself a period after its
     start): the round that ends a rate-limited task claims in order at once."""
