@@ -51,7 +51,9 @@ LOGS = BENCH_DIR / ".logs" / "limit_waits"
 GROUPS = 5
 #: The limited tasks' limit: per group (``benchapp.tasks.limited_sleep``).
 PER_GROUP = 3
-CLAIMS = re.compile(r"\((\d+) claimed in (\d+) claim statements\)")
+CLAIMS = re.compile(
+    r"\((\d+) claimed in (\d+) claim statements\)(?:, (\d+) by a slot's hand-over)?"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -149,13 +151,15 @@ def server_counters(args: argparse.Namespace) -> tuple[float, int]:
     return cpu, xacts
 
 
-def claims(log: Path) -> tuple[int, int]:
-    """Tasks claimed and claim statements made, summed over the workers' last lines."""
-    claimed = statements = 0
+def claims(log: Path) -> tuple[int, int, int]:
+    """Tasks claimed, claim statements made, and tasks claimed by a slot's hand-over
+    alone, summed over the workers' last lines."""
+    claimed = statements = handed = 0
     for match in CLAIMS.finditer(log.read_text()):
         claimed += int(match[1])
         statements += int(match[2])
-    return claimed, statements
+        handed += int(match[3] or 0)
+    return claimed, statements, handed
 
 
 def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
@@ -196,13 +200,14 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
     with connect(args, args.database) as conn:
         runs = conn.execute("SELECT kind, n, started, finished FROM bench_runs").fetchall()
     drop_database(args)
-    claimed, statements = claims(log)
+    claimed, statements, handed = claims(log)
     return {
         "runs": runs,
         "server_cpu": sum(cpu_seen.values()),
         "xacts": after_xacts - before_xacts,
         "claimed": claimed,
         "claim_statements": statements,
+        "handed_over": handed,
     }
 
 
@@ -265,6 +270,7 @@ def mixed(args: argparse.Namespace) -> dict:
         "server_cpu_us_per_task": round(both["server_cpu"] / tasks * 1e6),
         "transactions_per_task": round(both["xacts"] / tasks, 2),
         "tasks_per_claim_statement": round(both["claimed"] / max(1, both["claim_statements"]), 2),
+        "claimed_by_hand_over": both["handed_over"],
     }
 
 

@@ -280,12 +280,14 @@ class Worker:
             connections.close_all()
         processed = self.counters.processed
         logger.info(
-            "worker %s stopped after %d %s (%d claimed in %d claim statements)",
+            "worker %s stopped after %d %s (%d claimed in %d claim statements), "
+            "%d by a slot's hand-over",
             self.name,
             processed,
             "task" if processed == 1 else "tasks",
             self.counters.claimed,
             self.counters.claim_statements,
+            self.counters.handed_over,
         )
         return EXIT_RECYCLE if self.recycle else 0
 
@@ -632,6 +634,8 @@ class Worker:
             with self.counters.lock:
                 self.counters.claim_statements += exchange.statements
                 self.counters.claimed += len(exchange.claimed)
+                if exchange.handed_over:
+                    self.counters.handed_over += len(exchange.claimed)
             for row in exchange.claimed:
                 if row.limit_period:
                     # A rate limit holds on the bodies' starts: this one starts

@@ -32,6 +32,9 @@ class Counters:
     #: tasks they claimed: tasks per claim transaction, logged at the end.
     claim_statements: int = 0
     claimed: int = 0
+    #: Of those, tasks claimed by the hand-over alone (``Exchange.handed_over``):
+    #: a limited task's next of its key, in the slot its round freed.
+    handed_over: int = 0
     #: Public ids of tasks this process scheduled a retry for (``--burst`` waits for them).
     retrying: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
