@@ -193,7 +193,7 @@ class ClaimRequest:
     ahead: bool = False
     #: The round ends limited claims, and may hand their slots to their keys'
     #: next tasks before anything else (PostgreSQL: ``RoundSQL.handover``):
-    #: the lane claimed in order within ``IN_ORDER_WITHIN`` (worker/lanes.py).
+    #: the lane claimed in order within ``HAND_OVER_WITHIN`` (worker/lanes.py).
     hand_over: bool = False
 
 

@@ -332,7 +332,7 @@ class RoundSQL:
         no expired lease, no row without a limit, no other key's.
 
         What a lane that ends a limited task runs, for at most
-        ``IN_ORDER_WITHIN`` after its last claim in order (worker/lanes.py):
+        ``HAND_OVER_WITHIN`` after its last claim in order (worker/lanes.py):
         a key's tasks follow each other in its slot for a statement of a few
         CTEs, not the window or walk form's every arm. A slot it does not hand
         over (its key has no due READY row, or another session holds it) is
