@@ -134,7 +134,7 @@ class ClaimAhead:
     def may_hand_over(self, now: float) -> bool:
         """Whether a round that ends limited tasks may hand their slots to their keys'
         next tasks and read nothing else (``ClaimRequest.hand_over``): within
-        ``IN_ORDER_WITHIN`` of the lane's last claim in order. So a row that
+        ``HAND_OVER_WITHIN`` of the lane's last claim in order. So a row that
         comes first in the claim's order (an expired lease, a higher priority,
         another key's task with a free slot) waits that long at most for a lane
         busy with a key's chain to come round, as for one claiming ahead."""
