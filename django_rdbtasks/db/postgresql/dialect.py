@@ -188,9 +188,8 @@ class PostgreSQLDialect(Dialect):
         handed: Exchange | None = None
         if (
             request is not None
-            and request.hand_over
-            and not request.ahead
-            and 0 < request.want <= sum(o.frees_slot for o in outcomes)
+            and self.hands_over(request)
+            and request.want <= sum(o.frees_slot for o in outcomes)
         ):
             handed, _ = self._round(
                 cursor, outcomes, worker_id, request, ClaimForm.LEAN, None, handover=True
