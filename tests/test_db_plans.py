@@ -481,12 +481,16 @@ def test_a_full_keys_backlog_does_not_slow_a_round(vendor):
 def test_a_hand_over_reads_one_row_of_its_keys_backlog(vendor):
     """The hand-over alone (``ClaimRequest.hand_over``): a limited task's outcome
     gives its slot to its key's next READY row, 300,000 of them behind it, and
-    reads the key's index for that row only, on statistics that never saw them."""
+    reads the key's index for that row only, on statistics that never saw them;
+    and the slot by its holder's index, among the slots of 1,000 other keys
+    (MySQL's hand-over writes the slot and the claim in one UPDATE of both
+    tables, which would lock every slot it scanned)."""
     key = "concurrency:full"
     insert_rows(3, TaskStatus.READY, limit_key=key)
     dialect = dialect_for(connection)
+    others = [(f"concurrency:other:{i}", 3, 0.0) for i in range(1000)]
     with transaction.atomic(), connection.cursor() as cursor:
-        dialect.limits.make_slots(cursor, [(key, 3, 0.0)])
+        dialect.limits.make_slots(cursor, [(key, 3, 0.0), *others])
     held = claim_some("w", ClaimMode.OPTIMISTIC, want=3)
     analyze()
     with statistics_frozen():

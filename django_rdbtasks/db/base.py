@@ -537,16 +537,14 @@ class Dialect(Spelling):
                 if len(chosen) >= request.want or not waiting:
                     continue
                 giver = waiting[0]
-                if self.limits.hand_over(
-                    cursor, (giver.id, giver.version), candidate, request.lease
-                ):
+                if self.hand_over_one(cursor, (giver.id, giver.version), candidate, request):
                     waiting.pop(0)
                     handed.add(giver.id)
                     chosen.append(candidate)
         self.limits.release(cursor, [o for o in ended if o.id not in handed])
         if not chosen:
             return
-        rows = self.claim_chosen(cursor, chosen, request.worker_id, request.lease)
+        rows = self.claim_handed(cursor, chosen, request.worker_id, request.lease)
         if len(rows) < len(chosen):
             # Each row was locked by its read (SQLite: one writer), so its
             # claim holds; a slot given to one that did not is freed again.
@@ -556,6 +554,19 @@ class Dialect(Spelling):
             )
         result.claimed += rows
         result.handed_over = len(rows) >= request.want
+
+    def hand_over_one(
+        self, cursor: Any, holder: tuple[Any, int], to: Candidate, request: ClaimRequest
+    ) -> bool:
+        """The slot of ``holder`` given to ``to`` (``LimitSQL.hand_over``), whose claim
+        ``claim_handed`` then writes. Whether it was given."""
+        return self.limits.hand_over(cursor, holder, to, request.lease)
+
+    def claim_handed(
+        self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
+    ) -> list[ClaimedRow]:
+        """The claims of the rows ``hand_over_one`` gave slots to, locked by their read."""
+        return self.claim_chosen(cursor, chosen, worker_id, lease)
 
     def unpaused(self, cursor: Any, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` that no operator has paused."""

@@ -41,7 +41,7 @@ from .postgresql import schema as pg_schema
 from .postgresql.finished import FINISHED_TABLE, move_back_sql, move_finished_sql
 from .postgresql.pruning import Link, delete_batch_sql
 from .postgresql.round import ClaimForm
-from .rows import Candidate, ClaimedRow, NewTask, Outcome
+from .rows import Candidate, ClaimedRow, ClaimRequest, NewTask, Outcome
 
 ENGINES = {
     "postgresql": "django.db.backends.postgresql",
@@ -454,7 +454,18 @@ def _portable(d: Any) -> Iterator[Statement]:
             f"hand_over_next_of_key_{i}",
             "The hand-over alone (Dialect.hand_over_into): a limited task's outcome "
             "written, its key's next READY row, due, of a queue not paused, one look-up "
-            "of the key's index, locked as read; its slot then taken as any claim's.",
+            "of the key's index, locked as read.",
+            sql,
+        )
+    request = ClaimRequest(QUEUES, 1, WORKER, LEASE, ClaimMode.OPTIMISTIC, hand_over=True)
+    limited = Candidate(IDS[1], 0, TaskStatus.READY.value, "", None, "concurrency:tenant:1", 3)
+    for i, sql in enumerate(_recorded(lambda c: d.hand_over_one(c, (IDS[0], 1), limited, request))):
+        yield Statement(
+            f"hand_over_slot_{i}",
+            "The hand-over's write: the slot of a claim whose outcome the round wrote, "
+            "given to the key's next row, only if that claim still holds it and it is "
+            "among the row's limit's slots (MySQL/MariaDB: and the row's claim, in the "
+            "same UPDATE of both tables).",
             sql,
         )
     if d.has_row_locks:

@@ -23,6 +23,7 @@ from ..database_errors import MYSQL_PACKET_TOO_LARGE, mysql_errno
 from ..states import ClaimMode
 from .base import CLAIM_COLUMNS, INSERT_COLUMNS, Candidate, ClaimedRow, Dialect
 from .inserts import TaskInserts
+from .rows import ClaimRequest
 
 #: Where the values that differ per row of a batch go (``insert_values``'s
 #: order): its id and arguments, in this order.
@@ -207,18 +208,67 @@ class MySQLDialect(Dialect):
         )
         if cursor.rowcount == 0:
             return []
-        marks = ", ".join(["%s"] * len(ordered))
+        return self.read_claimed(cursor, ordered, worker_id)
+
+    def read_claimed(
+        self, cursor: Any, chosen: Sequence[Candidate], worker_id: str
+    ) -> list[ClaimedRow]:
+        """The rows of ``chosen`` this transaction claimed, read back (no RETURNING)."""
+        marks = ", ".join(["%s"] * len(chosen))
         cursor.execute(
             f"SELECT {', '.join(CLAIM_COLUMNS)} FROM {self.table} "
             f"WHERE id IN ({marks}) AND worker_id = %s",
-            [*(c.id for c in ordered), worker_id],
+            [*(c.id for c in chosen), worker_id],
         )
-        claimed_versions = {c.id: c.version + 1 for c in ordered}
+        claimed_versions = {c.id: c.version + 1 for c in chosen}
         return [
             self.decode_claimed(row)
             for row in cursor.fetchall()
             if claimed_versions.get(row[0]) == row[1]
         ]
+
+    def hand_over_sql(self) -> str:
+        """A slot's hand-over and the claim it is for, one UPDATE of both rows.
+
+        Parameters: the claimer and the lease; the slot's new holder (the row's
+        id and version after the claim) and the lease again (the slot's, as
+        every claim stamps it); the row's id and version read; the holder's id
+        and version. Either both rows are written or neither: the row only if
+        it is still claimable at that version, the slot only if that holder
+        still holds it and it is among the row's limit's slots.
+        """
+        now = self.now_sql
+        return (
+            f"UPDATE {self.table} AS t, {self.limits.table} AS s SET "
+            f"{self.claim_assignments('t', '%s', '%s', qualified=True)}, "
+            # (Values, not t's columns: MySQL does not say whether a two-table
+            # UPDATE reads t's before or after writing them.)
+            "s.holder_id = %s, s.holder_version = %s, "
+            f"s.last_started_at = {now}, s.free_at = {self.now_plus_sql('%s')} "
+            f"WHERE t.id = %s AND t.version = %s AND {self.claimable('t')} "
+            "AND s.holder_id = %s AND s.holder_version = %s AND s.slot_no < t.limit_count"
+        )
+
+    def hand_over_one(
+        self, cursor: Any, holder: tuple[Any, int], to: Candidate, request: ClaimRequest
+    ) -> bool:
+        # The slot and the claim in one statement (``claim_handed`` reads it back).
+        lease = self.seconds_param(request.lease)
+        cursor.execute(
+            self.hand_over_sql(),
+            [
+                *(request.worker_id, lease),
+                *(to.id, to.version + 1, lease),
+                *(to.id, to.version),
+                *holder,
+            ],
+        )
+        return cursor.rowcount > 0
+
+    def claim_handed(
+        self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
+    ) -> list[ClaimedRow]:
+        return self.read_claimed(cursor, chosen, worker_id)
 
 
 def _byte_length(value: Any) -> int:

@@ -130,14 +130,20 @@ class Spelling(RowDecoding):
         p = f"{alias}." if alias else ""
         return f"(CASE WHEN {p}status = '{RUNNING}' THEN {p}worker_id END)"
 
-    def claim_assignments(self, alias: str, worker_id: str, lease: str) -> str:
-        """The SET list of a claim; ``worker_id`` and ``lease`` are SQL expressions."""
+    def claim_assignments(
+        self, alias: str, worker_id: str, lease: str, *, qualified: bool = False
+    ) -> str:
+        """The SET list of a claim; ``worker_id`` and ``lease`` are SQL expressions.
+
+        ``qualified``: the columns set named by ``alias`` too, as an UPDATE of
+        two tables needs (MySQL); PostgreSQL refuses a qualified target."""
         p = f"{alias}." if alias else ""
+        s = p if qualified else ""
         now = self.now_sql
         return (
-            f"status = '{RUNNING}', version = {p}version + 1, worker_id = {worker_id}, "
-            f"lease_expires_at = {self.now_plus_sql(lease)}, attempts = {p}attempts + 1, "
-            f"started_at = COALESCE({p}started_at, {now}), last_attempted_at = {now}"
+            f"{s}status = '{RUNNING}', {s}version = {p}version + 1, {s}worker_id = {worker_id}, "
+            f"{s}lease_expires_at = {self.now_plus_sql(lease)}, {s}attempts = {p}attempts + 1, "
+            f"{s}started_at = COALESCE({p}started_at, {now}), {s}last_attempted_at = {now}"
         )
 
     def outcome_assignments(

@@ -411,8 +411,7 @@ FROM
 
 -- name: hand_over_next_of_key_0
 -- The hand-over alone (Dialect.hand_over_into): a limited task's outcome written, its key's next
--- READY row, due, of a queue not paused, one look-up of the key's index, locked as read; its slot
--- then taken as any claim's.
+-- READY row, due, of a queue not paused, one look-up of the key's index, locked as read.
 (SELECT
      id,
      version,
@@ -440,6 +439,36 @@ FROM
      run_after
    LIMIT %s
    FOR UPDATE SKIP LOCKED);
+
+-- name: hand_over_slot_0
+-- The hand-over's write: the slot of a claim whose outcome the round wrote, given to the key's
+-- next row, only if that claim still holds it and it is among the row's limit's slots
+-- (MySQL/MariaDB: and the row's claim, in the same UPDATE of both tables).
+UPDATE
+  `django_rdbtasks_task` AS t,
+  `django_rdbtasks_limitslot` AS s
+SET
+  t.status = 'RUNNING',
+  t.version = t.version + 1,
+  t.worker_id = %s,
+  t.lease_expires_at = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
+  t.attempts = t.attempts + 1,
+  t.started_at = COALESCE(t.started_at, UTC_TIMESTAMP(6)),
+  t.last_attempted_at = UTC_TIMESTAMP(6),
+  s.holder_id = %s,
+  s.holder_version = %s,
+  s.last_started_at = UTC_TIMESTAMP(6),
+  s.free_at = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)
+WHERE t.id = %s
+  AND t.version = %s
+  AND (CASE t.status
+           WHEN 'READY' THEN t.run_after <= UTC_TIMESTAMP(6)
+           WHEN 'RUNNING' THEN t.lease_expires_at <= UTC_TIMESTAMP(6)
+           ELSE FALSE
+       END)
+  AND s.holder_id = %s
+  AND s.holder_version = %s
+  AND s.slot_no < t.limit_count;
 
 -- name: claim_first_read_skip_locked_0
 -- The first read in the skip-locked mode: each part locks what it reads.

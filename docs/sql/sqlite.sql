@@ -557,8 +557,7 @@ FROM
 
 -- name: hand_over_next_of_key_0
 -- The hand-over alone (Dialect.hand_over_into): a limited task's outcome written, its key's next
--- READY row, due, of a queue not paused, one look-up of the key's index, locked as read; its slot
--- then taken as any claim's.
+-- READY row, due, of a queue not paused, one look-up of the key's index, locked as read.
 SELECT *
 FROM
   (SELECT
@@ -587,6 +586,20 @@ FROM
      priority DESC,
      run_after
    LIMIT %s) AS k0;
+
+-- name: hand_over_slot_0
+-- The hand-over's write: the slot of a claim whose outcome the round wrote, given to the key's
+-- next row, only if that claim still holds it and it is among the row's limit's slots
+-- (MySQL/MariaDB: and the row's claim, in the same UPDATE of both tables).
+UPDATE "django_rdbtasks_limitslot"
+SET
+  holder_id = %s,
+  holder_version = %s,
+  last_started_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+  free_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)
+WHERE holder_id = %s
+  AND holder_version = %s
+  AND slot_no < %s;
 
 -- name: finish_0
 -- Outcomes written outside a round (finish).
