@@ -72,6 +72,7 @@ class MySQLDialect(Dialect):
     inserts_class = MySQLInserts
     insert_ignore_sql = "INSERT IGNORE INTO {table} ({columns}) VALUES {values}"
     locks_in_union = True
+    autocommit_is_a_statement = True
     #: Whether the server is a Galera node (``is_galera``); None: not asked yet.
     galera: bool | None = None
     #: The server's ``max_allowed_packet`` (``refuse_oversized``); None: not asked yet.

@@ -47,6 +47,10 @@ class Spelling(RowDecoding):
     insert_ignore_sql = "INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
     #: Before the task table's name in the worker's reads and writes (postgresql/finished.py).
     only_sql = ""
+    #: Whether turning autocommit off and on around a transaction costs a round
+    #: trip each (MySQL): the worker's sessions then leave it off between their
+    #: transactions (``worker/lazy_autocommit.py``).
+    autocommit_is_a_statement = False
 
     def __init__(
         self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None

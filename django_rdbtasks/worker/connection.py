@@ -32,6 +32,7 @@ from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
 
 from ..db import dialect_for
+from .lazy_autocommit import without_autocommit_toggles
 
 SUFFIX = "__rdbtasks_worker"
 
@@ -95,7 +96,10 @@ def open_in_thread(alias: str) -> Any:
         ATOMIC_REQUESTS=False,
         AUTOCOMMIT=True,
     )
-    wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, alias)
+    wrapper_class = load_backend(settings["ENGINE"]).DatabaseWrapper
+    if dialect_for(source).autocommit_is_a_statement:
+        wrapper_class = without_autocommit_toggles(wrapper_class)
+    wrapper = wrapper_class(settings, alias)
     connections[alias] = wrapper
     return wrapper
 
