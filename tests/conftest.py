@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,25 @@ def pytest_report_header(config: pytest.Config) -> str:
     import django
 
     return f"database: {connection.vendor}, Django {django.get_version()}"
+
+
+def in_new_thread(function: Callable[[], Any]) -> Any:
+    """``function()`` in a fresh thread, its result or its exception: worker
+    connections belong to the thread that opened them."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function()
+        except BaseException as exc:  # reported in the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05):

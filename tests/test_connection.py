@@ -14,29 +14,12 @@ from django_rdbtasks.worker.connection import (
     worker_alias,
     worker_transaction,
 )
+from tests.conftest import in_new_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: The suite also runs through PgBouncer in transaction mode (tests/test_pgbouncer.py).
 POOLED = bool(settings.TASKS["default"]["OPTIONS"].get("TRANSACTION_POOLING"))
-
-
-def in_new_thread(function):
-    """Worker connections belong to the thread that opened them: test in a fresh one."""
-    outcome = {}
-
-    def target():
-        try:
-            outcome["value"] = function()
-        except BaseException as exc:  # reported in the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def setting(wrapper, vendor, name):

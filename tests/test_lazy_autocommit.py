@@ -2,7 +2,6 @@
 (worker/lazy_autocommit.py): two round trips fewer a round, and nothing it
 writes outside a transaction is left uncommitted."""
 
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from django_rdbtasks.worker.connection import (
     worker_transaction,
 )
 from django_rdbtasks.worker.lazy_autocommit import without_autocommit_toggles
+from tests.conftest import in_new_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,24 +28,6 @@ INSERT = (
 def mysql(vendor):
     if vendor != "mysql":
         pytest.skip("only MySQL's autocommit is a statement of its own")
-
-
-def in_new_thread(function):
-    """Worker connections belong to the thread that opened them."""
-    outcome = {}
-
-    def target():
-        try:
-            outcome["value"] = function()
-        except BaseException as exc:  # reported in the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def statements_sent(wrapper):

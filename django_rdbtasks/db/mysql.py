@@ -14,6 +14,7 @@ race). So only the optimistic mode runs there; see ``docs/galera.md``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -228,6 +229,7 @@ class MySQLDialect(Dialect):
             if claimed_versions.get(row[0]) == row[1]
         ]
 
+    @functools.cached_property
     def hand_over_sql(self) -> str:
         """A slot's hand-over and the claim it is for, one UPDATE of both rows.
 
@@ -256,7 +258,7 @@ class MySQLDialect(Dialect):
         # The slot and the claim in one statement (``claim_handed`` reads it back).
         lease = self.seconds_param(request.lease)
         cursor.execute(
-            self.hand_over_sql(),
+            self.hand_over_sql,
             [
                 *(request.worker_id, lease),
                 *(to.id, to.version + 1, lease),
