@@ -192,7 +192,8 @@ WITH lim AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -684,7 +685,8 @@ WITH lim AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -1376,7 +1378,8 @@ WITH RECURSIVE lim AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -3429,7 +3432,8 @@ WITH mine AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -3876,7 +3880,8 @@ WITH lim AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -4899,7 +4904,8 @@ WITH mine AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -5462,7 +5468,8 @@ WITH mine AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()
@@ -6145,7 +6152,8 @@ WITH mine AS MATERIALIZED
         limit_period,
         ctid AS at
       FROM ONLY "django_rdbtasks_task"
-      WHERE id = p.id
+      WHERE ctid = p.at
+        AND id = p.id
         AND version = p.version
         AND (CASE status
                  WHEN 'READY' THEN run_after <= STATEMENT_TIMESTAMP()

@@ -522,7 +522,10 @@ class RoundSQL:
             # The pool's rows in claim order, each looked up and locked in
             # turn until the batch is full: more than the batch are read,
             # only about a batch's rows are looked up again (a join sorted
-            # after it looked up and joined every row of the pool).
+            # after it looked up and joined every row of the pool). Each where
+            # the read found it (its ctid: one page, where the primary key's
+            # descent is three or four); a row updated since then is no
+            # longer there at that version, and is passed over as a lost race.
             slot = "" if lean else ", p.slot_id"
             ctes.append(
                 "go AS (SELECT t.id, t.version, t.status, t.worker_id, "
@@ -530,8 +533,8 @@ class RoundSQL:
                 f"p.reclaim, p.priority, p.run_after{slot} FROM (SELECT * FROM pool "
                 f"WHERE id NOT IN ({FINISHING}) ORDER BY {CLAIM_ORDER}) AS p "
                 f"CROSS JOIN LATERAL (SELECT {_ROW_COLS} FROM {t} "
-                f"WHERE id = p.id AND version = p.version AND {self.d.claimable('')} "
-                "FOR UPDATE SKIP LOCKED) AS t "
+                "WHERE ctid = p.at AND id = p.id AND version = p.version "
+                f"AND {self.d.claimable('')} FOR UPDATE SKIP LOCKED) AS t "
                 f"WHERE NOT ({hold}) LIMIT %(want)s)"
             )
         if not lean:
