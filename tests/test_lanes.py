@@ -131,6 +131,56 @@ def test_a_lane_that_passed_limited_rows_over_claims_in_order_again_soon():
     assert ahead.to_claim(1, 0.001, now=105.0) > 0
 
 
+def test_a_dry_lane_claims_ahead_while_the_keys_it_found_full_can_have_freed_nothing():
+    """A claim in order that took rows without a limit only while full keys held
+    limited rows back: the lane's next claims, though its runner is dry, take
+    rows without a limit only (as many as fit), until a slot comes free (the
+    process's count moves), the database's ``wait`` or ``IN_ORDER_WITHIN`` ends,
+    or the lane claims in order again."""
+    ahead = ClaimAhead()
+    for _ in range(3):
+        ahead.observe(0.040, limited=True)
+        ahead.observe(0.005)
+    assert not ahead.keys_full(100.0, freed=0)  # nothing found yet
+    ahead.claimed(ahead=False, passed_limited=False, now=100.0)
+    ahead.found_keys_full(100.0, wait=None, freed=3)
+    assert ahead.keys_full(100.1, freed=3)
+    assert ahead.to_claim(0, 0.0, now=100.1, keys_full=True) == ahead.want_ahead() == 10
+    assert ahead.to_claim(0, 0.0, now=100.1) == ahead.want() == 1
+    assert not ahead.keys_full(100.1, freed=4)  # a slot came free: in order
+    assert not ahead.keys_full(100.0 + IN_ORDER_WITHIN + 0.01, freed=3)
+    # A slot that comes free by time (a rate window, a lease) ends it sooner.
+    ahead.found_keys_full(200.0, wait=0.05, freed=3)
+    assert ahead.keys_full(200.04, freed=3) and not ahead.keys_full(200.06, freed=3)
+    # Claims ahead keep it; a claim in order ends it, until it finds them full again.
+    ahead.found_keys_full(300.0, wait=None, freed=3)
+    ahead.claimed(ahead=True, passed_limited=True, now=300.05)
+    assert ahead.keys_full(300.1, freed=3)
+    ahead.claimed(ahead=False, passed_limited=False, now=300.15)
+    assert not ahead.keys_full(300.16, freed=3)
+
+
+def test_a_freed_slot_is_counted_for_the_lanes_that_found_keys_full():
+    wake = Wake()
+    before = wake.freed_count
+    wake.slot_freed(2)
+    assert wake.freed_count == before + 2
+
+
+def test_a_lane_knows_when_its_next_round_ends_a_limited_task():
+    """That round may hand the slot over (a claim in order), so it is never a claim ahead."""
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2, limit_key="concurrency:tenant:a")])
+    first = lane.take_next()
+    lane.finish(Outcome(first.row.id, 1, OutcomeKind.SUCCESS), first)
+    assert not lane.ends_limited()
+    second = lane.take_next()
+    lane.finish(Outcome(second.row.id, 1, OutcomeKind.SUCCESS), second)
+    assert lane.ends_limited()
+    lane.take_finished()
+    assert not lane.ends_limited()
+
+
 def test_a_lane_hands_a_slot_over_alone_only_soon_after_a_claim_in_order():
     """The hand-over alone reads nothing but the key's next task, so a lane runs
     it for ``HAND_OVER_WITHIN`` after a claim in order at most; hand-overs do not

@@ -81,6 +81,10 @@ class ClaimAhead:
         #: whether its claims ahead since passed limited rows over.
         self.in_order_at = 0.0
         self.passing_limited = False
+        #: Until when a claim in order would find what a claim ahead finds
+        #: (``keys_full``), and the process's count of freed slots then.
+        self.full_until = 0.0
+        self.freed_then = 0
 
     def want(self) -> int:
         return self._fits(self.pace)
@@ -102,6 +106,7 @@ class ClaimAhead:
         running_for: float,
         holds_limited: bool = False,
         now: float = 0.0,
+        keys_full: bool = False,
     ) -> int:
         """How many to claim now: topped up to ``want()`` once down to ``REFILL_AT`` of it.
 
@@ -119,9 +124,12 @@ class ClaimAhead:
         hand-over). Where that passed limited rows over, the lane claims in
         order again once ``IN_ORDER_WITHIN`` has gone by (``holds_limited``:
         a task it holds has a limit; ``now``: the monotonic clock).
+
+        With ``keys_full`` (``ClaimAhead.keys_full``), a lane with nothing in
+        flight claims ahead too, as many as the tasks without a limit fit.
         """
         if not in_flight:
-            return self.want()
+            return self.want_ahead() if keys_full else self.want()
         if holds_limited or running_for >= HANDBACK_AFTER:
             return 0
         if self.passing_limited and now - self.in_order_at > IN_ORDER_WITHIN:
@@ -130,6 +138,29 @@ class ClaimAhead:
         if target == 1 or in_flight > target * REFILL_AT:
             return 0
         return target - in_flight
+
+    def found_keys_full(self, now: float, wait: float | None, freed: int) -> None:
+        """A claim in order took rows without a limit only while keys with no free
+        slot held limited rows back: every limited row before them in the claim's
+        order waits for a slot. Until one comes free (``freed``, the process's
+        count of slots freed, moves: an outcome told here or by NOTIFY), or by
+        time (``wait``, the database's seconds until one does), and for
+        ``IN_ORDER_WITHIN`` at most, a claim in order would take what a claim
+        ahead takes: ``keys_full``."""
+        within = IN_ORDER_WITHIN if wait is None else min(IN_ORDER_WITHIN, wait)
+        self.full_until, self.freed_then = now + within, freed
+
+    def keys_full(self, now: float, freed: int) -> bool:
+        """Whether the lane's next claim, though nothing is in flight, may be a claim
+        ahead (rows without a limit only): a claim in order found keys full
+        (``found_keys_full``) and nothing since can have freed one of their slots.
+
+        A lane running short tasks without a limit beside full keys' chains
+        (issue 42) otherwise claimed in order each time its runner ran dry,
+        a round of the window or walk form for every task or two, each
+        reading the keys it had just found full; ahead, it claims as many as
+        fit its budget in the lean form's reads."""
+        return now < self.full_until and freed == self.freed_then
 
     def may_hand_over(self, now: float) -> bool:
         """Whether a round that ends limited tasks may hand their slots to their keys'
@@ -150,6 +181,7 @@ class ClaimAhead:
             return
         if not ahead:
             self.in_order_at, self.passing_limited = now, False
+            self.full_until = 0.0
         elif passed_limited:
             self.passing_limited = True
 
@@ -217,6 +249,9 @@ class Wake(threading.Event):
         self._slot_freed = threading.Condition()
         #: Slots freed and not yet taken up by a waiting round thread.
         self._freed = 0
+        #: Slots freed since the process began: a lane that found keys full
+        #: compares it with what it was then (``ClaimAhead.keys_full``).
+        self.freed_count = 0
 
     def watch(self, lanes: list[Lane]) -> None:
         self._lanes = tuple(lanes)
@@ -232,6 +267,7 @@ class Wake(threading.Event):
         """``count`` limit slots came free: wake as many round threads waiting for one."""
         with self._slot_freed:
             self._freed = min(self._freed + count, max(1, len(self._lanes)))
+            self.freed_count += count
             self._slot_freed.notify(count)
 
     def _frontiers(self) -> list[ReadFrontier]:
@@ -405,6 +441,12 @@ class Lane:
                 self._first_finished_at = time.monotonic()
             self._finished.append((outcome, running))
             self._touch()
+
+    def ends_limited(self) -> bool:
+        """Whether a task it finished, outcome not yet written, had a limit: the round
+        that writes it may hand its slot to its key's next task."""
+        with self.lock:
+            return any(running.row.limit_key is not None for _, running in self._finished)
 
     def take_finished(self) -> list[tuple[Outcome, Running]]:
         with self.lock:

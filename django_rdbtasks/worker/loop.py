@@ -467,11 +467,28 @@ class Worker:
             self.wake.clear()
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
             handing_back = lane.handing_back()
-            behind = lane.in_flight() > 0
+            # With nothing in flight, a claim is in order, unless the last one
+            # in order found the keys full and none can have freed a slot since.
+            keys_full = lane.in_flight() == 0 and self._keys_full(lane, ahead)
+            behind = lane.in_flight() > 0 or keys_full
             hand_over = ahead.may_hand_over(time.monotonic())
+            freed = self.wake.freed_count
             exchange = self._round(lane, store, reporter, want, behind, writer, hand_over)
-            ahead.claimed(behind, exchange.passed_limited, time.monotonic(), exchange.handed_over)
+            now = time.monotonic()
+            ahead.claimed(behind, exchange.passed_limited, now, exchange.handed_over)
+            if (
+                not behind
+                and exchange.held
+                and exchange.claimed
+                and all(row.limit_key is None for row in exchange.claimed)
+            ):
+                ahead.found_keys_full(now, exchange.wait, freed)
             self.budget.give_back(want - len(exchange.claimed))
+            if keys_full and not exchange.claimed:
+                # No row without a limit left: in order at once, which waits for
+                # a slot (``held``) where this one would only poll.
+                ahead.full_until = 0.0
+                continue
             if exchange.claimed:
                 lane.add(exchange.claimed)
                 if len(exchange.claimed) < want and not exchange.contended:
@@ -525,7 +542,19 @@ class Worker:
     def _refill(self, lane: Lane, ahead: ClaimAhead) -> int:
         """How many to claim now (``ClaimAhead.to_claim``)."""
         now = time.monotonic()
-        return ahead.to_claim(lane.in_flight(), lane.running_for(now), lane.holds_limited(), now)
+        return ahead.to_claim(
+            lane.in_flight(),
+            lane.running_for(now),
+            lane.holds_limited(),
+            now,
+            self._keys_full(lane, ahead),
+        )
+
+    def _keys_full(self, lane: Lane, ahead: ClaimAhead) -> bool:
+        """Whether the lane's claim, with nothing in flight, may still be a claim ahead
+        (``ClaimAhead.keys_full``): not where its round ends a limited task, whose
+        slot goes to its key's next task first (the hand-over is a claim in order)."""
+        return ahead.keys_full(time.monotonic(), self.wake.freed_count) and not lane.ends_limited()
 
     def _wait_busy(self, lane: Lane, generation: int) -> None:
         """The runner is busy and the queue had nothing more: until it is idle, or a wake-up."""
