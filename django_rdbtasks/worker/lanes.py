@@ -150,6 +150,10 @@ class ClaimAhead:
         within = IN_ORDER_WITHIN if wait is None else min(IN_ORDER_WITHIN, wait)
         self.full_until, self.freed_then = now + within, freed
 
+    def found_keys_free(self) -> None:
+        """A claim ahead of a dry lane found nothing: its next claim is in order."""
+        self.full_until = 0.0
+
     def keys_full(self, now: float, freed: int) -> bool:
         """Whether the lane's next claim, though nothing is in flight, may be a claim
         ahead (rows without a limit only): a claim in order found keys full
@@ -181,7 +185,7 @@ class ClaimAhead:
             return
         if not ahead:
             self.in_order_at, self.passing_limited = now, False
-            self.full_until = 0.0
+            self.found_keys_free()
         elif passed_limited:
             self.passing_limited = True
 

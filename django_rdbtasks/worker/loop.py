@@ -450,7 +450,10 @@ class Worker:
     ) -> None:
         while not self.stopping.is_set() and runner.is_alive():
             generation = lane.generation
-            want = self._refill(lane, ahead)
+            # With nothing in flight a claim is in order, unless the last one in
+            # order found the keys full and none can have freed a slot since.
+            keys_full = lane.in_flight() == 0 and self._keys_full(lane, ahead)
+            want = self._refill(lane, ahead, keys_full)
             if want:
                 want = self.budget.take(want)  # 0 once --max-tasks is spent
                 if want == 0 and lane.idle():
@@ -467,10 +470,7 @@ class Worker:
             self.wake.clear()
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
             handing_back = lane.handing_back()
-            # With nothing in flight, a claim is in order, unless the last one
-            # in order found the keys full and none can have freed a slot since.
-            keys_full = lane.in_flight() == 0 and self._keys_full(lane, ahead)
-            behind = lane.in_flight() > 0 or keys_full
+            behind = keys_full or lane.in_flight() > 0
             hand_over = ahead.may_hand_over(time.monotonic())
             freed = self.wake.freed_count
             exchange = self._round(lane, store, reporter, want, behind, writer, hand_over)
@@ -487,7 +487,7 @@ class Worker:
             if keys_full and not exchange.claimed:
                 # No row without a limit left: in order at once, which waits for
                 # a slot (``held``) where this one would only poll.
-                ahead.full_until = 0.0
+                ahead.found_keys_free()
                 continue
             if exchange.claimed:
                 lane.add(exchange.claimed)
@@ -539,15 +539,11 @@ class Worker:
         # A little past the database's time: its clock, not ours, frees the slot.
         return min(self.poll_interval, wait + SLOT_CLOCK_MARGIN)
 
-    def _refill(self, lane: Lane, ahead: ClaimAhead) -> int:
+    def _refill(self, lane: Lane, ahead: ClaimAhead, keys_full: bool) -> int:
         """How many to claim now (``ClaimAhead.to_claim``)."""
         now = time.monotonic()
         return ahead.to_claim(
-            lane.in_flight(),
-            lane.running_for(now),
-            lane.holds_limited(),
-            now,
-            self._keys_full(lane, ahead),
+            lane.in_flight(), lane.running_for(now), lane.holds_limited(), now, keys_full
         )
 
     def _keys_full(self, lane: Lane, ahead: ClaimAhead) -> bool:
