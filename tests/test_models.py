@@ -10,6 +10,7 @@ from django.utils import timezone
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.models import Task, task_path_in, uuid7
 from django_rdbtasks.states import TaskStatus
+from tests.server_rows import analyze, insert_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,18 +52,6 @@ def test_db_defaults_come_from_the_database():
     assert row.run_after == row.enqueued_at
 
 
-def _analyze():
-    """Fresh planner statistics for the task table."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("ANALYZE django_rdbtasks_task")
-        elif connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE django_rdbtasks_task")
-            cursor.fetchall()
-        else:
-            cursor.execute("ANALYZE")
-
-
 def _explain(sql, params):
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -77,12 +66,9 @@ def _explain(sql, params):
 
 
 def test_finding_runnable_tasks_uses_the_index_not_a_scan():
-    finished = [
-        Task(task_path="a.b", status="SUCCESSFUL", queue_name="default") for _ in range(20_000)
-    ]
-    Task.objects.bulk_create(finished, batch_size=2000)
-    Task.objects.bulk_create([Task(task_path="a.b") for _ in range(20)])
-    _analyze()
+    insert_rows(20_000, TaskStatus.SUCCESSFUL)
+    insert_rows(20, TaskStatus.READY)
+    analyze()
     dialect = dialect_for(connection)
     sql = dialect.candidates_sql(2)
     plan = _explain(sql, dialect.candidates_params(["default", "emails"], 40))
@@ -216,15 +202,9 @@ def test_unfinished_is_every_task_not_yet_finished():
 
 def test_the_unfinished_and_the_finished_by_age_are_read_off_indexes():
     """With the finished index partial, neither read scans the table."""
-    Task.objects.bulk_create(
-        [
-            Task(task_path="a.b", status="SUCCESSFUL", finished_at=timezone.now())
-            for _ in range(20_000)
-        ],
-        batch_size=2000,
-    )
+    insert_rows(20_000, TaskStatus.SUCCESSFUL)
     Task.objects.bulk_create([Task(task_path="a.b", status=s) for s in ("READY", "RUNNING")])
-    _analyze()
+    analyze()
     hour_ago = timezone.now() - dt.timedelta(hours=1)
     reads = {
         "unfinished": Task.objects.unfinished().order_by("-pk")[:100],
@@ -252,11 +232,9 @@ def test_task_paths_are_the_distinct_paths_in_order_read_off_their_index():
 
 
 def test_task_paths_never_reads_the_table():
-    Task.objects.bulk_create(
-        [Task(task_path=f"app.tasks.t{n % 7}", status="SUCCESSFUL") for n in range(20_000)],
-        batch_size=2000,
-    )
-    _analyze()
+    for n in range(7):
+        insert_rows(3_000, TaskStatus.SUCCESSFUL, task_path=f"app.tasks.t{n}")
+    analyze()
     with CaptureQueriesContext(connection) as queries:
         assert len(Task.objects.task_paths()) == 7
     # One look-up per distinct path, and one that finds none after the last; where the
@@ -305,13 +283,11 @@ def test_task_paths_and_task_path_in_see_rows_in_every_status():
 
 def test_task_path_in_reads_indexes_not_the_table():
     # Mostly finished rows and a backlog, as a busy table holds.
-    Task.objects.bulk_create(
-        [Task(task_path=f"app.tasks.t{n % 7}", status="SUCCESSFUL") for n in range(20_000)]
-        + [Task(task_path=f"app.tasks.t{n % 7}", status="READY") for n in range(500)]
-        + _one_of_each_status("app.tasks.rare"),
-        batch_size=2000,
-    )
-    _analyze()
+    for n in range(7):
+        insert_rows(3_000, TaskStatus.SUCCESSFUL, task_path=f"app.tasks.t{n}")
+        insert_rows(70, TaskStatus.READY, task_path=f"app.tasks.t{n}")
+    Task.objects.bulk_create(_one_of_each_status("app.tasks.rare"))
+    analyze()
     rare = Task.objects.filter(task_path_in(["app.tasks.rare"]))
     assert rare.count() == len(TaskStatus)
     plan = rare.explain()
