@@ -108,7 +108,8 @@ test: venvs lint
 	    2>&1 | sed -u "s/^/[django 6.1] /" | tee $$logs/six; } & six=$$!; \
 	  wait $$five; a=$$?; wait $$six; b=$$?; \
 	  echo "Django 5.2 stream: exit $$a; Django 6.1 stream and clusters: exit $$b"; \
-	  grep -hE "^\[django [0-9.]+\] (=== |FAILED |ERROR )" $$logs/five $$logs/six; rm -rf $$logs; \
+	  grep -hE "^\[django [0-9.]+\] (=== |FAILED |ERROR |=+ .* in [0-9.]+s)" $$logs/five $$logs/six; \
+	  rm -rf $$logs; \
 	  [ $$a = 0 ] && [ $$b = 0 ]'
 	for url in "$(PG_URL)" "$(MYSQL_URL)"; do \
 	  DATABASE_URL=$$url .venv/bin/pytest -m server_restart $(PYTEST_ARGS) || exit 1; \
