@@ -90,9 +90,24 @@ def test_claims_ahead_are_sized_by_the_pace_of_tasks_without_a_limit():
         ahead.observe(0.040, limited=True)
         ahead.observe(0.005)
     assert ahead.want() == 1 and ahead.to_claim(0, 0.0) == 1
-    assert ahead.want_ahead() == 10
-    assert ahead.to_claim(1, 0.001) == 9
-    assert ahead.to_claim(8, 0.001) == 0  # more than three quarters still to run
+    assert ahead.want_ahead() == 11  # the running one and ten behind it
+    assert ahead.to_claim(1, 0.001) == 10
+    assert ahead.to_claim(9, 0.001) == 0  # more than three quarters still to run
+
+
+def test_one_task_waits_behind_a_running_one_while_both_fit_the_budget():
+    """Tasks of 30 ms without a limit: one is claimed behind the running one, so the
+    runner does not wait for a round after each; none behind tasks of the budget
+    or longer, and none in order (nothing in flight) beyond the one."""
+    ahead = ClaimAhead(budget=0.05)
+    for _ in range(3):
+        ahead.observe(0.030)
+    assert ahead.want() == 1 and ahead.to_claim(0, 0.0) == 1
+    assert ahead.want_ahead() == 2
+    assert ahead.to_claim(1, 0.010) == 1
+    assert ahead.to_claim(2, 0.010) == 0
+    ahead.observe(0.050)  # as long as the budget: nothing waits behind it
+    assert ahead.want_ahead() == 1 and ahead.to_claim(1, 0.010) == 0
 
 
 def test_nothing_is_claimed_ahead_while_the_lane_holds_a_limited_task():
@@ -145,7 +160,7 @@ def test_a_dry_lane_claims_ahead_while_the_keys_it_found_full_can_have_freed_not
     ahead.claimed(ahead=False, passed_limited=False, now=100.0)
     ahead.found_keys_full(100.0, wait=None, freed=3)
     assert ahead.keys_full(100.1, freed=3)
-    assert ahead.to_claim(0, 0.0, now=100.1, keys_full=True) == ahead.want_ahead() == 10
+    assert ahead.to_claim(0, 0.0, now=100.1, keys_full=True) == ahead.want_ahead() == 11
     assert ahead.to_claim(0, 0.0, now=100.1) == ahead.want() == 1
     assert not ahead.keys_full(100.1, freed=4)  # a slot came free: in order
     assert not ahead.keys_full(100.0 + IN_ORDER_WITHIN + 0.01, freed=3)

@@ -90,8 +90,20 @@ class ClaimAhead:
         return self._fits(self.pace)
 
     def want_ahead(self) -> int:
-        """How many to hold when claiming behind a running task: rows without a limit only."""
-        return self._fits(self.pace_unlimited)
+        """How many to hold when claiming behind a running task: rows without a limit only.
+
+        The running task and as many as wait behind it within the budget: with
+        tasks of 30 ms, one waiting (where ``want()`` says one in all, so that a
+        limited row claimed in order does not hold its slot idle while it
+        waits). A lane running such tasks beside full keys' chains (issue 42)
+        otherwise ran dry after each, its runner idle through every round
+        (about 12 ms of each 33 ms a task where measured, 5 ms with one held
+        ahead: docs/limits.md). A task that takes the budget or more has none
+        claimed behind it."""
+        pace = self.pace_unlimited
+        if self.fixed is None and pace is not None and pace < self.budget:
+            return min(self.most, 1 + int(self.budget / max(pace, 1e-6)))
+        return self._fits(pace)
 
     def _fits(self, pace: float | None) -> int:
         if self.fixed is not None:
@@ -114,8 +126,8 @@ class ClaimAhead:
         how long its running task has run (0 when none runs). Nothing while that
         task has run for ``HANDBACK_AFTER``: the keeper hands back what waits
         behind it, and a claim would only be handed back too. And with one
-        wanted at a time (tasks are long), only once the runner is free: a task
-        claimed behind a long one just waits.
+        wanted at a time (tasks of the budget or longer), only once the runner
+        is free: a task claimed behind a long one just waits.
 
         A claim behind a running task (``in_flight``) is a claim *ahead*: it
         takes rows without a limit only (``ClaimRequest.ahead``), sized by the
