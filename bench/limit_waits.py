@@ -18,7 +18,11 @@ be read beside what the tasks get with nothing ahead of them on the same
 machine), their drain rate beside the rate alone, how many
 limited bodies ran at once on average while their backlog lasted (of the 15
 the limits allow), the server's CPU and transactions per task, and the tasks
-claimed per claim statement (from the workers' log). With ``--started-first``
+claimed per claim statement (from the workers' log). Each body records its
+run by a line in its process's own file (``--record db``: a row in the
+benchmark's database instead, as every run before 2026-11-30's evening did;
+that INSERT and its commit loaded the server the scenario measures, and fell
+inside each body's hold on its lane and slot, after its end was taken). With ``--started-first``
 the workers run (idle, their sessions open) before the tasks are enqueued, as
 a deployment's do, and are stopped once every body has run: the drain without
 the workers' start-up in it.
@@ -36,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="mixed: the workers run (idle) before the tasks are enqueued, as a deployment's "
         "do, instead of burst workers started on the backlog",
+    )
+    parser.add_argument(
+        "--record",
+        choices=["file", "db"],
+        default="file",
+        help="mixed: where each body records its run: a line in its process's file (default), "
+        "or a row in the benchmark's database, an INSERT and its commit in every body",
     )
     parser.add_argument("--window", type=float, default=20.0, help="full: seconds measured")
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
@@ -126,7 +138,41 @@ def enqueue_in_one_transaction(args: argparse.Namespace, batches: list) -> None:
     )
 
 
-def workers(args: argparse.Namespace, *, burst: bool, log: Path) -> subprocess.Popen:
+class Runs:
+    """Where the bodies record their runs (``--record``): files in a directory of the
+    drain's own, or the ``bench_runs`` table."""
+
+    def __init__(self, args: argparse.Namespace, name: str) -> None:
+        self.args = args
+        self.directory = LOGS / f"{name}-runs" if args.record == "file" else None
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory.mkdir(parents=True)
+
+    def env(self) -> dict[str, str]:
+        return {"BENCH_RUNS_DIR": str(self.directory)} if self.directory is not None else {}
+
+    def read(self) -> list[tuple[str, int, float, float]]:
+        if self.directory is None:
+            with connect(self.args, self.args.database) as conn:
+                return conn.execute("SELECT kind, n, started, finished FROM bench_runs").fetchall()
+        runs = []
+        for path in self.directory.glob("*.txt"):
+            for line in path.read_text().splitlines():
+                kind, n, started, finished = line.split()
+                runs.append((kind, int(n), float(started), float(finished)))
+        return runs
+
+    def count(self) -> int:
+        if self.directory is None:
+            with connect(self.args, self.args.database) as conn:
+                return conn.execute("SELECT count(*) FROM bench_runs").fetchone()[0]
+        return sum(len(path.read_text().splitlines()) for path in self.directory.glob("*.txt"))
+
+
+def workers(
+    args: argparse.Namespace, *, burst: bool, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [
         args.python, "manage.py", "runworkers", "--processes", str(args.processes),
@@ -135,7 +181,11 @@ def workers(args: argparse.Namespace, *, burst: bool, log: Path) -> subprocess.P
     ]  # fmt: skip
     with open(log, "w") as out:
         return subprocess.Popen(
-            command, cwd=PROJECT_DIR, env=project_env(args), stdout=out, stderr=subprocess.STDOUT
+            command,
+            cwd=PROJECT_DIR,
+            env={**project_env(args), **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -171,9 +221,10 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
     are stopped once every task has run."""
     fresh_database(args)
     log = LOGS / f"{name}.log"
+    recorded = Runs(args, name)
     cpu_seen: dict[int, float] = {}
     if args.started_first:
-        process = workers(args, burst=False, log=log)
+        process = workers(args, burst=False, log=log, env=recorded.env())
         wait_for_sessions(args, args.processes * args.threads)
         time.sleep(1)  # their first rounds (found nothing) are behind them
         cpu_before = dict(cpu_seen)
@@ -181,10 +232,9 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
         before_xacts = server_counters(args)[1]
         enqueue_in_one_transaction(args, batches)
         expected = sum(len(calls) for _, calls in batches)
-        with connect(args, args.database) as conn:
-            while conn.execute("SELECT count(*) FROM bench_runs").fetchone()[0] < expected:
-                sample_backends(args, cpu_seen)
-                time.sleep(0.05)
+        while recorded.count() < expected:
+            sample_backends(args, cpu_seen)
+            time.sleep(0.05)
         after_xacts = server_counters(args)[1]
         process.terminate()
         process.wait(90)
@@ -194,13 +244,12 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
         enqueue_in_one_transaction(args, batches)
         # Backends come and go with the workers: CPU read while they live (sampled).
         before_xacts = server_counters(args)[1]
-        process = workers(args, burst=True, log=log)
+        process = workers(args, burst=True, log=log, env=recorded.env())
         while process.poll() is None:
             sample_backends(args, cpu_seen)
             time.sleep(0.05)
         after_xacts = server_counters(args)[1]
-    with connect(args, args.database) as conn:
-        runs = conn.execute("SELECT kind, n, started, finished FROM bench_runs").fetchall()
+    runs = recorded.read()
     drop_database(args)
     claimed, statements, handed = claims(log)
     return {
