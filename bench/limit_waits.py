@@ -5,6 +5,7 @@ Run from the repository root with the project's virtualenv, PostgreSQL on
 
     .venv/bin/python bench/limit_waits.py                        # both measurements
     .venv/bin/python bench/limit_waits.py --only mixed --mode skip-locked
+    .venv/bin/python bench/limit_waits.py --only mixed --repeat 5   # medians and ranges
     .venv/bin/python bench/limit_waits.py --only full --processes 2 --threads 10
 
 **mixed** (issue 42's scenario): ``--limited`` tasks that sleep 40 ms under
@@ -85,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="file",
         help="mixed: where each body records its run: a line in its process's file (default), "
         "or a row in the benchmark's database, an INSERT and its commit in every body",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="mixed: runs, each figure's median reported"
     )
     parser.add_argument("--window", type=float, default=20.0, help="full: seconds measured")
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
@@ -327,6 +331,20 @@ def mixed(args: argparse.Namespace) -> dict:
     }
 
 
+def medians(runs: list[dict]) -> dict:
+    """Each figure's median over ``runs`` (the machine's noise moves single runs by a
+    third: docs/limits.md), with its range beside it; deciles decile by decile."""
+    summary: dict = {"runs": len(runs)}
+    for name, first in runs[0].items():
+        values = [run[name] for run in runs]
+        if isinstance(first, list):
+            summary[name] = [statistics.median(column) for column in zip(*values, strict=True)]
+        elif isinstance(first, int | float) and not isinstance(first, bool):
+            summary[name] = statistics.median(values)
+            summary[f"{name}_range"] = [min(values), max(values)]
+    return summary
+
+
 def hold(args: argparse.Namespace, batches: list, name: str) -> dict:
     """Workers serving ``batches`` once 15 tasks run: the server's cost over ``--window``."""
     fresh_database(args)
@@ -384,8 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"--processes {args.processes} --threads {args.threads} --mode {args.mode}"
     results: dict[str, dict] = {}
     if args.only in (None, "mixed"):
-        results["mixed"] = mixed(args)
-        print(f"mixed ({shape}): {json.dumps(results['mixed'])}", flush=True)
+        runs = []
+        for _ in range(args.repeat):
+            runs.append(mixed(args))
+            print(f"mixed ({shape}): {json.dumps(runs[-1])}", flush=True)
+        results["mixed"] = runs[0] if len(runs) == 1 else medians(runs)
+        if len(runs) > 1:
+            print(f"mixed, medians of {len(runs)}: {json.dumps(results['mixed'])}", flush=True)
     if args.only in (None, "full"):
         results["full"] = full(args)
         print(f"full ({shape}): {json.dumps(results['full'])}", flush=True)
