@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -44,3 +46,11 @@ def test_runs_written_to_files_are_read_back_from_every_process(tmp_path, monkey
     ]
     # A drain of the same name starts from an empty directory.
     assert limit_waits.Runs(args, "mixed").count() == 0
+
+
+def test_a_warm_up_drain_needs_workers_started_first(capsys):
+    assert limit_waits.parse_args(["--started-first", "--warm-up"]).warm_up
+    assert not limit_waits.parse_args(["--started-first"]).warm_up
+    with pytest.raises(SystemExit):
+        limit_waits.parse_args(["--warm-up"])
+    assert "--warm-up drains twice" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_rdbtasks.db import dialect_for
 from django_rdbtasks.db.frontier import ReadFrontier
-from django_rdbtasks.db.postgresql.cursor import worker_cursor
+from django_rdbtasks.db.postgresql.cursor import statement_query_class, worker_cursor
 from django_rdbtasks.db.rows import ClaimRequest, Outcome
 from django_rdbtasks.models import Task
 from django_rdbtasks.states import ClaimMode, OutcomeKind, TaskStatus
@@ -80,6 +80,49 @@ def test_errors_are_djangos_and_statements_are_logged_under_debug():
         assert cursor.fetchone() == (42,)
     (query,) = queries.captured_queries
     assert query["sql"].startswith("SELECT")
+
+
+def long_statement(columns: int) -> str:
+    """A statement over psycopg's 4 kB cache bound, with named placeholders."""
+    padding = " ".join(f"/* padding {i:04d} */" for i in range(250))
+    selected = ", ".join(f"%(v{i})s::int + {i} AS c{i}" for i in range(columns))
+    return f"SELECT {selected}, %(name)s::text AS name {padding}"
+
+
+def test_a_long_statement_converted_once_runs_with_each_runs_values():
+    sql = long_statement(20)
+    assert len(sql) > 4096
+    for run in range(3):
+        values = {f"v{i}": i * run for i in range(20)} | {"name": f"run {run}"}
+        with worker_cursor(connection) as cursor:
+            cursor.execute(sql, values)
+            row = cursor.fetchone()
+        assert row == (*(i * run + i for i in range(20)), f"run {run}")
+    with worker_cursor(connection) as cursor:
+        cursor.execute(sql, {f"v{i}": None for i in range(20)} | {"name": None})
+        assert cursor.fetchone() == (None,) * 21
+        with pytest.raises(DatabaseError):  # a value missing is psycopg's error, as ever
+            cursor.execute(sql, {"name": "x"})
+
+
+def test_a_long_statement_is_converted_as_psycopg_converts_it_once_a_process():
+    from psycopg import adapt
+    from psycopg._queries import PostgresQuery
+
+    sql = long_statement(5) + f" /* {uuid.uuid4()} */"  # a text no test converted before
+    values = {f"v{i}": i for i in range(5)} | {"name": "n"}
+    ours, theirs = statement_query_class()(adapt.Transformer()), PostgresQuery(adapt.Transformer())
+    ours.convert(sql, values)
+    theirs.convert(sql, values)
+    assert (ours.query, ours.params, ours.types) == (theirs.query, theirs.params, theirs.types)
+    assert b"$6" in ours.query and b"%(" not in ours.query
+    again = statement_query_class()(adapt.Transformer())
+    again.convert(sql, values | {"name": "m"})
+    assert again.query is ours.query  # the conversion kept, not made anew
+    assert again.params[-1] == b"m"
+    short = statement_query_class()(adapt.Transformer())
+    short.convert("SELECT %(a)s", {"a": 1})  # psycopg's own way, its own cache
+    assert short.query == b"SELECT $1"
 
 
 def test_a_round_on_it_claims_and_writes_with_text_ids():

@@ -98,12 +98,58 @@ def worker_cursor(connection: Any, preparable: Collection[str] = frozenset()) ->
     return connection._prepare_cursor(kept[1])
 
 
+#: How many long statements' conversions a worker keeps (``statement_query_class``):
+#: the rounds' shapes a session runs are a few dozen.
+LONG_STATEMENTS_KEPT = 256
+
+
+@functools.cache
+def statement_query_class() -> type:
+    """psycopg's query class, but converting each long statement once per process.
+
+    psycopg turns a statement's ``%(name)s`` placeholders into ``$n`` at every
+    run, and keeps the result only for statements of up to 4 kB (its
+    ``MAX_CACHED_STATEMENT_LENGTH``: an ORM's long statements are rarely
+    run twice). The worker's rounds are 7 to 15 kB and a worker runs the same
+    few dozen again and again: converted anew, 60 to 120 µs of a round's
+    time in the worker, and a round is what each limited task costs (its
+    slot's hand-over). Converted once, as psycopg does for short ones. Where
+    psycopg's internals are not as expected, its own class.
+    """
+    from psycopg import Cursor, _queries
+
+    base = Cursor._query_cls
+    convert = getattr(_queries, "_query2pg_nocache", None)
+    longest: int = getattr(_queries, "MAX_CACHED_STATEMENT_LENGTH", 0)
+    if convert is None or not longest:  # pragma: no cover - another psycopg
+        return base
+
+    @functools.lru_cache(maxsize=LONG_STATEMENTS_KEPT)
+    def converted(query: str, encoding: str) -> Any:
+        # Keyed by the text itself: the rounds' statements are made once
+        # (compiled and kept), so the key's hash is computed once.
+        return convert(query.encode(encoding), encoding)
+
+    class StatementQuery(base):  # type: ignore[misc,valid-type]
+        def convert(self, query: Any, vars: Any) -> None:
+            if vars is not None and type(query) is str and len(query) > longest:
+                parts = converted(query, self._tx.encoding)
+                self.query, self._want_formats, self._order, self._parts = parts
+                self.dump(vars)
+                return
+            super().convert(query, vars)
+
+    return StatementQuery
+
+
 @functools.cache
 def worker_cursor_class() -> type:
     """The cursor class, made on first use (psycopg may be absent where it is never used)."""
     from psycopg import Cursor
 
     class WorkerCursor(SessionPreparing, Cursor):
+        #: psycopg's query class, converting the rounds' long statements once.
+        _query_cls = statement_query_class()
         #: Results in binary, unless the project runs without time zones.
         binary_results = True
         #: Whether the session carries ``PLAN_ONCE_SESSION``'s settings.
