@@ -7,6 +7,7 @@ Run from the repository root with the project's virtualenv, PostgreSQL on
     .venv/bin/python bench/limit_waits.py --only mixed --mode skip-locked
     .venv/bin/python bench/limit_waits.py --only mixed --repeat 5   # medians and ranges
     .venv/bin/python bench/limit_waits.py --only full --processes 2 --threads 10
+    .venv/bin/python bench/limit_waits.py --only mixed --supervisors 4x2,2x3,2x2:skip-locked
 
 **mixed** (issue 42's scenario): ``--limited`` tasks that sleep 40 ms under
 ``ConcurrencyLimit(3, key="acc-conc:{group}")`` over 5 groups, then
@@ -29,7 +30,9 @@ a deployment's do, and are stopped once every body has run: the drain without
 the workers' start-up in it. With ``--warm-up`` as well, the same workers drain
 the same tasks once before the measured drain, unmeasured: every server
 session has then planned every shape of round it runs, as a deployment's
-sessions have.
+sessions have. ``--supervisors`` runs several ``runworkers`` side by side, as
+issue 42 did (``4x2,2x3,2x2:skip-locked``: three supervisors, 18 lanes in 8
+processes), in place of the one of ``--processes``, ``--threads`` and ``--mode``.
 
 **full**: the same workers with every key full, 15 holders sleeping through
 the window and a backlog of READY rows of their keys behind them, beside the
@@ -41,6 +44,7 @@ server's CPU (its backends' ``/proc`` times) and transactions per second
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -89,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="mixed, with --started-first: the workers drain the same tasks once before "
         "the measured drain, as a deployment's have run such tasks before (each server "
         "session has then planned every form of round it runs)",
+    )
+    parser.add_argument(
+        "--supervisors",
+        help="several runworkers side by side, as PxT[:mode] comma-separated (issue 42's: "
+        "4x2,2x3,2x2:skip-locked); each --mode's where not given. Overrides --processes "
+        "and --threads",
     )
     parser.add_argument(
         "--record",
@@ -187,23 +197,83 @@ class Runs:
         return sum(len(path.read_text().splitlines()) for path in self.directory.glob("*.txt"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Supervisor:
+    """One ``runworkers`` of the drain: its ``--processes``, ``--threads`` and ``--mode``."""
+
+    processes: int
+    threads: int
+    mode: str
+
+    @property
+    def lanes(self) -> int:
+        return self.processes * self.threads
+
+    def __str__(self) -> str:
+        return f"--processes {self.processes} --threads {self.threads} --mode {self.mode}"
+
+
+def supervisors(args: argparse.Namespace) -> list[Supervisor]:
+    """``--supervisors`` (``PxT[:mode]``, comma-separated; the mode ``--mode``'s where
+    not given), or the one of ``--processes``, ``--threads`` and ``--mode``."""
+    if not args.supervisors:
+        return [Supervisor(args.processes, args.threads, args.mode)]
+    made = []
+    for spec in args.supervisors.split(","):
+        shape, _, mode = spec.strip().partition(":")
+        processes, _, threads = shape.partition("x")
+        made.append(Supervisor(int(processes), int(threads), mode or args.mode))
+    return made
+
+
+class Workers:
+    """The drain's ``runworkers`` supervisors, side by side, each with its own log."""
+
+    def __init__(self, args: argparse.Namespace, *, burst: bool, log: Path, env: dict) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        shapes = supervisors(args)
+        self.logs = [
+            log if len(shapes) == 1 else log.with_name(f"{log.stem}-{i}{log.suffix}")
+            for i in range(len(shapes))
+        ]
+        self.processes = []
+        for shape, path in zip(shapes, self.logs, strict=True):
+            command = [
+                args.python, "manage.py", "runworkers", "--processes", str(shape.processes),
+                "--threads", str(shape.threads), "--mode", shape.mode, "--log-level", "INFO",
+                *(["--burst"] if burst else []),
+            ]  # fmt: skip
+            with open(path, "w") as out:
+                self.processes.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=PROJECT_DIR,
+                        env={**project_env(args), **env},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+
+    def poll(self) -> int | None:
+        """None while any supervisor runs; else the first non-zero exit, or 0."""
+        codes = [process.poll() for process in self.processes]
+        if any(code is None for code in codes):
+            return None
+        return next((code for code in codes if code), 0)
+
+    def terminate(self) -> None:
+        for process in self.processes:
+            process.terminate()
+
+    def wait(self, timeout: float) -> None:
+        for process in self.processes:
+            process.wait(timeout)
+
+
 def workers(
     args: argparse.Namespace, *, burst: bool, log: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        args.python, "manage.py", "runworkers", "--processes", str(args.processes),
-        "--threads", str(args.threads), "--mode", args.mode, "--log-level", "INFO",
-        *(["--burst"] if burst else []),
-    ]  # fmt: skip
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            command,
-            cwd=PROJECT_DIR,
-            env={**project_env(args), **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+) -> Workers:
+    return Workers(args, burst=burst, log=log, env=env or {})
 
 
 def server_counters(args: argparse.Namespace) -> tuple[float, int]:
@@ -220,14 +290,15 @@ def server_counters(args: argparse.Namespace) -> tuple[float, int]:
     return cpu, xacts
 
 
-def claims(log: Path) -> tuple[int, int, int]:
+def claims(logs: list[Path]) -> tuple[int, int, int]:
     """Tasks claimed, claim statements made, and tasks claimed by a slot's hand-over
     alone, summed over the workers' last lines."""
     claimed = statements = handed = 0
-    for match in CLAIMS.finditer(log.read_text()):
-        claimed += int(match[1])
-        statements += int(match[2])
-        handed += int(match[3] or 0)
+    for log in logs:
+        for match in CLAIMS.finditer(log.read_text()):
+            claimed += int(match[1])
+            statements += int(match[2])
+            handed += int(match[3] or 0)
     return claimed, statements, handed
 
 
@@ -243,7 +314,7 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
     measured_from = 0.0
     if args.started_first:
         process = workers(args, burst=False, log=log, env=recorded.env())
-        wait_for_sessions(args, args.processes * args.threads)
+        wait_for_sessions(args, sum(shape.lanes for shape in supervisors(args)))
         expected = sum(len(calls) for _, calls in batches)
         if args.warm_up:
             # The same tasks drained once first, not measured: every session
@@ -279,7 +350,7 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
     if args.started_first:
         runs = [run for run in runs if run[2] >= measured_from]
     drop_database(args)
-    claimed, statements, handed = claims(log)
+    claimed, statements, handed = claims(process.logs)
     return {
         "runs": runs,
         "server_cpu": sum(cpu_seen.values()),
@@ -423,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.enqueue:
         enqueue(args)
         return 0
-    shape = f"--processes {args.processes} --threads {args.threads} --mode {args.mode}"
+    shape = " + ".join(str(supervisor) for supervisor in supervisors(args))
     results: dict[str, dict] = {}
     if args.only in (None, "mixed"):
         runs = []

@@ -54,3 +54,30 @@ def test_a_warm_up_drain_needs_workers_started_first(capsys):
     with pytest.raises(SystemExit):
         limit_waits.parse_args(["--warm-up"])
     assert "--warm-up drains twice" in capsys.readouterr().err
+
+
+def test_supervisors_side_by_side_as_the_issue_ran_them():
+    issue = limit_waits.parse_args(["--supervisors", "4x2, 2x3,2x2:skip-locked"])
+    assert limit_waits.supervisors(issue) == [
+        limit_waits.Supervisor(4, 2, "optimistic"),
+        limit_waits.Supervisor(2, 3, "optimistic"),
+        limit_waits.Supervisor(2, 2, "skip-locked"),
+    ]
+    assert sum(shape.lanes for shape in limit_waits.supervisors(issue)) == 18
+    one = limit_waits.parse_args(["--processes", "3", "--threads", "5", "--mode", "skip-locked"])
+    assert limit_waits.supervisors(one) == [limit_waits.Supervisor(3, 5, "skip-locked")]
+    assert str(limit_waits.supervisors(one)[0]) == "--processes 3 --threads 5 --mode skip-locked"
+
+
+def test_claims_are_summed_over_every_supervisors_log(tmp_path):
+    logs = []
+    for i, line in enumerate(
+        [
+            "worker a stopped after 120 tasks (120 claimed in 100 claim statements), "
+            "90 by a slot's hand-over",
+            "worker b stopped after 30 tasks (30 claimed in 40 claim statements)",
+        ]
+    ):
+        logs.append(tmp_path / f"mixed-{i}.log")
+        logs[-1].write_text(line + "\n")
+    assert limit_waits.claims(logs) == (150, 140, 90)
