@@ -315,10 +315,12 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
     if args.started_first:
         process = workers(args, burst=False, log=log, env=recorded.env())
         wait_for_sessions(args, sum(shape.lanes for shape in supervisors(args)))
-        expected = sum(len(calls) for _, calls in batches)
+        drained = sum(len(calls) for _, calls in batches)
+        expected = 0  # the runs recorded once the drain is over
         if args.warm_up:
             # The same tasks drained once first, not measured: every session
             # has run every form of round the measured drain runs.
+            expected += drained
             enqueue_in_one_transaction(args, batches)
             while recorded.count() < expected:
                 time.sleep(0.05)
@@ -328,7 +330,7 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
         sample_backends(args, cpu_before)
         before_xacts = server_counters(args)[1]
         enqueue_in_one_transaction(args, batches)
-        expected += expected if args.warm_up else 0
+        expected += drained
         while recorded.count() < expected:
             sample_backends(args, cpu_seen)
             time.sleep(0.05)

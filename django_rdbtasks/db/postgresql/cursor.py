@@ -111,7 +111,7 @@ def statement_query_class() -> type:
     run, and keeps the result only for statements of up to 4 kB (its
     ``MAX_CACHED_STATEMENT_LENGTH``: an ORM's long statements are rarely
     run twice). The worker's rounds are 7 to 15 kB and a worker runs the same
-    few dozen again and again: converted anew, 60 to 120 µs of a round's
+    few dozen again and again: converted anew, 100 to 155 µs of a round's
     time in the worker, and a round is what each limited task costs (its
     slot's hand-over). Converted once, as psycopg does for short ones. Where
     psycopg's internals are not as expected, its own class.
