@@ -1,5 +1,6 @@
 """Cluster-wide concurrency and rate limits: the API, the slot CAS, real races."""
 
+import dataclasses
 import datetime as dt
 import os
 import signal
@@ -17,7 +18,7 @@ from django.utils import timezone
 from django_rdbtasks.backend import bulk_enqueue
 from django_rdbtasks.compat import InvalidTask
 from django_rdbtasks.db import dialect_for
-from django_rdbtasks.db.rows import RATE_START_WITHIN, ClaimRequest, Outcome
+from django_rdbtasks.db.rows import CLAIM_COLUMNS, RATE_START_WITHIN, ClaimRequest, Outcome
 from django_rdbtasks.limits import (
     ConcurrencyLimit,
     QueueLimit,
@@ -299,6 +300,42 @@ def test_the_hand_over_alone_gives_the_slot_to_the_keys_next_task(mode, vendor):
     # Without the hand-over (the lane's claims in order), the order decides.
     again = exchange("w1", want=1, outcomes=[ended(first[1])], mode=mode)
     assert not again.handed_over and ids(again.claimed) == [urgent.id]
+
+
+@db
+def test_a_hand_over_claims_the_row_as_the_database_then_holds_it(mode, vendor):
+    """What the hand-over gives the worker is what its claim wrote. MySQL and
+    MariaDB have no UPDATE ... RETURNING: there the row is read whole before its
+    claim, which writes the read's time, and the claimed row is built from the
+    read (``rows.Claimable``) rather than read back. Compared here with the row
+    read afterwards, column by column, for a task attempted before (its
+    ``started_at`` is kept) and arguments that are not empty."""
+    for _ in range(2):
+        tasks.per_customer.enqueue("a")
+    nxt_task = tasks.per_customer.enqueue("a", seconds=0.001)
+    first = exchange("w1", mode=mode).claimed
+    assert len(first) == 2 and nxt_task.id not in ids(first)
+    started = timezone.now() - dt.timedelta(minutes=5)
+    Task.objects.filter(id=nxt_task.id).update(attempts=1, started_at=started, version=4)
+    nxt = exchange("w1", want=1, outcomes=[ended(first[0])], mode=mode, lease=17.0, hand_over=True)
+    assert nxt.handed_over
+    (taken,) = nxt.claimed
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(CLAIM_COLUMNS)} FROM {dialect.table} WHERE id = %s",
+            [dialect.encode_id(uuid.UUID(str(nxt_task.id)))],
+        )
+        stored = dialect.decode_claimed(cursor.fetchone())
+    # (The id as the driver gives it: text from PostgreSQL's round.)
+    as_read = dataclasses.replace(taken, id=dialect.decode_id(taken.id))
+    assert as_read == dataclasses.replace(stored, id=dialect.decode_id(stored.id))
+    assert (taken.version, taken.attempts, taken.kwargs) == (5, 2, {"seconds": 0.001})
+    assert abs(taken.started_at - started) < dt.timedelta(milliseconds=1)
+    row = Task.objects.get(id=nxt_task.id)
+    # The lease and the slot's stamp count from the claim's own time.
+    assert row.lease_expires_at - row.last_attempted_at == dt.timedelta(seconds=17)
+    assert slot_holders() == {holder(first[1]), holder(taken)}
 
 
 @db

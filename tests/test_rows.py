@@ -4,7 +4,14 @@ import datetime as dt
 import time
 import uuid
 
-from django_rdbtasks.db.rows import NewBatch, new_ids
+from django_rdbtasks.db.rows import (
+    CANDIDATE_COLUMNS,
+    CLAIM_COLUMNS,
+    CLAIMABLE_COLUMNS,
+    Claimable,
+    NewBatch,
+    new_ids,
+)
 from django_rdbtasks.models import uuid7
 
 
@@ -64,3 +71,25 @@ def test_a_batch_as_rows_is_one_new_task_per_id_with_what_they_share():
         assert (row.priority, row.max_attempts, row.run_after) == (-4, 7, when)
         assert (row.status, row.job_name, row.dedup_key, row.limit) == ("READY", "", None, None)
         assert row.trace_context == '{"traceparent": "x"}'
+
+
+def test_a_claimable_row_claimed_is_what_the_claim_writes_over_what_was_read():
+    """``Claimable.claimed``: the version and the attempts one up, the attempt's
+    time the read's, ``started_at`` kept where an earlier attempt set it; every
+    other column as read (MySQL's hand-over builds its claim so: rows.Claimable)."""
+    read_at = dt.datetime(2030, 1, 1, 12, 0, 0, 123456)
+    earlier = dt.datetime(2029, 12, 31, 23, 0)
+    values = {column: f"<{column}>" for column in CLAIM_COLUMNS}
+    values.update(version=4, attempts=1, started_at=None, last_attempted_at=earlier)
+    first = Claimable("id", 4, "READY", "", None, values=tuple(values.values()), read_at=read_at)
+    claimed = dict(zip(CLAIM_COLUMNS, first.claimed(), strict=True))
+    assert (claimed["version"], claimed["attempts"]) == (5, 2)
+    assert claimed["started_at"] == claimed["last_attempted_at"] == read_at
+    unchanged = set(CLAIM_COLUMNS) - {"version", "attempts", "started_at", "last_attempted_at"}
+    assert {c: claimed[c] for c in unchanged} == {c: values[c] for c in unchanged}
+    values["started_at"] = earlier
+    again = Claimable("id", 4, "READY", "", None, values=tuple(values.values()), read_at=read_at)
+    assert dict(zip(CLAIM_COLUMNS, again.claimed(), strict=True))["started_at"] == earlier
+    # What the read carries beyond the candidate and the order is the rest of the claim's.
+    assert set(CLAIMABLE_COLUMNS).isdisjoint(CANDIDATE_COLUMNS)
+    assert {*CLAIMABLE_COLUMNS, *CANDIDATE_COLUMNS, "priority", "run_after"} >= set(CLAIM_COLUMNS)

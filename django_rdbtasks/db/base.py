@@ -86,6 +86,9 @@ class Dialect(Spelling):
     inserts_class: type[TaskInserts] = TaskInserts
     #: Whether ``exchange`` (and ``renew``) is one statement, atomic without a transaction.
     exchange_is_one_statement = False
+    #: Whether the hand-over's read takes each row whole (``Claimable``), so that
+    #: its claim is not read back: where an UPDATE cannot return what it wrote.
+    claims_from_read = False
 
     def __init__(
         self, connection: Any, tables: Tables, *, pinned_now: dt.datetime | None = None
@@ -532,7 +535,8 @@ class Dialect(Spelling):
             keys = [(queue, key) for key in sorted(givers) for queue in queues]
             # Locked as read, in both modes: one row a key and queue.
             lock = self.row_lock_sql if self.has_row_locks else ""
-            for candidate in self.ready.next_of_keys(cursor, keys, lock=lock):
+            read = self.ready.next_of_keys(cursor, keys, lock=lock, whole=self.claims_from_read)
+            for candidate in read:
                 waiting = givers.get(candidate.limit_key or "")
                 if len(chosen) >= request.want or not waiting:
                     continue

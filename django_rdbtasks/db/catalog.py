@@ -41,7 +41,7 @@ from .postgresql import schema as pg_schema
 from .postgresql.finished import FINISHED_TABLE, move_back_sql, move_finished_sql
 from .postgresql.pruning import Link, delete_batch_sql
 from .postgresql.round import ClaimForm
-from .rows import Candidate, ClaimedRow, ClaimRequest, NewTask, Outcome
+from .rows import Candidate, Claimable, ClaimedRow, ClaimRequest, NewTask, Outcome
 
 ENGINES = {
     "postgresql": "django.db.backends.postgresql",
@@ -447,18 +447,23 @@ def _portable(d: Any) -> Iterator[Statement]:
     lock = d.row_lock_sql if d.has_row_locks else ""
     for i, sql in enumerate(
         _recorded(
-            lambda c: d.ready.next_of_keys(c, [(QUEUES[0], "concurrency:tenant:1")], lock=lock)
+            lambda c: d.ready.next_of_keys(
+                c, [(QUEUES[0], "concurrency:tenant:1")], lock=lock, whole=d.claims_from_read
+            )
         )
     ):
         yield Statement(
             f"hand_over_next_of_key_{i}",
             "The hand-over alone (Dialect.hand_over_into): a limited task's outcome "
             "written, its key's next READY row, due, of a queue not paused, one look-up "
-            "of the key's index, locked as read.",
+            "of the key's index, locked as read (MySQL/MariaDB: read whole, with the "
+            "server's time, so that its claim is not read back: rows.Claimable).",
             sql,
         )
     request = ClaimRequest(QUEUES, 1, WORKER, LEASE, ClaimMode.OPTIMISTIC, hand_over=True)
-    limited = Candidate(IDS[1], 0, TaskStatus.READY.value, "", None, "concurrency:tenant:1", 3)
+    limited = Claimable(
+        IDS[1], 0, TaskStatus.READY.value, "", None, "concurrency:tenant:1", 3, read_at=AT
+    )
     for i, sql in enumerate(_recorded(lambda c: d.hand_over_one(c, (IDS[0], 1), limited, request))):
         yield Statement(
             f"hand_over_slot_{i}",

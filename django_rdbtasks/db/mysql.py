@@ -24,7 +24,7 @@ from ..database_errors import MYSQL_PACKET_TOO_LARGE, mysql_errno
 from ..states import ClaimMode
 from .base import CLAIM_COLUMNS, INSERT_COLUMNS, Candidate, ClaimedRow, Dialect
 from .inserts import TaskInserts
-from .rows import ClaimRequest
+from .rows import Claimable, ClaimRequest
 
 #: Where the values that differ per row of a batch go (``insert_values``'s
 #: order): its id and arguments, in this order.
@@ -73,6 +73,8 @@ class MySQLDialect(Dialect):
     inserts_class = MySQLInserts
     insert_ignore_sql = "INSERT IGNORE INTO {table} ({columns}) VALUES {values}"
     locks_in_union = True
+    #: No ``UPDATE ... RETURNING``: the hand-over's claim is built from its read.
+    claims_from_read = True
     autocommit_is_a_statement = True
     #: Whether the server is a Galera node (``is_galera``); None: not asked yet.
     galera: bool | None = None
@@ -114,8 +116,8 @@ class MySQLDialect(Dialect):
             self.galera = self.is_galera()
         return not self.galera
 
-    def now_plus_sql(self, placeholder: str) -> str:
-        return f"({self.now_sql} + INTERVAL {placeholder} MICROSECOND)"
+    def now_plus_sql(self, placeholder: str, now: str | None = None) -> str:
+        return f"({now or self.now_sql} + INTERVAL {placeholder} MICROSECOND)"
 
     def accepts_writes(self, cursor: Any) -> bool:
         # A replica is set read_only (MySQL's super_read_only sets it too). A
@@ -233,45 +235,57 @@ class MySQLDialect(Dialect):
     def hand_over_sql(self) -> str:
         """A slot's hand-over and the claim it is for, one UPDATE of both rows.
 
-        Parameters: the claimer and the lease; the slot's new holder (the row's
-        id and version after the claim) and the lease again (the slot's, as
+        Parameters: the claim's time (the row's read's, ``Claimable.read_at``),
+        the claimer and the lease; the slot's new holder (the row's id and
+        version after the claim), the time and the lease again (the slot's, as
         every claim stamps it); the row's id and version read; the holder's id
         and version. Either both rows are written or neither: the row only if
         it is still claimable at that version, the slot only if that holder
-        still holds it and it is among the row's limit's slots.
+        still holds it and it is among the row's limit's slots. The time is
+        the read's so that the claim is known without reading it back
+        (``claim_handed``); the lease it starts is the shorter for it.
         """
-        now = self.now_sql
+        assignments = self.claim_assignments(
+            "t", "%(worker)s", "%(lease)s", qualified=True, now="%(now)s"
+        )
         return (
-            f"UPDATE {self.table} AS t, {self.limits.table} AS s SET "
-            f"{self.claim_assignments('t', '%s', '%s', qualified=True)}, "
+            f"UPDATE {self.table} AS t, {self.limits.table} AS s SET {assignments}, "
             # (Values, not t's columns: MySQL does not say whether a two-table
             # UPDATE reads t's before or after writing them.)
-            "s.holder_id = %s, s.holder_version = %s, "
-            f"s.last_started_at = {now}, s.free_at = {self.now_plus_sql('%s')} "
-            f"WHERE t.id = %s AND t.version = %s AND {self.claimable('t')} "
-            "AND s.holder_id = %s AND s.holder_version = %s AND s.slot_no < t.limit_count"
+            "s.holder_id = %(id)s, s.holder_version = %(claimed_version)s, "
+            f"s.last_started_at = %(now)s, s.free_at = {self.now_plus_sql('%(lease)s', '%(now)s')} "
+            f"WHERE t.id = %(id)s AND t.version = %(version)s AND {self.claimable('t')} "
+            "AND s.holder_id = %(holder)s AND s.holder_version = %(holder_version)s "
+            "AND s.slot_no < t.limit_count"
         )
 
     def hand_over_one(
         self, cursor: Any, holder: tuple[Any, int], to: Candidate, request: ClaimRequest
     ) -> bool:
-        # The slot and the claim in one statement (``claim_handed`` reads it back).
-        lease = self.seconds_param(request.lease)
+        # The slot and the claim in one statement, at the read's time (``claims_from_read``).
+        assert isinstance(to, Claimable), "MySQL's hand-over reads its rows whole"
         cursor.execute(
             self.hand_over_sql,
-            [
-                *(request.worker_id, lease),
-                *(to.id, to.version + 1, lease),
-                *(to.id, to.version),
-                *holder,
-            ],
+            {
+                "now": to.read_at,
+                "worker": request.worker_id,
+                "lease": self.seconds_param(request.lease),
+                "id": to.id,
+                "version": to.version,
+                "claimed_version": to.version + 1,
+                "holder": holder[0],
+                "holder_version": holder[1],
+            },
         )
         return cursor.rowcount > 0
 
     def claim_handed(
         self, cursor: Any, chosen: Sequence[Candidate], worker_id: str, lease: float
     ) -> list[ClaimedRow]:
-        return self.read_claimed(cursor, chosen, worker_id)
+        """The claims ``hand_over_one`` wrote, as it wrote them: each row was read
+        whole and locked, and its claim held (``rowcount``), fenced on the version
+        read, so what it holds now is what it was read with and what the claim set."""
+        return [self.decode_claimed(c.claimed()) for c in chosen if isinstance(c, Claimable)]
 
 
 def _byte_length(value: Any) -> int:

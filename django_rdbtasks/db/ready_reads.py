@@ -38,7 +38,14 @@ from ..states import TaskStatus
 from . import ready_arms
 from .claim_order import ready_order, sort_key
 from .limits import LimitSQL
-from .rows import CANDIDATE_COLUMNS, Candidate, Exchange
+from .rows import (
+    CANDIDATE_COLUMNS,
+    CLAIM_COLUMNS,
+    CLAIMABLE_COLUMNS,
+    Candidate,
+    Claimable,
+    Exchange,
+)
 from .spelling import Spelling
 
 READY, RUNNING = TaskStatus.READY.value, TaskStatus.RUNNING.value
@@ -65,6 +72,9 @@ KEPT_SLOTS_READ_AHEAD = 100
 class _Row:
     candidate: Candidate
     order: tuple
+    #: The read's columns after the candidate's: ``reclaim``, ``priority``, ``run_after``
+    #: as read, then any more (``ReadyReads.next_of_keys``'s ``whole``).
+    rest: tuple = ()
 
 
 @dataclass(slots=True)
@@ -127,10 +137,12 @@ class ReadyReads:
 
     # -- the statements ----------------------------------------------------------------
 
-    def _select(self, where: str, order: str, reclaim: int, tag: int | None = None) -> str:
+    def _select(
+        self, where: str, order: str, reclaim: int, tag: int | None = None, more: str = ""
+    ) -> str:
         tagged = "" if tag is None else f", {tag} AS part"
         return (
-            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after{tagged} "
+            f"SELECT {self.cols}, {reclaim} AS reclaim, priority, run_after{tagged}{more} "
             f"FROM {self.t} AS t WHERE {where} ORDER BY {order} LIMIT %s"
         )
 
@@ -183,7 +195,11 @@ class ReadyReads:
         n = len(CANDIDATE_COLUMNS)
         candidate = self.d.decode_candidate(raw[:n])
         reclaim, priority, run_after = raw[n : n + 3]
-        return _Row(candidate, sort_key(reclaim, priority, self.d.decode_dt(run_after)))
+        return _Row(
+            candidate,
+            sort_key(reclaim, priority, self.d.decode_dt(run_after)),
+            tuple(raw[n:]),
+        )
 
     def _run(self, cursor: Any, sql: str, params: list[Any], lock: str) -> list[_Row]:
         cursor.execute(f"{sql} {lock}" if lock else sql, params)
@@ -281,21 +297,58 @@ class ReadyReads:
         return [r.candidate for r in found[:limit]]
 
     def next_of_keys(
-        self, cursor: Any, keys: Sequence[tuple[str, str]], *, lock: str = ""
+        self, cursor: Any, keys: Sequence[tuple[str, str]], *, lock: str = "", whole: bool = False
     ) -> list[Candidate]:
         """The hand-over's read (``Dialect.hand_over_into``): each ``(queue, key)``'s
         next READY row under a concurrency limit, due, of a queue not paused, in
         the key's own order: one look-up of ``rdbtasks_task_ready_key`` a key,
-        whatever its backlog."""
+        whatever its backlog.
+
+        ``whole``: each a ``Claimable``, read with the rest of its claim's columns
+        and the database's time (``Dialect.claims_from_read``)."""
         where = (
             f"status = '{READY}' AND queue_name = %s AND limit_key = %s "
             f"AND COALESCE(limit_period, 0) <= 0 AND run_after <= {self.d.now_sql} "
             f"AND NOT EXISTS (SELECT 1 FROM {self.d.paused_table} AS p "
             "WHERE p.queue_name = t.queue_name)"
         )
-        parts = [(self._select(where, ready_order(), 1), [queue, key, 1]) for queue, key in keys]
+        more = f", {', '.join(CLAIMABLE_COLUMNS)}, {self.d.now_sql} AS read_at" if whole else ""
+        parts = [
+            (self._select(where, ready_order(), 1, more=more), [queue, key, 1])
+            for queue, key in keys
+        ]
         found = sorted(self._read_parts(cursor, parts, lock), key=lambda r: r.order)
-        return [r.candidate for r in found]
+        if not whole:
+            return [r.candidate for r in found]
+        return [self._claimable(r) for r in found]
+
+    def _claimable(self, row: _Row) -> Claimable:
+        c = row.candidate
+        _, priority, run_after, *more = row.rest
+        # The read's columns by name: the candidate's, the order's, then ``more``'s
+        # (``last_attempted_at`` is the claim's: ``Claimable.claimed``).
+        read = {
+            "id": c.id,
+            "version": c.version,
+            "last_attempted_at": None,
+            "limit_key": c.limit_key,
+            "limit_period": c.limit_period,
+            "priority": priority,
+            "run_after": run_after,
+            **dict(zip(CLAIMABLE_COLUMNS, more, strict=False)),
+        }
+        return Claimable(
+            c.id,
+            c.version,
+            c.status,
+            c.worker_id,
+            c.last_attempted_at,
+            c.limit_key,
+            c.limit_count,
+            c.limit_period,
+            values=tuple(read[column] for column in CLAIM_COLUMNS),
+            read_at=more[len(CLAIMABLE_COLUMNS)],
+        )
 
     def expired_sql(self, condition: str, tag: int | None = None) -> str:
         """A queue's expired leases that meet ``condition`` (``%s``: the queue, how many)."""

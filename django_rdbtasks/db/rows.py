@@ -69,6 +69,36 @@ class Candidate:
         return self.status == TaskStatus.RUNNING
 
 
+#: What a ``Claimable`` read carries beyond the candidate's columns and the claim
+#: order's (``priority``, ``run_after``): the rest of ``CLAIM_COLUMNS``.
+CLAIMABLE_COLUMNS = tuple(
+    c for c in CLAIM_COLUMNS if c not in CANDIDATE_COLUMNS and c not in ("priority", "run_after")
+)
+
+
+@dataclass(slots=True)
+class Claimable(Candidate):
+    """A candidate read, locked, with every column its claim returns and the
+    database's time of the read: a claim that writes that time (not the clock's
+    at the write) and is fenced on ``version`` changes only what the claim sets,
+    so its ``ClaimedRow`` is known without reading the row back (MySQL/MariaDB,
+    which have no ``UPDATE ... RETURNING``: ``Dialect.claims_from_read``)."""
+
+    #: ``CLAIM_COLUMNS``' values as read, before the claim.
+    values: tuple = ()
+    #: The database's clock at the read (``now_sql``), as the driver returns it.
+    read_at: Any = None
+
+    def claimed(self) -> tuple:
+        """``CLAIM_COLUMNS``' values after a claim at ``read_at``, as a read back gives them."""
+        row = dict(zip(CLAIM_COLUMNS, self.values, strict=True))
+        row["version"] = self.version + 1
+        row["attempts"] += 1
+        row["started_at"] = row["started_at"] or self.read_at
+        row["last_attempted_at"] = self.read_at
+        return tuple(row[c] for c in CLAIM_COLUMNS)
+
+
 @dataclass(slots=True)
 class ClaimedRow:
     id: Any  # as the database driver returns it

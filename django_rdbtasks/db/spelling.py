@@ -72,7 +72,10 @@ class Spelling(RowDecoding):
 
     # -- pieces each database spells its own way -------------------------------------
 
-    def now_plus_sql(self, placeholder: str) -> str:
+    def now_plus_sql(self, placeholder: str, now: str | None = None) -> str:
+        """SQL for the database's time plus ``placeholder`` seconds (as
+        ``seconds_param`` gives them); ``now``: that time as an SQL expression of
+        its own (a parameter), not the clock's (``now_sql``)."""
         raise NotImplementedError
 
     def seconds_param(self, seconds: float) -> Any:
@@ -135,18 +138,27 @@ class Spelling(RowDecoding):
         return f"(CASE WHEN {p}status = '{RUNNING}' THEN {p}worker_id END)"
 
     def claim_assignments(
-        self, alias: str, worker_id: str, lease: str, *, qualified: bool = False
+        self,
+        alias: str,
+        worker_id: str,
+        lease: str,
+        *,
+        qualified: bool = False,
+        now: str | None = None,
     ) -> str:
         """The SET list of a claim; ``worker_id`` and ``lease`` are SQL expressions.
 
         ``qualified``: the columns set named by ``alias`` too, as an UPDATE of
-        two tables needs (MySQL); PostgreSQL refuses a qualified target."""
+        two tables needs (MySQL); PostgreSQL refuses a qualified target.
+        ``now``: the claim's time as an SQL expression (``Claimable.read_at``'s
+        parameter), not the clock's at the write."""
         p = f"{alias}." if alias else ""
         s = p if qualified else ""
-        now = self.now_sql
+        lease_end = self.now_plus_sql(lease, now)
+        now = now or self.now_sql
         return (
             f"{s}status = '{RUNNING}', {s}version = {p}version + 1, {s}worker_id = {worker_id}, "
-            f"{s}lease_expires_at = {self.now_plus_sql(lease)}, {s}attempts = {p}attempts + 1, "
+            f"{s}lease_expires_at = {lease_end}, {s}attempts = {p}attempts + 1, "
             f"{s}started_at = COALESCE({p}started_at, {now}), {s}last_attempted_at = {now}"
         )
 

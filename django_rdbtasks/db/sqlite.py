@@ -27,9 +27,9 @@ class SQLiteDialect(Dialect):
             )
         return None
 
-    def now_plus_sql(self, placeholder: str) -> str:
+    def now_plus_sql(self, placeholder: str, now: str | None = None) -> str:
         # A pinned clock's literal is a time value STRFTIME reads as it reads 'NOW'.
-        moment = self.now_sql if self.clock_pinned else "'NOW'"
+        moment = now or (self.now_sql if self.clock_pinned else "'NOW'")
         return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {moment}, {placeholder})"
 
     def seconds_param(self, seconds: float) -> Any:

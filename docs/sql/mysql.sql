@@ -411,7 +411,9 @@ FROM
 
 -- name: hand_over_next_of_key_0
 -- The hand-over alone (Dialect.hand_over_into): a limited task's outcome written, its key's next
--- READY row, due, of a queue not paused, one look-up of the key's index, locked as read.
+-- READY row, due, of a queue not paused, one look-up of the key's index, locked as read
+-- (MySQL/MariaDB: read whole, with the server's time, so that its claim is not read back:
+-- rows.Claimable).
 (SELECT
      id,
      version,
@@ -423,7 +425,22 @@ FROM
      limit_period,
      1 AS reclaim,
      priority,
-     run_after
+     run_after,
+     task_path,
+     args,
+     kwargs,
+     attempts,
+     max_attempts,
+     queue_name,
+     backend_name,
+     enqueued_at,
+     started_at,
+     history,
+     job_name,
+     checkpoint,
+     requested_run_after,
+     trace_context,
+     UTC_TIMESTAMP(6) AS read_at
    FROM `django_rdbtasks_task` AS t
    WHERE status = 'READY'
      AND queue_name = %s
@@ -450,24 +467,24 @@ UPDATE
 SET
   t.status = 'RUNNING',
   t.version = t.version + 1,
-  t.worker_id = %s,
-  t.lease_expires_at = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND),
+  t.worker_id = %(worker)s,
+  t.lease_expires_at = (%(now)s + INTERVAL %(lease)s MICROSECOND),
   t.attempts = t.attempts + 1,
-  t.started_at = COALESCE(t.started_at, UTC_TIMESTAMP(6)),
-  t.last_attempted_at = UTC_TIMESTAMP(6),
-  s.holder_id = %s,
-  s.holder_version = %s,
-  s.last_started_at = UTC_TIMESTAMP(6),
-  s.free_at = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)
-WHERE t.id = %s
-  AND t.version = %s
+  t.started_at = COALESCE(t.started_at, %(now)s),
+  t.last_attempted_at = %(now)s,
+  s.holder_id = %(id)s,
+  s.holder_version = %(claimed_version)s,
+  s.last_started_at = %(now)s,
+  s.free_at = (%(now)s + INTERVAL %(lease)s MICROSECOND)
+WHERE t.id = %(id)s
+  AND t.version = %(version)s
   AND (CASE t.status
            WHEN 'READY' THEN t.run_after <= UTC_TIMESTAMP(6)
            WHEN 'RUNNING' THEN t.lease_expires_at <= UTC_TIMESTAMP(6)
            ELSE FALSE
        END)
-  AND s.holder_id = %s
-  AND s.holder_version = %s
+  AND s.holder_id = %(holder)s
+  AND s.holder_version = %(holder_version)s
   AND s.slot_no < t.limit_count;
 
 -- name: claim_first_read_skip_locked_0

@@ -557,7 +557,9 @@ FROM
 
 -- name: hand_over_next_of_key_0
 -- The hand-over alone (Dialect.hand_over_into): a limited task's outcome written, its key's next
--- READY row, due, of a queue not paused, one look-up of the key's index, locked as read.
+-- READY row, due, of a queue not paused, one look-up of the key's index, locked as read
+-- (MySQL/MariaDB: read whole, with the server's time, so that its claim is not read back:
+-- rows.Claimable).
 SELECT *
 FROM
   (SELECT

@@ -142,8 +142,8 @@ class PostgreSQLDialect(Dialect):
     def naming_options(self, role: str, configured: dict[str, Any]) -> dict[str, Any]:
         return self.sessions.naming_options(role, configured)
 
-    def now_plus_sql(self, placeholder: str) -> str:
-        return f"({self.now_sql} + {placeholder} * INTERVAL '1 second')"
+    def now_plus_sql(self, placeholder: str, now: str | None = None) -> str:
+        return f"({now or self.now_sql} + {placeholder} * INTERVAL '1 second')"
 
     def json_append_sql(self, column: str, placeholder: str) -> str:
         return f"{column} || jsonb_build_array({placeholder}::jsonb)"
