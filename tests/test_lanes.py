@@ -350,6 +350,48 @@ def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_lane():
         waiter.join(60)
 
 
+def test_a_task_taken_does_not_wake_the_round_thread_and_its_end_does():
+    """The runner taking its next task changes nothing the round thread waits for
+    (what is in flight, whether the lane is idle, when outcomes flush): it is
+    counted, for a waiter that read the count before, and wakes nobody. Its end
+    (an outcome to write) does."""
+    lane = Lane(0, "w")
+    lane.add([row(1), row(2)])
+    running = lane.take_next()
+    generation = lane.generation
+    woke = threading.Event()
+
+    def round_thread():
+        lane.wait_changed(generation, 60.0)
+        woke.set()
+
+    waiter = threading.Thread(target=round_thread)
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 30
+        while lane._waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert lane._waiting == 1
+        lane.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
+        assert woke.wait(30)
+        waiter.join(30)
+        # Now the round thread waits again, and the runner takes the next task.
+        woke.clear()
+        generation = lane.generation
+        waiter = threading.Thread(target=round_thread)
+        waiter.start()
+        while lane._waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        taken = lane.take_next()
+        assert taken is not None and lane.generation == generation + 1
+        assert not woke.wait(0.3)  # still waiting: nobody was woken
+        lane.wait_changed(generation, 60.0)  # read before the take: returns at once
+    finally:
+        lane.close()
+        waiter.join(60)
+    assert woke.is_set()  # the close woke it
+
+
 def waiters_on_a_freed_slot(wake, count):
     """``count`` round threads waiting for a limit's slot; each sets its event once woken."""
     woken = [threading.Event() for _ in range(count)]

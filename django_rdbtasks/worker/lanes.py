@@ -446,7 +446,11 @@ class Lane:
                 continue  # reclaimed by someone else while it waited
             self._current = running
             self._current_since = time.monotonic()
-            self._touch()
+            # Counted, not notified: a task taken changes nothing the round
+            # thread waits for (what is in flight, whether the lane is idle,
+            # when its outcomes flush), and waking it for each task cost a
+            # thread switch a task, with the GIL held (docs/limits.md).
+            self.generation += 1
             return running
         return None
 
