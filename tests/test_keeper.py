@@ -5,8 +5,8 @@ import logging
 
 from django_rdbtasks.db.rows import ClaimedRow, Outcome
 from django_rdbtasks.states import OutcomeKind
-from django_rdbtasks.worker.keeper import LeaseKeeper
-from django_rdbtasks.worker.lanes import Lane
+from django_rdbtasks.worker.keeper import IDLE_TICK, TICK, LeaseKeeper
+from django_rdbtasks.worker.lanes import HANDBACK_AFTER, Lane
 from django_rdbtasks.worker.reporting import Counters
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -77,3 +77,25 @@ def test_a_claim_still_held_that_the_renewal_did_not_find_is_lost(caplog):
     lost = {r.row.id for r in waiting if r.lost}
     assert lost == {"taken-over"} and first.lost and first.stop_requested
     assert "task taken-over: lease lost" in caplog.text
+
+
+def test_the_keeper_ticks_often_only_while_a_lane_holds_a_task():
+    """An idle worker's keeper looks at its lanes every ``IDLE_TICK``: a lane's first
+    claim is seen that much later at most, before anything queued behind it can be
+    due for a hand-back (``HANDBACK_AFTER``); from then on every ``TICK``."""
+    assert TICK < IDLE_TICK <= HANDBACK_AFTER
+    lane = Lane(0, "w:0")
+    keeper = keeper_for(lane, store=None)
+    assert not keeper.attending()
+    lane.add([row("a"), row("b")])
+    assert keeper.attending()
+    running = lane.take_next()
+    lane.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS, row=running.row), running)
+    assert keeper.attending()  # "b" waits, the outcome is not written yet
+    last = lane.take_next()
+    lane.finish(Outcome(last.row.id, 1, OutcomeKind.SUCCESS, row=last.row), last)
+    lane.take_finished()
+    assert not keeper.attending()
+    stopping = keeper_for(lane, store=None)
+    stopping.stopping = lambda: True
+    assert stopping.attending()

@@ -46,8 +46,12 @@ logger = logging.getLogger("django_rdbtasks.worker")
 
 __all__ = ["EXIT_RECYCLE", "LEAVE_WITHIN", "LeaseKeeper"]
 
-#: How often the writer looks at the lanes.
+#: How often the writer looks at the lanes while any of them holds a task.
 TICK = 0.01
+#: How often while none does (nothing to hand back, renew or write for them):
+#: a lane's first claim is looked at this much later at most, long before
+#: anything behind it can be due for a hand-back (``HANDBACK_AFTER``).
+IDLE_TICK = 0.05
 #: Longest the last writes of a process that leaves (release the claims,
 #: deregister) may take before it exits anyway: the leases free the rest.
 LEAVE_WITHIN = 1.0
@@ -137,7 +141,7 @@ class LeaseKeeper:
             while not halt.is_set() and not self._leaving.is_set():
                 self.tick(time.monotonic())
                 self.ticks += 1
-                halt.wait(TICK)
+                halt.wait(TICK if self.attending() else IDLE_TICK)
             if not self._leaving.is_set():
                 done, failed = goodbye()
                 try:
@@ -154,6 +158,13 @@ class LeaseKeeper:
                 self.store.close()
             connections.close_all()
             self._writer_done.set()
+
+    def attending(self) -> bool:
+        """Whether the next tick may have work: a lane holds a task, an outcome
+        waits to be written, or the process stops."""
+        if self.stopping() or self._leaving.is_set() or self.writing():
+            return True
+        return not all(lane.idle() for lane in self.lanes)
 
     def join(self, within: float) -> bool:
         """Wait at most ``within`` seconds for the writer to end; True if it did."""

@@ -421,8 +421,12 @@ class Lane:
 
     # -- the runner --------------------------------------------------------------------
 
-    def next_task(self, stop: threading.Event, poll: float = 0.1) -> Running | None:
-        """The next claimed task to run, waiting for one; None once closed or ``stop`` is set."""
+    def next_task(self, stop: threading.Event, poll: float = 1.0) -> Running | None:
+        """The next claimed task to run, waiting for one; None once closed or ``stop`` is set.
+
+        ``stop`` is an event of its own, not this condition: whoever sets it pokes
+        the lane (``Worker.stop`` sets the wake-up, which pokes every lane), so
+        ``poll`` only bounds a wait that a missed poke would leave open."""
         with self.lock:
             while not stop.is_set():
                 running = self._take_next()
