@@ -324,7 +324,7 @@ class ReadyReads:
 
     def _claimable(self, row: _Row) -> Claimable:
         c = row.candidate
-        _, priority, run_after, *more = row.rest
+        _, priority, run_after, *more, read_at = row.rest
         # The read's columns by name: the candidate's, the order's, then ``more``'s
         # (``last_attempted_at`` is the claim's: ``Claimable.claimed``).
         read = {
@@ -335,7 +335,7 @@ class ReadyReads:
             "limit_period": c.limit_period,
             "priority": priority,
             "run_after": run_after,
-            **dict(zip(CLAIMABLE_COLUMNS, more, strict=False)),
+            **dict(zip(CLAIMABLE_COLUMNS, more, strict=True)),
         }
         return Claimable(
             c.id,
@@ -347,7 +347,7 @@ class ReadyReads:
             c.limit_count,
             c.limit_period,
             values=tuple(read[column] for column in CLAIM_COLUMNS),
-            read_at=more[len(CLAIMABLE_COLUMNS)],
+            read_at=read_at,
         )
 
     def expired_sql(self, condition: str, tag: int | None = None) -> str:
