@@ -324,13 +324,9 @@ def test_a_hand_back_counts_until_the_keeper_has_written_it():
     assert not lane.handing_back()
 
 
-def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_lane():
-    """An enqueue notified while the runner is busy is claimed at once, not at the next poll."""
-    lane = Lane(0, "w")
-    wake = Wake()
-    wake.watch([lane])
-    lane.add([row(1)])
-    lane.take_next()  # the runner is busy: the round thread waits on the lane
+def round_thread_waiting(lane):
+    """A thread waiting on ``lane`` as a round thread does (``wait_changed`` from the
+    count read now), returned once it waits, with the event it sets when woken."""
     generation = lane.generation
     woke = threading.Event()
 
@@ -340,6 +336,21 @@ def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_lane():
 
     waiter = threading.Thread(target=round_thread)
     waiter.start()
+    deadline = time.monotonic() + 30
+    while lane._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert lane._waiting == 1
+    return waiter, woke
+
+
+def test_a_wake_up_reaches_a_round_thread_waiting_on_its_busy_lane():
+    """An enqueue notified while the runner is busy is claimed at once, not at the next poll."""
+    lane = Lane(0, "w")
+    wake = Wake()
+    wake.watch([lane])
+    lane.add([row(1)])
+    lane.take_next()  # the runner is busy: the round thread waits on the lane
+    waiter, woke = round_thread_waiting(lane)
     try:
         wake.set()
         # Without the poke it would sleep its whole minute.
@@ -358,30 +369,14 @@ def test_a_task_taken_does_not_wake_the_round_thread_and_its_end_does():
     lane = Lane(0, "w")
     lane.add([row(1), row(2)])
     running = lane.take_next()
-    generation = lane.generation
-    woke = threading.Event()
-
-    def round_thread():
-        lane.wait_changed(generation, 60.0)
-        woke.set()
-
-    waiter = threading.Thread(target=round_thread)
-    waiter.start()
+    waiter, woke = round_thread_waiting(lane)
     try:
-        deadline = time.monotonic() + 30
-        while lane._waiting == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert lane._waiting == 1
         lane.finish(Outcome(running.row.id, 1, OutcomeKind.SUCCESS), running)
         assert woke.wait(30)
         waiter.join(30)
         # Now the round thread waits again, and the runner takes the next task.
-        woke.clear()
         generation = lane.generation
-        waiter = threading.Thread(target=round_thread)
-        waiter.start()
-        while lane._waiting == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        waiter, woke = round_thread_waiting(lane)
         taken = lane.take_next()
         assert taken is not None and lane.generation == generation + 1
         assert not woke.wait(0.3)  # still waiting: nobody was woken

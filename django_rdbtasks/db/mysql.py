@@ -285,7 +285,11 @@ class MySQLDialect(Dialect):
         """The claims ``hand_over_one`` wrote, as it wrote them: each row was read
         whole and locked, and its claim held (``rowcount``), fenced on the version
         read, so what it holds now is what it was read with and what the claim set."""
-        return [self.decode_claimed(c.claimed()) for c in chosen if isinstance(c, Claimable)]
+        claimed = []
+        for c in chosen:
+            assert isinstance(c, Claimable), "hand_over_one took it whole"
+            claimed.append(self.decode_claimed(c.claimed()))
+        return claimed
 
 
 def _byte_length(value: Any) -> int:
