@@ -48,9 +48,11 @@ __all__ = ["EXIT_RECYCLE", "LEAVE_WITHIN", "LeaseKeeper"]
 
 #: How often the writer looks at the lanes while any of them holds a task.
 TICK = 0.01
-#: How often while none does (nothing to hand back, renew or write for them):
-#: a lane's first claim is looked at this much later at most, long before
-#: anything behind it can be due for a hand-back (``HANDBACK_AFTER``).
+#: How often while none does (nothing to hand back, renew or write for them).
+#: At most ``HANDBACK_AFTER``: a lane's first claim is seen this much later at
+#: most, so the keeper ticks every ``TICK`` again by the time a task waiting
+#: behind it can be due for a hand-back (``HANDBACK_AFTER`` after its runner
+#: took the first), and the hand-back's bound holds.
 IDLE_TICK = 0.05
 #: Longest the last writes of a process that leaves (release the claims,
 #: deregister) may take before it exits anyway: the leases free the rest.
