@@ -434,7 +434,6 @@ class Lane:
                     return running
                 if self._closed:
                     return None
-                # Bounded: ``stop`` is an event of its own, not this condition.
                 self._wait(poll)
             return None
 
