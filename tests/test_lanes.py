@@ -12,8 +12,10 @@ from django_rdbtasks.worker.lanes import (
     HANDBACK_AFTER,
     IN_ORDER_WITHIN,
     TAKEOVER_HANDBACK_AFTER,
+    UNLIMITED_WAITING_FOR,
     ClaimAhead,
     Lane,
+    UnlimitedWaiting,
     Wake,
 )
 
@@ -160,7 +162,7 @@ def test_a_dry_lane_claims_ahead_while_the_keys_it_found_full_can_have_freed_not
     ahead.claimed(ahead=False, passed_limited=False, now=100.0)
     ahead.found_keys_full(100.0, wait=None, freed=3)
     assert ahead.keys_full(100.1, freed=3)
-    assert ahead.to_claim(0, 0.0, now=100.1, keys_full=True) == ahead.want_ahead() == 11
+    assert ahead.to_claim(0, 0.0, now=100.1, ahead_only=True) == ahead.want_ahead() == 11
     assert ahead.to_claim(0, 0.0, now=100.1) == ahead.want() == 1
     assert not ahead.keys_full(100.1, freed=4)  # a slot came free: in order
     assert not ahead.keys_full(100.0 + IN_ORDER_WITHIN + 0.01, freed=3)
@@ -175,6 +177,54 @@ def test_a_dry_lane_claims_ahead_while_the_keys_it_found_full_can_have_freed_not
     assert not ahead.keys_full(300.16, freed=3)
 
 
+def test_rows_without_a_limit_wait_while_rounds_claim_all_they_want_of_them():
+    """A round that claimed as many rows without a limit as it wanted says more may
+    wait, for ``UNLIMITED_WAITING_FOR``; one that got fewer, or a limited row among
+    them, says nothing; a claim ahead that got none says none wait."""
+    waiting = UnlimitedWaiting()
+    assert not waiting.waiting(100.0)
+    waiting.saw([row(1), row(2)], 3, ahead=False, now=100.0)
+    assert not waiting.waiting(100.0)  # fewer than wanted: perhaps the last
+    waiting.saw([row(1), row(2, limit_key="concurrency:tenant:a")], 2, ahead=False, now=100.0)
+    assert not waiting.waiting(100.0)
+    waiting.saw([row(1), row(2)], 2, ahead=True, now=100.0)
+    assert waiting.waiting(100.0 + UNLIMITED_WAITING_FOR / 2)
+    assert not waiting.waiting(100.0 + UNLIMITED_WAITING_FOR + 0.001)
+    waiting.saw([row(3)], 1, ahead=False, now=200.0)
+    waiting.saw([row(4)], 4, ahead=True, now=200.01)  # some left: still waiting
+    assert waiting.waiting(200.02)
+    waiting.saw([], 4, ahead=True, now=200.02)  # none left
+    assert not waiting.waiting(200.03)
+
+
+def test_a_dry_lane_leaves_a_limited_tasks_slot_to_rows_without_a_limit_that_wait():
+    """Issue 42: while rows without a limit wait, a lane that ends a limited task
+    claims ahead (its slot freed, not handed to its key's next task), as does any
+    dry lane, until its claims ahead have passed limited rows over for
+    ``IN_ORDER_WITHIN``: then in order, so that limited rows wait that long at most."""
+    ahead = ClaimAhead()
+    ahead.claimed(ahead=False, passed_limited=False, now=100.0)
+    # Nothing waits: a round that ends a limited task is in order (the hand-over),
+    # any other too unless the keys were found full.
+    assert not ahead.ahead_when_dry(100.01, 0, ends_limited=True, unlimited_waiting=False)
+    assert not ahead.ahead_when_dry(100.01, 0, ends_limited=False, unlimited_waiting=False)
+    # Rows without a limit wait: they go first.
+    assert ahead.ahead_when_dry(100.01, 0, ends_limited=True, unlimited_waiting=True)
+    assert ahead.ahead_when_dry(100.01, 0, ends_limited=False, unlimited_waiting=True)
+    ahead.claimed(ahead=True, passed_limited=True, now=100.02)
+    assert ahead.ahead_when_dry(100.1, 0, ends_limited=True, unlimited_waiting=True)
+    # ...until the lane owes a claim in order; that claim starts the count again.
+    later = 100.0 + IN_ORDER_WITHIN + 0.01
+    assert not ahead.ahead_when_dry(later, 0, ends_limited=True, unlimited_waiting=True)
+    assert not ahead.ahead_when_dry(later, 0, ends_limited=False, unlimited_waiting=True)
+    ahead.claimed(ahead=False, passed_limited=False, now=later)
+    assert ahead.ahead_when_dry(later + 0.01, 0, ends_limited=True, unlimited_waiting=True)
+    # Keys found full keep a dry lane ahead, but not one whose round ends a limited task.
+    ahead.found_keys_full(later + 0.02, wait=None, freed=5)
+    assert ahead.ahead_when_dry(later + 0.03, 5, ends_limited=False, unlimited_waiting=False)
+    assert not ahead.ahead_when_dry(later + 0.03, 5, ends_limited=True, unlimited_waiting=False)
+
+
 def test_a_freed_slot_is_counted_for_the_lanes_that_found_keys_full():
     wake = Wake()
     before = wake.freed_count
@@ -183,7 +233,8 @@ def test_a_freed_slot_is_counted_for_the_lanes_that_found_keys_full():
 
 
 def test_a_lane_knows_when_its_next_round_ends_a_limited_task():
-    """That round may hand the slot over (a claim in order), so it is never a claim ahead."""
+    """That round may hand the slot over (a claim in order), so it is no claim ahead
+    unless rows without a limit wait (``ClaimAhead.ahead_when_dry``)."""
     lane = Lane(0, "w")
     lane.add([row(1), row(2, limit_key="concurrency:tenant:a")])
     first = lane.take_next()

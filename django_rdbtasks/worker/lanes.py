@@ -21,6 +21,7 @@ import datetime as dt
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..db.frontier import ReadFrontier
@@ -52,6 +53,9 @@ IN_ORDER_WITHIN = 0.2
 #: else (``ClaimAhead.may_hand_over``): the bound on how long a row that comes
 #: first in the claim's order waits for a lane busy with a key's chain.
 HAND_OVER_WITHIN = 1.0
+#: How long after a round claimed as many rows without a limit as it wanted
+#: such rows are taken to be waiting still (``UnlimitedWaiting``): a few rounds.
+UNLIMITED_WAITING_FOR = 0.05
 
 
 class ClaimAhead:
@@ -118,7 +122,7 @@ class ClaimAhead:
         running_for: float,
         holds_limited: bool = False,
         now: float = 0.0,
-        keys_full: bool = False,
+        ahead_only: bool = False,
     ) -> int:
         """How many to claim now: topped up to ``want()`` once down to ``REFILL_AT`` of it.
 
@@ -137,11 +141,12 @@ class ClaimAhead:
         order again once ``IN_ORDER_WITHIN`` has gone by (``holds_limited``:
         a task it holds has a limit; ``now``: the monotonic clock).
 
-        With ``keys_full`` (``ClaimAhead.keys_full``), a lane with nothing in
-        flight claims ahead too, as many as the tasks without a limit fit.
+        With ``ahead_only`` (``ClaimAhead.keys_full``, or rows without a limit
+        waiting: ``UnlimitedWaiting``), a lane with nothing in flight claims
+        ahead too, as many as the tasks without a limit fit.
         """
         if not in_flight:
-            return self.want_ahead() if keys_full else self.want()
+            return self.want_ahead() if ahead_only else self.want()
         if holds_limited or running_for >= HANDBACK_AFTER:
             return 0
         if self.passing_limited and now - self.in_order_at > IN_ORDER_WITHIN:
@@ -150,6 +155,25 @@ class ClaimAhead:
         if target == 1 or in_flight > target * REFILL_AT:
             return 0
         return target - in_flight
+
+    def ahead_when_dry(
+        self, now: float, freed: int, ends_limited: bool, unlimited_waiting: bool
+    ) -> bool:
+        """Whether the lane's claim, with nothing in flight, is still a claim ahead
+        (rows without a limit only) rather than in order.
+
+        While rows without a limit wait (``UnlimitedWaiting``): yes, they go
+        first, unless the lane's claims ahead have passed limited rows over for
+        ``IN_ORDER_WITHIN`` (so a limited row with a free slot waits that long at
+        most, as behind a busy lane). A round that ends a limited task then
+        frees its slot instead of handing it to its key's next task. Otherwise
+        such a round is in order (the hand-over), and any other while a claim in
+        order would find the keys full (``keys_full``; ``freed``: the process's
+        count of freed slots)."""
+        owes_in_order = self.passing_limited and now - self.in_order_at > IN_ORDER_WITHIN
+        if unlimited_waiting and not owes_in_order:
+            return True
+        return not ends_limited and self.keys_full(now, freed)
 
     def found_keys_full(self, now: float, wait: float | None, freed: int) -> None:
         """A claim in order took rows without a limit only while keys with no free
@@ -211,6 +235,38 @@ class ClaimAhead:
         if pace is None or duration > pace:
             return duration  # slow down at once
         return 0.8 * pace + 0.2 * duration
+
+
+class UnlimitedWaiting:
+    """Whether rows without a limit wait in this process's queues: a round of any of
+    its lanes claimed as many of them as it wanted within ``UNLIMITED_WAITING_FOR``.
+
+    While they do, a lane that ends a limited task does not hand its slot to its
+    key's next task (the hand-over): it frees the slot and claims ahead, rows
+    without a limit only, so that those start as if the key's backlog were not
+    there (issue 42). Handed over, every slot of a full key was a chain of
+    bodies on one lane, and the rows behind the keys' backlog had the lanes
+    left over (three to seven of twenty, 0.57 to 0.65 of their rate alone where
+    measured: docs/limits.md). The key's next task then waits for a lane that
+    claims in order: one that runs dry, or one claiming ahead past it, within
+    ``IN_ORDER_WITHIN``. A guess from this process's own rounds, not a read:
+    wrong, it costs one round (the claim ahead finds nothing, the next claims
+    in order) or one chain's hand-over.
+    """
+
+    def __init__(self) -> None:
+        self.seen_at = float("-inf")
+
+    def saw(self, claimed: Sequence[ClaimedRow], wanted: int, ahead: bool, now: float) -> None:
+        """A round claimed ``claimed`` of the ``wanted`` it asked for (``ahead``: rows
+        without a limit only, where limited rows are)."""
+        if claimed and len(claimed) >= wanted and all(r.limit_key is None for r in claimed):
+            self.seen_at = now
+        elif ahead and not claimed:
+            self.seen_at = float("-inf")  # none left (or others took them all)
+
+    def waiting(self, now: float) -> bool:
+        return now - self.seen_at < UNLIMITED_WAITING_FOR
 
 
 class StartAllowance:

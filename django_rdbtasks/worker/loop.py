@@ -39,7 +39,7 @@ from .connection import bound_user_connections, close_in_thread, open_in_thread,
 from .execution import Executor
 from .exits import EXIT_AT_ONCE, EXIT_RECYCLE
 from .keeper import LEAVE_WITHIN, LeaseKeeper
-from .lanes import BUSY_RETRY, ClaimAhead, Lane, Wake
+from .lanes import BUSY_RETRY, ClaimAhead, Lane, UnlimitedWaiting, Wake
 from .processtree import ORPHAN_GRACE, ParentWatch
 from .registry import Registry
 from .reporting import Counters, Reporter
@@ -145,6 +145,7 @@ class Worker:
         self.stopping = threading.Event()  # stop claiming, finish what runs
         self.halt = threading.Event()  # background threads end
         self.wake = Wake()
+        self.unlimited_waiting = UnlimitedWaiting()
         self.stop_deadline = float("inf")
         self.counters = Counters()
         self.recycle = False
@@ -457,9 +458,10 @@ class Worker:
         while not self.stopping.is_set() and runner.is_alive():
             generation = lane.generation
             # With nothing in flight a claim is in order, unless the last one in
-            # order found the keys full and none can have freed a slot since.
-            keys_full = lane.in_flight() == 0 and self._keys_full(lane, ahead)
-            want = self._refill(lane, ahead, keys_full)
+            # order found the keys full and none can have freed a slot since, or
+            # rows without a limit wait where the round ends a limited task.
+            ahead_only = lane.in_flight() == 0 and self._ahead_only(lane, ahead)
+            want = self._refill(lane, ahead, ahead_only)
             if want:
                 want = self.budget.take(want)  # 0 once --max-tasks is spent
                 if want == 0 and lane.idle():
@@ -476,12 +478,13 @@ class Worker:
             self.wake.clear()
             # Asked before the round: what a hand-back commits meanwhile, its claim missed.
             handing_back = lane.handing_back()
-            behind = keys_full or lane.in_flight() > 0
+            behind = ahead_only or lane.in_flight() > 0
             hand_over = ahead.may_hand_over(time.monotonic())
             freed = self.wake.freed_count
             exchange = self._round(lane, store, reporter, want, behind, writer, hand_over)
             now = time.monotonic()
             ahead.claimed(behind, exchange.passed_limited, now, exchange.handed_over)
+            self.unlimited_waiting.saw(exchange.claimed, want, behind, now)
             if (
                 not behind
                 and exchange.held
@@ -490,7 +493,7 @@ class Worker:
             ):
                 ahead.found_keys_full(now, exchange.wait, freed)
             self.budget.give_back(want - len(exchange.claimed))
-            if keys_full and not exchange.claimed:
+            if ahead_only and not exchange.claimed:
                 # No row without a limit left: in order at once, which waits for
                 # a slot (``held``) where this one would only poll.
                 ahead.found_keys_free()
@@ -545,18 +548,20 @@ class Worker:
         # A little past the database's time: its clock, not ours, frees the slot.
         return min(self.poll_interval, wait + SLOT_CLOCK_MARGIN)
 
-    def _refill(self, lane: Lane, ahead: ClaimAhead, keys_full: bool) -> int:
+    def _refill(self, lane: Lane, ahead: ClaimAhead, ahead_only: bool) -> int:
         """How many to claim now (``ClaimAhead.to_claim``)."""
         now = time.monotonic()
         return ahead.to_claim(
-            lane.in_flight(), lane.running_for(now), lane.holds_limited(), now, keys_full
+            lane.in_flight(), lane.running_for(now), lane.holds_limited(), now, ahead_only
         )
 
-    def _keys_full(self, lane: Lane, ahead: ClaimAhead) -> bool:
-        """Whether the lane's claim, with nothing in flight, may still be a claim ahead
-        (``ClaimAhead.keys_full``): not where its round ends a limited task, whose
-        slot goes to its key's next task first (the hand-over is a claim in order)."""
-        return ahead.keys_full(time.monotonic(), self.wake.freed_count) and not lane.ends_limited()
+    def _ahead_only(self, lane: Lane, ahead: ClaimAhead) -> bool:
+        """Whether the lane's claim, with nothing in flight, is still a claim ahead
+        (``ClaimAhead.ahead_when_dry``)."""
+        now = time.monotonic()
+        return ahead.ahead_when_dry(
+            now, self.wake.freed_count, lane.ends_limited(), self.unlimited_waiting.waiting(now)
+        )
 
     def _wait_busy(self, lane: Lane, generation: int) -> None:
         """The runner is busy and the queue had nothing more: until it is idle, or a wake-up."""
