@@ -8,6 +8,7 @@ Run from the repository root with the project's virtualenv, PostgreSQL on
     .venv/bin/python bench/limit_waits.py --only mixed --repeat 5   # medians and ranges
     .venv/bin/python bench/limit_waits.py --only full --processes 2 --threads 10
     .venv/bin/python bench/limit_waits.py --only mixed --supervisors 4x2,2x3,2x2:skip-locked
+    .venv/bin/python bench/limit_waits.py --vendor mysql     # MariaDB on 127.0.0.1:3306 (root)
 
 **mixed** (issue 42's scenario): ``--limited`` tasks that sleep 40 ms under
 ``ConcurrencyLimit(3, key="acc-conc:{group}")`` over 5 groups, then
@@ -53,9 +54,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from core.counters import process_cpu_seconds
+from core.counters import proc_stat, process_cpu_seconds
 from limits import connect, project_env
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -111,6 +114,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeat", type=int, default=1, help="mixed: runs, each figure's median reported"
     )
     parser.add_argument("--window", type=float, default=20.0, help="full: seconds measured")
+    parser.add_argument(
+        "--vendor",
+        choices=["postgresql", "mysql"],
+        default="postgresql",
+        help="the database: PostgreSQL (--pg-*), or MariaDB/MySQL (--mysql-*; MYSQL_PWD)",
+    )
+    parser.add_argument("--mysql-host", default="127.0.0.1")
+    parser.add_argument("--mysql-port", type=int, default=3306)
+    parser.add_argument("--mysql-user", default="root")
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
     parser.add_argument("--pg-port", default=os.environ.get("PGPORT", "5432"))
     parser.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
@@ -141,26 +153,148 @@ def enqueue(args: argparse.Namespace) -> None:
             bulk_enqueue(getattr(tasks, name), [(tuple(call), {}) for call in calls])
 
 
+class PostgreSQL:
+    """The benchmark's database on PostgreSQL: made, dropped, and its server's cost
+    (the database's backends' CPU from ``/proc``, ``pg_stat_database``'s transactions)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def env(self) -> dict[str, str]:
+        return project_env(self.args)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with connect(self.args, self.args.database) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def create(self) -> None:
+        with connect(self.args, "postgres") as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {self.args.database} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {self.args.database}")
+
+    def drop(self) -> None:
+        with connect(self.args, "postgres") as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {self.args.database} WITH (FORCE)")
+
+    def sessions(self) -> int:
+        with connect(self.args, "postgres") as conn:
+            return conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [self.args.database]
+            ).fetchone()[0]
+
+    def sample(self, seen: dict[int, float]) -> None:
+        """Each of the database's backends' CPU seconds so far, into ``seen``."""
+        with connect(self.args, "postgres") as conn:
+            pids = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self.args.database]
+            ).fetchall()
+        for (pid,) in pids:
+            seconds = process_cpu_seconds(pid)
+            if seconds is not None:
+                seen[pid] = seconds
+
+    def transactions(self) -> int:
+        with connect(self.args, "postgres") as conn:
+            return conn.execute(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+                [self.args.database],
+            ).fetchone()[0]
+
+
+class MariaDB(PostgreSQL):
+    """The same on MariaDB/MySQL (``--vendor mysql``), whose server is one process: its
+    CPU is the whole server's, and its transactions its commits and rollbacks
+    (``Com_commit``, ``Com_rollback``), both server-wide: run it on a server that
+    does nothing else."""
+
+    def env(self) -> dict[str, str]:
+        return {
+            **project_env(self.args),
+            "BENCH_DB_ENGINE": "mysql",
+            "BENCH_DB_HOST": self.args.mysql_host,
+            "BENCH_DB_PORT": str(self.args.mysql_port),
+            "BENCH_DB_USER": self.args.mysql_user,
+            "BENCH_DB_PASSWORD": os.environ.get("MYSQL_PWD", ""),
+        }
+
+    def _connect(self, database: str | None = None) -> Any:
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=self.args.mysql_host,
+            port=self.args.mysql_port,
+            user=self.args.mysql_user,
+            password=os.environ.get("MYSQL_PWD", ""),
+            **({"database": database} if database else {}),
+        )
+        conn.autocommit(True)
+        return conn
+
+    def _query(self, sql: str, params: Sequence[Any] = (), database: str | None = None) -> list:
+        conn = self._connect(database)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(sql, params or None)
+                return list(cursor.fetchall())
+        finally:
+            conn.close()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        return self._query(sql, params, self.args.database)
+
+    def create(self) -> None:
+        self.drop()
+        self._query(f"CREATE DATABASE {self.args.database}")
+
+    def drop(self) -> None:
+        self._query(f"DROP DATABASE IF EXISTS {self.args.database}")
+
+    def sessions(self) -> int:
+        return self._query(
+            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = %s",
+            [self.args.database],
+        )[0][0]
+
+    def sample(self, seen: dict[int, float]) -> None:
+        found = subprocess.run(["pidof", "mariadbd", "mysqld"], capture_output=True, text=True)
+        for pid in map(int, found.stdout.split()):
+            # All its threads' (``/proc/<pid>/stat``; its schedstat is the first thread's).
+            stat = proc_stat(pid)
+            if stat is not None:
+                seen[pid] = stat.own_ticks / os.sysconf("SC_CLK_TCK")
+
+    def transactions(self) -> int:
+        rows = self._query(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Com_rollback')"
+        )
+        return sum(int(value) for _, value in rows)
+
+
+def database(args: argparse.Namespace) -> PostgreSQL:
+    return MariaDB(args) if args.vendor == "mysql" else PostgreSQL(args)
+
+
 def fresh_database(args: argparse.Namespace) -> None:
-    with connect(args, "postgres") as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {args.database}")
+    server = database(args)
+    server.create()
     manage = [args.python, "manage.py", "migrate", "--verbosity", "0"]
-    subprocess.run(manage, cwd=PROJECT_DIR, env=project_env(args), check=True)
-    with connect(args, args.database) as conn:
-        conn.execute("CREATE TABLE bench_runs (kind text, n int, started float8, finished float8)")
+    subprocess.run(manage, cwd=PROJECT_DIR, env=server.env(), check=True)
+    if args.record == "db":
+        server.execute(
+            "CREATE TABLE bench_runs (kind varchar(32), n int, started double precision, "
+            "finished double precision)"
+        )
 
 
 def drop_database(args: argparse.Namespace) -> None:
-    with connect(args, "postgres") as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+    database(args).drop()
 
 
 def enqueue_in_one_transaction(args: argparse.Namespace, batches: list) -> None:
     subprocess.run(
         [args.python, __file__, "--enqueue", json.dumps(batches), "--database", args.database],
         cwd=PROJECT_DIR,
-        env=project_env(args),
+        env=database(args).env(),
         check=True,
     )
 
@@ -181,8 +315,7 @@ class Runs:
 
     def read(self) -> list[tuple[str, int, float, float]]:
         if self.directory is None:
-            with connect(self.args, self.args.database) as conn:
-                return conn.execute("SELECT kind, n, started, finished FROM bench_runs").fetchall()
+            return database(self.args).execute("SELECT kind, n, started, finished FROM bench_runs")
         runs = []
         for path in self.directory.glob("*.txt"):
             for line in path.read_text().splitlines():
@@ -192,8 +325,7 @@ class Runs:
 
     def count(self) -> int:
         if self.directory is None:
-            with connect(self.args, self.args.database) as conn:
-                return conn.execute("SELECT count(*) FROM bench_runs").fetchone()[0]
+            return database(self.args).execute("SELECT count(*) FROM bench_runs")[0][0]
         return sum(len(path.read_text().splitlines()) for path in self.directory.glob("*.txt"))
 
 
@@ -248,7 +380,7 @@ class Workers:
                     subprocess.Popen(
                         command,
                         cwd=PROJECT_DIR,
-                        env={**project_env(args), **env},
+                        env={**database(args).env(), **env},
                         stdout=out,
                         stderr=subprocess.STDOUT,
                     )
@@ -277,17 +409,12 @@ def workers(
 
 
 def server_counters(args: argparse.Namespace) -> tuple[float, int]:
-    """The database's backends' CPU seconds so far (``/proc``), and its transactions."""
-    with connect(args, "postgres") as conn:
-        pids = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [args.database]
-        ).fetchall()
-        xacts = conn.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
-            [args.database],
-        ).fetchone()[0]
-    cpu = sum(seconds for (pid,) in pids if (seconds := process_cpu_seconds(pid)) is not None)
-    return cpu, xacts
+    """The server's CPU seconds so far for the database (``Server.sample``), and its
+    transactions."""
+    server = database(args)
+    seen: dict[int, float] = {}
+    server.sample(seen)
+    return sum(seen.values()), server.transactions()
 
 
 def claims(logs: list[Path]) -> tuple[int, int, int]:
@@ -341,13 +468,17 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
         cpu_seen = {pid: cpu - cpu_before.get(pid, 0.0) for pid, cpu in cpu_seen.items()}
     else:
         enqueue_in_one_transaction(args, batches)
-        # Backends come and go with the workers: CPU read while they live (sampled).
+        # Backends come and go with the workers: CPU read while they live (sampled),
+        # less what a process that was there before had spent (MariaDB's server).
+        cpu_before = {}
+        sample_backends(args, cpu_before)
         before_xacts = server_counters(args)[1]
         process = workers(args, burst=True, log=log, env=recorded.env())
         while process.poll() is None:
             sample_backends(args, cpu_seen)
             time.sleep(0.05)
         after_xacts = server_counters(args)[1]
+        cpu_seen = {pid: cpu - cpu_before.get(pid, 0.0) for pid, cpu in cpu_seen.items()}
     runs = recorded.read()
     if args.started_first:
         runs = [run for run in runs if run[2] >= measured_from]
@@ -366,26 +497,16 @@ def drain(args: argparse.Namespace, batches: list, name: str) -> dict:
 def wait_for_sessions(args: argparse.Namespace, count: int, timeout: float = 60) -> None:
     """Until at least ``count`` sessions are open on the database."""
     deadline = time.monotonic() + timeout
-    with connect(args, "postgres") as conn:
-        while time.monotonic() < deadline:
-            (open_now,) = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [args.database]
-            ).fetchone()
-            if open_now >= count:
-                return
-            time.sleep(0.1)
+    server = database(args)
+    while time.monotonic() < deadline:
+        if server.sessions() >= count:
+            return
+        time.sleep(0.1)
     raise SystemExit(f"the workers did not open {count} sessions in {timeout:.0f} s")
 
 
 def sample_backends(args: argparse.Namespace, seen: dict[int, float]) -> None:
-    with connect(args, "postgres") as conn:
-        pids = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [args.database]
-        ).fetchall()
-    for (pid,) in pids:
-        seconds = process_cpu_seconds(pid)
-        if seconds is not None:
-            seen[pid] = seconds
+    database(args).sample(seen)
 
 
 def deciles(values: list[float]) -> list[float]:
@@ -449,15 +570,15 @@ def hold(args: argparse.Namespace, batches: list, name: str) -> dict:
     process = workers(args, burst=False, log=log)
     try:
         enqueue_in_one_transaction(args, batches)
-        with connect(args, args.database) as conn:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                running = conn.execute(
-                    "SELECT count(*) FROM django_rdbtasks_task WHERE status = 'RUNNING'"
-                ).fetchone()[0]
-                if running >= GROUPS * PER_GROUP:
-                    break
-                time.sleep(0.1)
+        server = database(args)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = server.execute(
+                "SELECT count(*) FROM django_rdbtasks_task WHERE status = 'RUNNING'"
+            )[0][0]
+            if running >= GROUPS * PER_GROUP:
+                break
+            time.sleep(0.1)
         time.sleep(2)  # the rounds that found the keys full are behind us
         cpu0, xacts0 = server_counters(args)
         time.sleep(args.window)

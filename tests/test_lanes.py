@@ -195,6 +195,28 @@ def test_rows_without_a_limit_wait_while_rounds_claim_all_they_want_of_them():
     assert waiting.waiting(200.02)
     waiting.saw([], 4, ahead=True, now=200.02)  # none left
     assert not waiting.waiting(200.03)
+    # Others won what it read: some may wait still.
+    waiting.saw([row(5)], 4, ahead=True, now=300.0, contended=True)
+    assert waiting.waiting(300.01)
+    waiting.saw([], 4, ahead=True, now=300.02, contended=True)
+    assert waiting.waiting(300.03)
+
+
+def test_the_database_is_read_once_in_a_while_where_no_round_said_rows_wait():
+    """A lane about to hand a slot over reads whether rows without a limit wait (its
+    process's lanes may all be in keys' chains, so no round of it says), once per
+    ``UNLIMITED_WAITING_FOR`` at most, and not while a round said so lately."""
+    waiting = UnlimitedWaiting()
+    assert waiting.probe_due(100.0)
+    waiting.probed(False, 100.0)
+    assert not waiting.waiting(100.0)
+    assert not waiting.probe_due(100.0 + UNLIMITED_WAITING_FOR / 2)
+    assert waiting.probe_due(100.0 + UNLIMITED_WAITING_FOR + 0.001)
+    waiting.probed(True, 200.0)
+    assert waiting.waiting(200.01) and not waiting.probe_due(200.01)
+    waiting.saw([row(1)], 1, ahead=False, now=200.04)  # a round says so: no read due
+    assert not waiting.probe_due(200.0 + UNLIMITED_WAITING_FOR + 0.01)
+    assert waiting.probe_due(200.04 + UNLIMITED_WAITING_FOR + 0.001)
 
 
 def test_a_dry_lane_leaves_a_limited_tasks_slot_to_rows_without_a_limit_that_wait():

@@ -572,6 +572,13 @@ class Dialect(Spelling):
         """The claims of the rows ``hand_over_one`` gave slots to, locked by their read."""
         return self.claim_chosen(cursor, chosen, worker_id, lease)
 
+    def unlimited_waiting(self, cursor: Any, queues: Sequence[str]) -> bool:
+        """Whether a row without a limit is runnable in ``queues``: one row of a claim
+        ahead's read (``ReadyReads.read_unlimited``), nothing locked. Whether a lane
+        that ends a limited task leaves its slot to those (worker/lanes.py,
+        ``UnlimitedWaiting``)."""
+        return bool(self.ready.read_unlimited(cursor, queues, 1))
+
     def unpaused(self, cursor: Any, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` that no operator has paused."""
         cursor.execute(f"SELECT queue_name FROM {self.paused_table}", [])

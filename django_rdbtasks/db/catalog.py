@@ -303,6 +303,14 @@ def _postgresql(d: Any) -> Iterator[Statement]:
         "After a bulk enqueue's COPY: its clock read off its first row, and the NOTIFY.",
         d.inserts.copied_sql[True],
     )
+    for i, sql in enumerate(_recorded(lambda c: d.unlimited_waiting(c, QUEUES))):
+        yield Statement(
+            f"unlimited_waiting_read_{i}",
+            "Whether a row without a limit is runnable, read by a lane about to hand a "
+            "slot over when nothing told its process for 50 ms (worker/lanes.py, "
+            "UnlimitedWaiting): the portable claim ahead's read of one row per index.",
+            sql,
+        )
     yield from _postgresql_outside_rounds(d, moved)
 
 
@@ -441,7 +449,8 @@ def _portable(d: Any) -> Iterator[Statement]:
             f"claim_ahead_read_{i}",
             "A claim behind a task the lane still runs: per queue, the expired leases and "
             "READY rows without a limit, each its index's range (no slot read, no key "
-            "walked; rows.ClaimRequest.ahead).",
+            "walked; rows.ClaimRequest.ahead). Of one row, outside a round: whether such "
+            "a row waits (Dialect.unlimited_waiting, worker/lanes.py UnlimitedWaiting).",
             sql,
         )
     lock = d.row_lock_sql if d.has_row_locks else ""

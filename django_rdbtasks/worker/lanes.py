@@ -239,34 +239,59 @@ class ClaimAhead:
 
 class UnlimitedWaiting:
     """Whether rows without a limit wait in this process's queues: a round of any of
-    its lanes claimed as many of them as it wanted within ``UNLIMITED_WAITING_FOR``.
+    its lanes claimed as many of them as it wanted, or a read of the database found
+    one (``probed``), within ``UNLIMITED_WAITING_FOR``.
 
-    While they do, a lane that ends a limited task does not hand its slot to its
-    key's next task (the hand-over): it frees the slot and claims ahead, rows
-    without a limit only, so that those start as if the key's backlog were not
-    there (issue 42). Handed over, every slot of a full key was a chain of
-    bodies on one lane, and the rows behind the keys' backlog had the lanes
-    left over (three to seven of twenty, 0.57 to 0.65 of their rate alone where
-    measured: docs/limits.md). The key's next task then waits for a lane that
-    claims in order: one that runs dry, or one claiming ahead past it, within
-    ``IN_ORDER_WITHIN``. A guess from this process's own rounds, not a read:
-    wrong, it costs one round (the claim ahead finds nothing, the next claims
-    in order) or one chain's hand-over.
+    While they do, a lane with nothing in flight claims ahead, rows without a
+    limit only, and a lane that ends a limited task frees its slot instead of
+    handing it to its key's next task (``ClaimAhead.ahead_when_dry``), so that
+    those start as if the keys' backlog were not there (issue 42). Handed over,
+    every slot of a full key was a chain of bodies on one lane, and the rows
+    behind the keys' backlog had the lanes left over (0.57 to 0.65 of their
+    rate alone where measured: docs/limits.md). The process's own rounds say
+    nothing where every lane of it is in a key's chain, so a round that would
+    hand a slot over reads the database first when nothing said so for that
+    long (``probe_due``): one row of the claim ahead's read, at most once per
+    ``UNLIMITED_WAITING_FOR`` a process. Wrong, it costs a round (the claim
+    ahead finds nothing and the next claims in order) or one hand-over.
     """
 
     def __init__(self) -> None:
         self.seen_at = float("-inf")
+        self.probed_at = float("-inf")
 
-    def saw(self, claimed: Sequence[ClaimedRow], wanted: int, ahead: bool, now: float) -> None:
+    def saw(
+        self,
+        claimed: Sequence[ClaimedRow],
+        wanted: int,
+        ahead: bool,
+        now: float,
+        contended: bool = False,
+    ) -> None:
         """A round claimed ``claimed`` of the ``wanted`` it asked for (``ahead``: rows
-        without a limit only, where limited rows are)."""
-        if claimed and len(claimed) >= wanted and all(r.limit_key is None for r in claimed):
+        without a limit only, where limited rows are; ``contended``: others won rows
+        it read, so it may have got fewer while more wait)."""
+        if (
+            claimed
+            and (len(claimed) >= wanted or contended)
+            and all(r.limit_key is None for r in claimed)
+        ):
             self.seen_at = now
-        elif ahead and not claimed:
-            self.seen_at = float("-inf")  # none left (or others took them all)
+        elif ahead and not claimed and not contended:
+            self.seen_at = float("-inf")  # none left
 
     def waiting(self, now: float) -> bool:
         return now - self.seen_at < UNLIMITED_WAITING_FOR
+
+    def probe_due(self, now: float) -> bool:
+        """Whether a round about to hand a slot over reads the database first: nothing
+        said rows without a limit wait, and none read it, for ``UNLIMITED_WAITING_FOR``."""
+        return now - max(self.seen_at, self.probed_at) >= UNLIMITED_WAITING_FOR
+
+    def probed(self, found: bool, now: float) -> None:
+        self.probed_at = now
+        if found:
+            self.seen_at = now
 
 
 class StartAllowance:

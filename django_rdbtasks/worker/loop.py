@@ -460,7 +460,7 @@ class Worker:
             # With nothing in flight a claim is in order, unless the last one in
             # order found the keys full and none can have freed a slot since, or
             # rows without a limit wait where the round ends a limited task.
-            ahead_only = lane.in_flight() == 0 and self._ahead_only(lane, ahead)
+            ahead_only = lane.in_flight() == 0 and self._ahead_only(lane, ahead, store)
             want = self._refill(lane, ahead, ahead_only)
             if want:
                 want = self.budget.take(want)  # 0 once --max-tasks is spent
@@ -484,7 +484,7 @@ class Worker:
             exchange = self._round(lane, store, reporter, want, behind, writer, hand_over)
             now = time.monotonic()
             ahead.claimed(behind, exchange.passed_limited, now, exchange.handed_over)
-            self.unlimited_waiting.saw(exchange.claimed, want, behind, now)
+            self.unlimited_waiting.saw(exchange.claimed, want, behind, now, exchange.contended)
             if (
                 not behind
                 and exchange.held
@@ -555,12 +555,22 @@ class Worker:
             lane.in_flight(), lane.running_for(now), lane.holds_limited(), now, ahead_only
         )
 
-    def _ahead_only(self, lane: Lane, ahead: ClaimAhead) -> bool:
+    def _ahead_only(self, lane: Lane, ahead: ClaimAhead, store: ClaimStore) -> bool:
         """Whether the lane's claim, with nothing in flight, is still a claim ahead
-        (``ClaimAhead.ahead_when_dry``)."""
+        (``ClaimAhead.ahead_when_dry``). A round that ends a limited task reads
+        whether rows without a limit wait first, where nothing said so lately
+        (``UnlimitedWaiting.probe_due``)."""
         now = time.monotonic()
+        unlimited = self.unlimited_waiting
+        ends_limited = lane.ends_limited()
+        if ends_limited and unlimited.probe_due(now):
+            try:
+                found = store.unlimited_waiting(self.queues)
+            except DatabaseError:
+                found = False  # the round's own retries deal with the database
+            unlimited.probed(found, now)
         return ahead.ahead_when_dry(
-            now, self.wake.freed_count, lane.ends_limited(), self.unlimited_waiting.waiting(now)
+            now, self.wake.freed_count, ends_limited, unlimited.waiting(now)
         )
 
     def _wait_busy(self, lane: Lane, generation: int) -> None:

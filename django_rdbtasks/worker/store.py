@@ -440,6 +440,12 @@ class ClaimStore:
         with self.cursor() as cursor:
             return bool(self.dialect.finish(cursor, [outcome], worker_id))
 
+    def unlimited_waiting(self, queues: Sequence[str]) -> bool:
+        """Whether a row without a limit is runnable in these queues
+        (``Dialect.unlimited_waiting``)."""
+        with self.cursor() as cursor:
+            return self.dialect.unlimited_waiting(cursor, queues)
+
     def held_back_by_limits(self, queues: Sequence[str]) -> bool:
         """Burst mode: due tasks of these queues wait for a limit's slot (not drained yet)."""
         from ..db.functions import DbNow

@@ -316,7 +316,9 @@ UPDATE SKIP LOCKED;
 
 -- name: claim_ahead_read_0
 -- A claim behind a task the lane still runs: per queue, the expired leases and READY rows without
--- a limit, each its index's range (no slot read, no key walked; rows.ClaimRequest.ahead).
+-- a limit, each its index's range (no slot read, no key walked; rows.ClaimRequest.ahead). Of one
+-- row, outside a round: whether such a row waits (Dialect.unlimited_waiting, worker/lanes.py
+-- UnlimitedWaiting).
 SELECT *
 FROM
   (SELECT

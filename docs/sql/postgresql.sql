@@ -7747,6 +7747,158 @@ SELECT
 FROM ONLY "django_rdbtasks_task"
 WHERE id = %s::uuid;
 
+-- name: unlimited_waiting_read_0
+-- Whether a row without a limit is runnable, read by a lane about to hand a slot over when nothing
+-- told its process for 50 ms (worker/lanes.py, UnlimitedWaiting): the portable claim ahead's read
+-- of one row per index.
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
+   FROM ONLY "django_rdbtasks_task" AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= STATEMENT_TIMESTAMP()
+     AND limit_key IS NULL
+   ORDER BY lease_expires_at
+   LIMIT %s) AS k0
+UNION ALL
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
+   FROM ONLY "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND requested_run_after IS NULL
+     AND started_at IS NULL
+     AND run_after <= STATEMENT_TIMESTAMP()
+   ORDER BY
+     priority DESC,
+     run_after
+   LIMIT %s) AS k1
+UNION ALL
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
+   FROM ONLY "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND (requested_run_after IS NOT NULL
+          OR started_at IS NOT NULL)
+     AND run_after <= STATEMENT_TIMESTAMP()
+   ORDER BY
+     priority DESC,
+     run_after
+   LIMIT %s) AS k2
+UNION ALL
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     0 AS reclaim,
+     priority,
+     run_after
+   FROM ONLY "django_rdbtasks_task" AS t
+   WHERE status = 'RUNNING'
+     AND queue_name = %s
+     AND lease_expires_at <= STATEMENT_TIMESTAMP()
+     AND limit_key IS NULL
+   ORDER BY lease_expires_at
+   LIMIT %s) AS k3
+UNION ALL
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
+   FROM ONLY "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND requested_run_after IS NULL
+     AND started_at IS NULL
+     AND run_after <= STATEMENT_TIMESTAMP()
+   ORDER BY
+     priority DESC,
+     run_after
+   LIMIT %s) AS k4
+UNION ALL
+SELECT *
+FROM
+  (SELECT
+     id,
+     version,
+     status,
+     worker_id,
+     last_attempted_at,
+     limit_key,
+     limit_count,
+     limit_period,
+     1 AS reclaim,
+     priority,
+     run_after
+   FROM ONLY "django_rdbtasks_task" AS t
+   WHERE status = 'READY'
+     AND queue_name = %s
+     AND limit_key IS NULL
+     AND (requested_run_after IS NOT NULL
+          OR started_at IS NOT NULL)
+     AND run_after <= STATEMENT_TIMESTAMP()
+   ORDER BY
+     priority DESC,
+     run_after
+   LIMIT %s) AS k5;
+
 -- name: finish_0
 -- Outcomes written outside a round (a stopping worker, a task's own connection), one statement per
 -- kind; an ending one moves its row to the finished table as the round does.
