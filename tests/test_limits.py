@@ -917,6 +917,29 @@ def test_a_claim_ahead_where_no_limited_row_is_the_plain_claim(mode):
     assert len(result.claimed) == 2 and not result.passed_limited
 
 
+@db
+def test_whether_a_row_without_a_limit_waits_is_read_and_nothing_claimed():
+    """What a lane about to hand a slot over asks (``Dialect.unlimited_waiting``:
+    worker/lanes.py, ``UnlimitedWaiting``): a due READY row without a limit in a
+    queue not paused. Limited rows, rows due later and a paused queue's say no;
+    the row read stays READY, at its version."""
+    dialect = dialect_for(connection)
+
+    def waiting():
+        with transaction.atomic(), connection.cursor() as cursor:
+            return dialect.unlimited_waiting(cursor, ["default"])
+
+    tasks.per_tenant.enqueue("a", 0)
+    tasks.add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(1, 2)
+    assert not waiting()
+    free = tasks.add.enqueue(1, 2)
+    version = Task.objects.get(id=free.id).version
+    assert waiting()
+    assert Task.objects.filter(id=free.id, status="READY", version=version).exists()
+    PausedQueue.objects.create(queue_name="default")
+    assert not waiting()
+
+
 # -- enqueues never wait on each other -------------------------------------------------
 
 

@@ -573,11 +573,13 @@ class Dialect(Spelling):
         return self.claim_chosen(cursor, chosen, worker_id, lease)
 
     def unlimited_waiting(self, cursor: Any, queues: Sequence[str]) -> bool:
-        """Whether a row without a limit is runnable in ``queues``: one row of a claim
-        ahead's read (``ReadyReads.read_unlimited``), nothing locked. Whether a lane
-        that ends a limited task leaves its slot to those (worker/lanes.py,
-        ``UnlimitedWaiting``)."""
-        return bool(self.ready.read_unlimited(cursor, queues, 1))
+        """Whether a row without a limit is runnable in ``queues`` not paused: one row
+        of a claim ahead's read (``ReadyReads.read_unlimited``), nothing locked.
+        Whether a lane that ends a limited task leaves its slot to those
+        (worker/lanes.py, ``UnlimitedWaiting``); a paused queue's rows would have
+        it give its slot up for rows no claim takes."""
+        unpaused = self.unpaused(cursor, queues)
+        return bool(unpaused) and bool(self.ready.read_unlimited(cursor, unpaused, 1))
 
     def unpaused(self, cursor: Any, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` that no operator has paused."""

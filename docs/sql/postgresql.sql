@@ -7751,6 +7751,13 @@ WHERE id = %s::uuid;
 -- Whether a row without a limit is runnable, read by a lane about to hand a slot over when nothing
 -- told its process for 50 ms (worker/lanes.py, UnlimitedWaiting): the portable claim ahead's read
 -- of one row per index.
+SELECT queue_name
+FROM "django_rdbtasks_pausedqueue";
+
+-- name: unlimited_waiting_read_1
+-- Whether a row without a limit is runnable, read by a lane about to hand a slot over when nothing
+-- told its process for 50 ms (worker/lanes.py, UnlimitedWaiting): the portable claim ahead's read
+-- of one row per index.
 SELECT *
 FROM
   (SELECT
