@@ -153,12 +153,40 @@ def enqueue(args: argparse.Namespace) -> None:
             bulk_enqueue(getattr(tasks, name), [(tuple(call), {}) for call in calls])
 
 
-class PostgreSQL:
-    """The benchmark's database on PostgreSQL: made, dropped, and its server's cost
-    (the database's backends' CPU from ``/proc``, ``pg_stat_database``'s transactions)."""
+class BenchDatabase:
+    """The benchmark's database on one server: made and dropped, the workers' settings
+    for it, and what its server spent (``--vendor``)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        raise NotImplementedError
+
+    def create(self) -> None:
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        raise NotImplementedError
+
+    def sessions(self) -> int:
+        """The sessions open on the database."""
+        raise NotImplementedError
+
+    def sample(self, seen: dict[int, float]) -> None:
+        """The CPU seconds so far of each server process serving the database, into ``seen``."""
+        raise NotImplementedError
+
+    def transactions(self) -> int:
+        raise NotImplementedError
+
+
+class PostgreSQL(BenchDatabase):
+    """On PostgreSQL: the database's backends' CPU from ``/proc``, ``pg_stat_database``'s
+    transactions."""
 
     def env(self) -> dict[str, str]:
         return project_env(self.args)
@@ -183,7 +211,6 @@ class PostgreSQL:
             ).fetchone()[0]
 
     def sample(self, seen: dict[int, float]) -> None:
-        """Each of the database's backends' CPU seconds so far, into ``seen``."""
         with connect(self.args, "postgres") as conn:
             pids = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self.args.database]
@@ -201,8 +228,8 @@ class PostgreSQL:
             ).fetchone()[0]
 
 
-class MariaDB(PostgreSQL):
-    """The same on MariaDB/MySQL (``--vendor mysql``), whose server is one process: its
+class MariaDB(BenchDatabase):
+    """On MariaDB/MySQL (``--vendor mysql``), whose server is one process: its
     CPU is the whole server's, and its transactions its commits and rollbacks
     (``Com_commit``, ``Com_rollback``), both server-wide: run it on a server that
     does nothing else."""
@@ -270,7 +297,7 @@ class MariaDB(PostgreSQL):
         return sum(int(value) for _, value in rows)
 
 
-def database(args: argparse.Namespace) -> PostgreSQL:
+def database(args: argparse.Namespace) -> BenchDatabase:
     return MariaDB(args) if args.vendor == "mysql" else PostgreSQL(args)
 
 
