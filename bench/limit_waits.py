@@ -244,25 +244,15 @@ class MariaDB(BenchDatabase):
             "BENCH_DB_PASSWORD": os.environ.get("MYSQL_PWD", ""),
         }
 
-    def _connect(self, database: str | None = None) -> Any:
-        import MySQLdb
-
-        conn = MySQLdb.connect(
-            host=self.args.mysql_host,
-            port=self.args.mysql_port,
-            user=self.args.mysql_user,
-            password=os.environ.get("MYSQL_PWD", ""),
-            **({"database": database} if database else {}),
-        )
-        conn.autocommit(True)
-        return conn
-
     def _query(self, sql: str, params: Sequence[Any] = (), database: str | None = None) -> list:
-        conn = self._connect(database)
+        # bench/pinned_mysql.py's connection (the same --mysql-* options), imported
+        # here so that a PostgreSQL run needs no MySQL driver.
+        from pinned_mysql import connect as mysql_connect
+        from pinned_mysql import query
+
+        conn = mysql_connect(self.args, database)
         try:
-            with conn.cursor() as cursor:
-                cursor.execute(sql, params or None)
-                return list(cursor.fetchall())
+            return query(conn, sql, tuple(params))
         finally:
             conn.close()
 
@@ -436,8 +426,8 @@ def workers(
 
 
 def server_counters(args: argparse.Namespace) -> tuple[float, int]:
-    """The server's CPU seconds so far for the database (``Server.sample``), and its
-    transactions."""
+    """The server's CPU seconds so far for the database (``BenchDatabase.sample``), and
+    its transactions."""
     server = database(args)
     seen: dict[int, float] = {}
     server.sample(seen)

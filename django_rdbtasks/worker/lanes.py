@@ -53,8 +53,9 @@ IN_ORDER_WITHIN = 0.2
 #: else (``ClaimAhead.may_hand_over``): the bound on how long a row that comes
 #: first in the claim's order waits for a lane busy with a key's chain.
 HAND_OVER_WITHIN = 1.0
-#: How long after a round claimed as many rows without a limit as it wanted
-#: such rows are taken to be waiting still (``UnlimitedWaiting``): a few rounds.
+#: How long after a round claimed as many rows without a limit as it wanted (or
+#: a read found one) such rows are taken to be waiting still, and how often at
+#: most a process reads the database for them (``UnlimitedWaiting``): a few rounds.
 UNLIMITED_WAITING_FOR = 0.05
 
 

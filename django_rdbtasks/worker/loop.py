@@ -457,9 +457,9 @@ class Worker:
     ) -> None:
         while not self.stopping.is_set() and runner.is_alive():
             generation = lane.generation
-            # With nothing in flight a claim is in order, unless the last one in
-            # order found the keys full and none can have freed a slot since, or
-            # rows without a limit wait where the round ends a limited task.
+            # With nothing in flight a claim is in order, unless rows without a
+            # limit wait (they go first), or the last one in order found the keys
+            # full and none can have freed a slot since (ClaimAhead.ahead_when_dry).
             ahead_only = lane.in_flight() == 0 and self._ahead_only(lane, ahead, store)
             want = self._refill(lane, ahead, ahead_only)
             if want:
